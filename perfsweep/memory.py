@@ -1,0 +1,133 @@
+"""Memory probes: peak figures over the measured window, on CUDA and on CPU alike.
+
+CUDA: ``max_memory_allocated``/``max_memory_reserved`` after ``reset_peak_memory_stats`` at the
+end of warmup. CPU has no allocator counters, so we read the process's resident set: Linux's
+VmHWM (peak RSS) is reset by writing 5 to /proc/self/clear_refs at the same point, and the
+training figure is that peak minus the RSS just before the first training step. Where the
+reset is unavailable, ``ru_maxrss`` (lifetime peak) is the fallback and ``rss_peak_source``
+in the log says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import resource
+import sys
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def _status_kib(field: str) -> int | None:
+    try:
+        m = re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M)
+    except OSError:
+        return None
+    return int(m.group(1)) if m else None
+
+
+def current_rss_bytes() -> int:
+    kib = _status_kib("VmRSS")
+    if kib is not None:
+        return kib * 1024
+    # macOS: no /proc; ru_maxrss is the best we have (bytes there, KiB on Linux)
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return r if sys.platform == "darwin" else r * 1024
+
+
+def peak_rss_bytes() -> int:
+    kib = _status_kib("VmHWM")
+    if kib is not None:
+        return kib * 1024
+    return current_rss_bytes()
+
+
+def reset_peak_rss() -> bool:
+    """Reset the kernel's peak-RSS counter; False where that is not possible."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+class MemoryProbe:
+    """Takes the baseline before training and the peaks of the measured window."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.rss_before_train = 0
+        self.peak_reset_ok = False
+
+    def before_training(self) -> None:
+        self.rss_before_train = current_rss_bytes()
+
+    def start_measure(self) -> None:
+        """Called after the last warmup step: peaks from here on exclude warmup."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self.peak_reset_ok = reset_peak_rss()
+        if not self.peak_reset_ok:
+            log.warning("cannot reset peak RSS here; peak_rss_bytes is the process lifetime peak")
+
+    def result(self) -> dict[str, int | None]:
+        peak_rss = peak_rss_bytes()
+        out: dict[str, int | None] = {
+            "rss_before_train_bytes": self.rss_before_train,
+            "peak_rss_bytes": peak_rss,
+            "rss_growth_bytes": max(0, peak_rss - self.rss_before_train),
+            "peak_allocated_bytes": None,
+            "peak_reserved_bytes": None,
+            "peak_active_bytes": None,
+            "num_alloc_retries": None,
+            "num_ooms": None,
+        }
+        if self.device.type == "cuda":
+            stats = torch.cuda.memory_stats(self.device)
+            out.update(
+                peak_allocated_bytes=torch.cuda.max_memory_allocated(self.device),
+                peak_reserved_bytes=torch.cuda.max_memory_reserved(self.device),
+                peak_active_bytes=stats.get("active_bytes.all.peak"),
+                num_alloc_retries=stats.get("num_alloc_retries"),
+                num_ooms=stats.get("num_ooms"),
+            )
+            out["peak_mem_bytes"] = out["peak_allocated_bytes"]
+        else:
+            out["peak_mem_bytes"] = out["rss_growth_bytes"]
+        return out
+
+
+class MemorySnapshot:
+    """CUDA allocator history for pytorch.org/memory_viz, plus a dump at the moment of an OOM.
+
+    Recording starts when the job starts (so an OOM snapshot shows how memory got there) with
+    a capped number of entries; :meth:`dump` writes the pickle after the profiled window. The
+    OOM observer is the one Megatron-LM installs: the allocator calls it before raising.
+    """
+
+    def __init__(self, out_dir: Path, label: str, max_entries: int) -> None:
+        self.out_dir = out_dir
+        self.label = label
+        self.max_entries = max_entries
+        self.oom_path: Path | None = None
+
+    def start(self) -> None:
+        torch.cuda.memory._record_memory_history(max_entries=self.max_entries, stacks="python")
+
+        def on_oom(device, alloc, device_alloc, device_free) -> None:  # noqa: ARG001
+            path = self.out_dir / f"memory_snapshot_oom_{self.label}.pickle"
+            torch.cuda.memory._dump_snapshot(str(path))
+            self.oom_path = path
+            log.error("CUDA OOM: allocator snapshot written to %s", path)
+
+        torch._C._cuda_attach_out_of_memory_observer(on_oom)
+
+    def dump(self) -> Path:
+        path = self.out_dir / f"memory_snapshot_{self.label}.pickle"
+        torch.cuda.memory._dump_snapshot(str(path))
+        torch.cuda.memory._record_memory_history(enabled=None)
+        return path

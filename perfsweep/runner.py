@@ -1,0 +1,257 @@
+"""The job process: build model, data and optimizer for one grid point, train, measure, report.
+
+This module runs inside a freshly spawned process (see :mod:`perfsweep.launcher`), so no
+allocator state, compile cache or peak counter survives from one grid point into the next.
+The step loop is the measured hot path: it synchronises once per step and does nothing else.
+
+Order inside a job::
+
+    warmup steps     excluded from every figure (allocator warm-up, autotuning, compile)
+    measured steps   timed with perf_counter after a device synchronisation
+    profiled window  torch.profiler; produces stages, ops and the trace, never the timings
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from perfsweep import compile as compile_mod
+from perfsweep import data as data_mod
+from perfsweep.config import AmpDtype, Device, PerfsweepConfig, to_run_config
+from perfsweep.envinfo import environment, peak_bf16_flops
+from perfsweep.memory import MemoryProbe, MemorySnapshot
+from perfsweep.metrics import StepRecord, summarize
+from perfsweep.model import GPT
+from perfsweep.profiling import ProfiledWindow, stage
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str, int, int, float, float], None]
+"""progress(phase, step, total_steps, step_time_ms, loss)"""
+
+
+def resolve_device(requested: Device) -> torch.device:
+    if requested == Device.cuda or (requested == Device.auto and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise RuntimeError("device=cuda but torch sees no CUDA device; use device=cpu or device=auto")
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def make_optimizer(model: torch.nn.Module, cfg: PerfsweepConfig) -> tuple[torch.optim.Optimizer, bool]:
+    """AdamW with weight decay on matrices only (as GPT-2 training does), fused where supported."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [
+        {"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    try:
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=True), True
+    except (RuntimeError, TypeError) as exc:
+        log.info("fused AdamW unavailable here (%s); using the default implementation", exc)
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95)), False
+
+
+@dataclass
+class Trainer:
+    """Everything one training step touches, built once before the first step."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    batches: Any
+    device: torch.device
+    autocast: Callable[[], contextlib.AbstractContextManager]
+    nvtx: bool
+
+    def step(self) -> tuple[float, float, float]:
+        """One optimizer step; returns (step_time_ms, data_wait_ms, loss), device synchronised."""
+        dev, nvtx = self.device, self.nvtx
+        t0 = time.perf_counter()
+        with stage("data_to_device", nvtx):
+            x, y = next(self.batches)
+            t_data = time.perf_counter()
+            x = x.to(dev, non_blocking=True)
+            y = y.to(dev, non_blocking=True)
+        with stage("forward", nvtx), self.autocast():
+            _, loss = self.model(x, y)
+        with stage("backward", nvtx):
+            self.scaler.scale(loss).backward()
+        with stage("optimizer_step", nvtx):
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        with stage("zero_grad", nvtx):
+            self.optimizer.zero_grad(set_to_none=True)
+        loss_value = loss.item()  # waits for the step's device work
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        t1 = time.perf_counter()
+        return (t1 - t0) * 1000.0, (t_data - t0) * 1000.0, loss_value
+
+
+def build(cfg: PerfsweepConfig, device: torch.device, token_data: data_mod.TokenData) -> tuple[Trainer, GPT, bool]:
+    torch.manual_seed(cfg.seed)
+    raw = GPT(cfg.model, token_data.vocab_size, ckpt=cfg.ckpt).to(device)
+    raw.train()
+    model: torch.nn.Module = raw
+    if cfg.compile:
+        model = compile_mod.apply(raw, cfg.compile_backend, cfg.compile_mode)
+    optimizer, fused = make_optimizer(raw, cfg)
+    use_fp16 = cfg.amp and cfg.amp_dtype == AmpDtype.fp16
+    scaler = torch.amp.GradScaler(device.type, enabled=use_fp16 and device.type == "cuda")
+    amp_dtype = torch.float16 if use_fp16 else torch.bfloat16
+
+    def autocast() -> contextlib.AbstractContextManager:
+        return torch.autocast(device_type=device.type, dtype=amp_dtype, enabled=cfg.amp)
+
+    loader = data_mod.make_loader(
+        token_data, cfg.seq_len, cfg.batch, cfg.workers, cfg.seed, pin_memory=device.type == "cuda"
+    )
+    trainer = Trainer(model, optimizer, scaler, data_mod.infinite(loader), device, autocast, cfg.profile.nvtx)
+    return trainer, raw, fused
+
+
+def train(
+    cfg: PerfsweepConfig,
+    token_data: data_mod.TokenData,
+    job_dir: Path,
+    label: str,
+    launch_dir: str,
+    progress: Progress | None = None,
+    result: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Run one grid point and return the row for ``runs`` with its child rows.
+
+    ``result`` is filled as the job goes, so a caller that catches a failure still has the
+    environment (and an OOM snapshot path) to store with it.
+    """
+    result = {} if result is None else result
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    device = resolve_device(cfg.device)
+    result.update(environment(device, launch_dir))
+    job_dir.mkdir(parents=True, exist_ok=True)
+
+    snapshot = None
+    if cfg.profile.memory_snapshot and device.type == "cuda":
+        snapshot = MemorySnapshot(job_dir, label, cfg.profile.memory_snapshot_max_entries)
+        snapshot.start()
+    try:
+        return _train(cfg, token_data, job_dir, label, device, result, snapshot, progress)
+    except BaseException:
+        if snapshot is not None and snapshot.oom_path is not None:
+            result["memory_snapshot_path"] = str(snapshot.oom_path)
+        raise
+
+
+def _train(cfg, token_data, job_dir, label, device, result, snapshot, progress) -> dict[str, Any]:
+    trainer, raw, fused = build(cfg, device, token_data)
+    tokens_per_step = cfg.batch * cfg.seq_len
+    result.update(
+        n_params=raw.num_params(non_embedding=False),
+        n_params_non_embedding=raw.num_params(non_embedding=True),
+        vocab_size=token_data.vocab_size,
+        unk_token_share=token_data.unk_token_share,
+        optimizer_fused=fused,
+        warmup_steps=cfg.steps.warmup,
+        measure_steps=cfg.steps.measure,
+        flops_per_token=float(raw.flops_per_token(cfg.seq_len)),
+    )
+
+    probe = MemoryProbe(device)
+    probe.before_training()
+    records: list[StepRecord] = []
+    total = cfg.steps.warmup + cfg.steps.measure + cfg.profile.steps
+
+    def run_step(phase: str) -> None:
+        ms, wait_ms, loss = trainer.step()
+        records.append(StepRecord(len(records), phase, ms, wait_ms, loss))
+        if progress is not None:
+            progress(phase, len(records), total, ms, loss)
+
+    for _ in range(cfg.steps.warmup):
+        run_step("warmup")
+    probe.start_measure()
+    for _ in range(cfg.steps.measure):
+        run_step("measure")
+    result.update(probe.result())  # before the profiler adds its own memory
+
+    summary = summarize(records, tokens_per_step, cfg.batch)
+    result.update(summary)
+    result["model_tflops_per_s"] = result["flops_per_token"] * summary["tokens_per_s"] / 1e12
+    peak = peak_bf16_flops(result["device_name"]) if device.type == "cuda" else None
+    result["mfu"] = result["model_tflops_per_s"] * 1e12 / peak if peak else None
+    if cfg.compile:
+        result["compile_time_ms"] = max(0.0, records[0].step_time_ms - summary["step_time_ms_median"])
+        result.update(compile_mod.diagnostics())
+
+    stages: list[dict[str, Any]] = []
+    ops: list[dict[str, Any]] = []
+    artifacts: list[dict[str, Any]] = []
+    if cfg.profile.enabled and 0 in cfg.profile.ranks:
+        with ProfiledWindow(cfg.profile, device, job_dir, label) as window:
+            for _ in range(window.steps_needed):
+                run_step("profile")
+                window.step()
+        stages, ops, artifacts = window.result.stages, window.result.ops, window.result.artifacts
+    if snapshot is not None:
+        path = snapshot.dump()
+        result["memory_snapshot_path"] = str(path)
+        artifacts.append({"kind": "memory_snapshot", "path": str(path), "bytes": path.stat().st_size})
+
+    result["steps"] = [
+        {"step": r.step, "phase": r.phase, "step_time_ms": r.step_time_ms, "data_wait_ms": r.data_wait_ms, "loss": r.loss}
+        for r in records
+    ]
+    result["stages"], result["ops"], result["artifacts"] = stages, ops, artifacts
+    return result
+
+
+def classify_error(exc: BaseException) -> str:
+    """Map an exception to a run status: oom for allocator failures on any device, else failed."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        return "oom"
+    text = str(exc).lower()
+    if isinstance(exc, (RuntimeError, MemoryError)) and (
+        "out of memory" in text or "can't allocate memory" in text or isinstance(exc, MemoryError)
+    ):
+        return "oom"
+    return "failed"
+
+
+def job_main(cfg_dict: dict[str, Any], token_data: data_mod.TokenData, job_dir: str, label: str,
+             launch_dir: str, conn: Any) -> None:
+    """Entry point of the spawned job process; every outcome goes back through ``conn``.
+
+    The process's own stdout/stderr (C++ warnings, the profiler's start/stop lines) go to
+    ``job.log`` in the job folder, so the terminal shows only the launcher's progress.
+    """
+    Path(job_dir).mkdir(parents=True, exist_ok=True)
+    with open(Path(job_dir) / "job.log", "ab") as log_file:
+        os.dup2(log_file.fileno(), 1)
+        os.dup2(log_file.fileno(), 2)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+    def progress(phase: str, step: int, total: int, ms: float, loss: float) -> None:
+        conn.send(("progress", phase, step, total, ms, loss))
+
+    partial: dict[str, Any] = {}
+    try:
+        cfg = to_run_config(cfg_dict)
+        conn.send(("result", train(cfg, token_data, Path(job_dir), label, launch_dir, progress, partial)))
+    except BaseException as exc:  # noqa: BLE001 - every failure is a result
+        tb = traceback.format_exc(limit=8)
+        conn.send(("error", classify_error(exc), f"{type(exc).__name__}: {exc}", tb, partial))
+    finally:
+        conn.close()

@@ -1,0 +1,314 @@
+"""The result database: the one place where perfsweep's tables are declared and written.
+
+``runs`` is deliberately wide: every grid axis, the environment and every summary figure is
+a real column, so the common question needs no join. Detail (per-step times, profiler stage
+and operator tables, artifacts) lives in child tables keyed by ``run_id``.
+
+The schema is managed by Alembic (``perfsweep/migrations``); :func:`connect` upgrades an
+older database in place and never drops a table or a row. A job's results are written in a
+single short transaction, so a crash between jobs cannot leave half a run behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    create_engine,
+    event,
+    select,
+)
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
+
+log = logging.getLogger(__name__)
+
+STATUSES = ("ok", "failed", "oom", "timeout")
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, int: BigInteger}
+
+
+class Sweep(Base):
+    __tablename__ = "sweeps"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), index=True)
+    sweep_dir: Mapped[str] = mapped_column(String(1000), unique=True)
+    command: Mapped[str | None] = mapped_column(Text)
+    n_jobs: Mapped[int | None] = mapped_column(Integer)
+    hostname: Mapped[str | None] = mapped_column(String(255))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    runs: Mapped[list[Run]] = relationship(back_populates="sweep")
+
+
+class Run(Base):
+    __tablename__ = "runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    sweep_id: Mapped[int] = mapped_column(ForeignKey("sweeps.id"), index=True)
+    job_num: Mapped[int | None] = mapped_column(Integer)
+    overrides: Mapped[str | None] = mapped_column(Text)
+    # grid axes: one real column each
+    amp: Mapped[bool] = mapped_column(Boolean)
+    ckpt: Mapped[bool] = mapped_column(Boolean)
+    batch: Mapped[int] = mapped_column(Integer)
+    seq_len: Mapped[int] = mapped_column(Integer)
+    compile: Mapped[bool] = mapped_column(Boolean)
+    workers: Mapped[int] = mapped_column(Integer)
+    amp_dtype: Mapped[str] = mapped_column(String(8))
+    model_name: Mapped[str] = mapped_column(String(100))
+    data_name: Mapped[str] = mapped_column(String(100))
+    config_json: Mapped[dict[str, Any]] = mapped_column(JSON)
+    config_hash: Mapped[str] = mapped_column(String(64), index=True)
+    # outcome
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    error: Mapped[str | None] = mapped_column(Text)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    duration_s: Mapped[float | None] = mapped_column(Float)
+    job_dir: Mapped[str | None] = mapped_column(String(1000))
+    # environment
+    hostname: Mapped[str | None] = mapped_column(String(255))
+    device_type: Mapped[str | None] = mapped_column(String(16))
+    device_name: Mapped[str | None] = mapped_column(String(255))
+    cpu_count: Mapped[int | None] = mapped_column(Integer)
+    torch_threads: Mapped[int | None] = mapped_column(Integer)
+    torch_version: Mapped[str | None] = mapped_column(String(64))
+    cuda_version: Mapped[str | None] = mapped_column(String(32))
+    python_version: Mapped[str | None] = mapped_column(String(32))
+    git_commit: Mapped[str | None] = mapped_column(String(64))
+    # model and data
+    n_params: Mapped[int | None] = mapped_column(BigInteger)
+    n_params_non_embedding: Mapped[int | None] = mapped_column(BigInteger)
+    vocab_size: Mapped[int | None] = mapped_column(Integer)
+    unk_token_share: Mapped[float | None] = mapped_column(Float)
+    optimizer_fused: Mapped[bool | None] = mapped_column(Boolean)
+    # timing (measured steps only; warmup excluded)
+    warmup_steps: Mapped[int | None] = mapped_column(Integer)
+    measure_steps: Mapped[int | None] = mapped_column(Integer)
+    first_step_ms: Mapped[float | None] = mapped_column(Float)
+    step_time_ms_median: Mapped[float | None] = mapped_column(Float)
+    step_time_ms_p10: Mapped[float | None] = mapped_column(Float)
+    step_time_ms_p90: Mapped[float | None] = mapped_column(Float)
+    step_time_ms_mean: Mapped[float | None] = mapped_column(Float)
+    step_time_ms_std: Mapped[float | None] = mapped_column(Float)
+    data_wait_ms_median: Mapped[float | None] = mapped_column(Float)
+    data_wait_fraction: Mapped[float | None] = mapped_column(Float)
+    tokens_per_s: Mapped[float | None] = mapped_column(Float)
+    samples_per_s: Mapped[float | None] = mapped_column(Float)
+    final_loss: Mapped[float | None] = mapped_column(Float)
+    flops_per_token: Mapped[float | None] = mapped_column(Float)
+    model_tflops_per_s: Mapped[float | None] = mapped_column(Float)
+    mfu: Mapped[float | None] = mapped_column(Float)
+    # memory (measured window; see runner.memory for how each is taken)
+    peak_mem_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    peak_allocated_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    peak_reserved_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    peak_active_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    rss_before_train_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    peak_rss_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    rss_growth_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    num_alloc_retries: Mapped[int | None] = mapped_column(Integer)
+    num_ooms: Mapped[int | None] = mapped_column(Integer)
+    memory_snapshot_path: Mapped[str | None] = mapped_column(String(1000))
+    # torch.compile
+    compile_time_ms: Mapped[float | None] = mapped_column(Float)
+    compile_payback_steps: Mapped[float | None] = mapped_column(Float)
+    n_graphs: Mapped[int | None] = mapped_column(Integer)
+    n_graph_breaks: Mapped[int | None] = mapped_column(Integer)
+    n_recompiles: Mapped[int | None] = mapped_column(Integer)
+    graph_break_reasons: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+    sweep: Mapped[Sweep] = relationship(back_populates="runs")
+    steps: Mapped[list[Step]] = relationship(cascade="all, delete-orphan")
+    stages: Mapped[list[Stage]] = relationship(cascade="all, delete-orphan")
+    ops: Mapped[list[Op]] = relationship(cascade="all, delete-orphan")
+    artifacts: Mapped[list[Artifact]] = relationship(cascade="all, delete-orphan")
+
+
+class Step(Base):
+    """Every optimizer step of a job, warmup included (phase says which) so nothing is hidden."""
+
+    __tablename__ = "steps"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    step: Mapped[int] = mapped_column(Integer)
+    phase: Mapped[str] = mapped_column(String(16))  # warmup | measure
+    step_time_ms: Mapped[float] = mapped_column(Float)
+    data_wait_ms: Mapped[float] = mapped_column(Float)
+    loss: Mapped[float | None] = mapped_column(Float)
+
+
+class Stage(Base):
+    """Per-step time of each annotated stage, averaged over the profiler's active steps."""
+
+    __tablename__ = "stages"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    stage: Mapped[str] = mapped_column(String(64))
+    cpu_time_ms: Mapped[float] = mapped_column(Float)
+    device_time_ms: Mapped[float | None] = mapped_column(Float)
+    device_time_source: Mapped[str] = mapped_column(String(32))
+    calls: Mapped[int] = mapped_column(Integer)
+
+
+class Op(Base):
+    """Top operators from the profiler's key_averages, per sort key; times are per profiled step."""
+
+    __tablename__ = "ops"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    sort_by: Mapped[str] = mapped_column(String(32))  # self_device | self_cpu
+    rank: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(Text)
+    calls: Mapped[int] = mapped_column(Integer)
+    self_cpu_ms: Mapped[float] = mapped_column(Float)
+    self_device_ms: Mapped[float | None] = mapped_column(Float)
+    cpu_total_ms: Mapped[float] = mapped_column(Float)
+    device_total_ms: Mapped[float | None] = mapped_column(Float)
+    flops: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class Artifact(Base):
+    __tablename__ = "artifacts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    kind: Mapped[str] = mapped_column(String(32))  # trace | profiler_table | memory_snapshot | ...
+    path: Mapped[str] = mapped_column(String(1000))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+
+
+# ---------------------------------------------------------------------------------------------
+
+_migrate_lock = threading.Lock()
+
+
+def default_url(launch_dir: str | Path) -> str:
+    return f"sqlite:///{Path(launch_dir).resolve() / 'results.db'}"
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for ``url``; SQLite files get WAL mode and a busy timeout for concurrent jobs."""
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"timeout": 30})
+        event.listen(engine, "connect", _sqlite_pragmas)
+    else:
+        engine = create_engine(url, pool_pre_ping=True)
+    return engine
+
+
+def connect(url: str) -> Engine:
+    """Open the database at ``url`` and bring its schema to the current revision."""
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    engine = make_engine(url)
+    with _migrate_lock:
+        upgrade(engine)
+    return engine
+
+
+def upgrade(engine: Engine) -> None:
+    """Run Alembic's upgrade to head on ``engine`` (a no-op when already current)."""
+    from alembic import command
+    from alembic.config import Config
+
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # per-job "Context impl" chatter
+    cfg = Config()
+    cfg.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
+    for attempt in range(5):
+        try:
+            with engine.begin() as conn:
+                cfg.attributes["connection"] = conn
+                command.upgrade(cfg, "head")
+            return
+        except (OperationalError, IntegrityError) as exc:  # another job migrating at the same time
+            if attempt == 4:
+                raise
+            log.debug("schema upgrade raced with another process (%s); retrying", exc)
+            time.sleep(0.5 * (attempt + 1))
+
+
+@contextmanager
+def session(engine: Engine) -> Iterator[Session]:
+    """One transaction: committed on success, rolled back (nothing written) on error."""
+    with Session(engine, expire_on_commit=False) as s, s.begin():
+        yield s
+
+
+def get_or_create_sweep(engine: Engine, sweep_dir: str, name: str, **fields: Any) -> int:
+    """The id of the sweep for ``sweep_dir``; jobs of one sweep on several machines share it."""
+    for _ in range(3):
+        with session(engine) as s:
+            found = s.scalar(select(Sweep.id).where(Sweep.sweep_dir == sweep_dir))
+            if found is not None:
+                return found
+        try:
+            with session(engine) as s:
+                sw = Sweep(name=name, sweep_dir=sweep_dir, **fields)
+                s.add(sw)
+                s.flush()
+                return sw.id
+        except IntegrityError:  # created by a concurrent job between our select and insert
+            continue
+    raise RuntimeError(f"could not create or find the sweep row for {sweep_dir}")
+
+
+def save_run(engine: Engine, result: dict[str, Any]) -> int:
+    """Write one finished job (run row plus its steps, stages, ops, artifacts) in one transaction."""
+    result = dict(result)
+    children = {
+        "steps": (Step, result.pop("steps", []) or []),
+        "stages": (Stage, result.pop("stages", []) or []),
+        "ops": (Op, result.pop("ops", []) or []),
+        "artifacts": (Artifact, result.pop("artifacts", []) or []),
+    }
+    columns = set(Run.__table__.columns.keys())
+    unknown = set(result) - columns
+    if unknown:
+        raise ValueError(f"result has fields that runs does not: {sorted(unknown)}")
+    for key in ("started_at", "finished_at"):
+        if isinstance(result.get(key), str):
+            result[key] = datetime.fromisoformat(result[key])
+    with session(engine) as s:
+        run = Run(**result)
+        for attr, (cls, rows) in children.items():
+            getattr(run, attr).extend(cls(**row) for row in rows)
+        s.add(run)
+        s.flush()
+        return run.id
