@@ -239,7 +239,7 @@ class PerfsweepConfig:
             not (self.amp and self.amp_dtype == AmpDtype.fp16 and self.device == Device.cpu),
             "amp_dtype",
             self.amp_dtype.value,
-            "fp16 autocast needs device=cuda; use amp_dtype=bf16 on CPU",
+            "must be bf16 on CPU (fp16 autocast with a GradScaler needs device=cuda)",
         )
         _require(
             self.compile_mode in (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),

@@ -7,8 +7,8 @@
    database. Hydra's on_multirun_end callback is skipped when a job fails; this is not.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: Hydra's plugin scan executes this module
+# before it is in sys.modules, and dataclasses cannot resolve string annotations then.
 import os
 import sys
 import time
@@ -48,8 +48,7 @@ class PerfsweepSweeper(BasicSweeper):
                 job_cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(job))
                 run_cfg = to_run_config(OmegaConf.masked_copy(job_cfg, [k for k in job_cfg if k != "hydra"]))
             except (ConfigError, HydraException) as exc:
-                first = " ".join(str(exc).split())
-                print(f"perfsweep: {first} [grid point {i + 1}/{len(jobs)}: {' '.join(job)}]; no job was started",
+                print(f"perfsweep: {_one_line(exc)} [grid point {i + 1}/{len(jobs)}: {' '.join(job)}]; no job was started",
                       file=sys.stderr)
                 sys.exit(2)
         os.environ[launcher.ENV_N_JOBS] = str(len(jobs))
@@ -62,3 +61,13 @@ class PerfsweepSweeper(BasicSweeper):
         finally:
             if run_cfg is not None:
                 summary.finish_sweep(launcher.db_url(run_cfg, launch_dir), sweep_dir)
+
+
+def _one_line(exc: BaseException) -> str:
+    """Hydra's composition errors put the reason in the cause and the key on a later line."""
+    parts = [str(exc)]
+    if exc.__cause__ is not None:
+        parts.append(str(exc.__cause__))
+    lines = [ln.strip() for p in parts for ln in p.splitlines() if ln.strip()]
+    lines = [ln for ln in lines if not ln.startswith(("object_type=", "full_key:", "reference_type="))]
+    return ": ".join(dict.fromkeys(lines))

@@ -1,0 +1,110 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir, initialize_config_module
+from hydra.errors import ConfigCompositionException
+
+from perfsweep.config import (
+    AmpDtype,
+    ConfigError,
+    PerfsweepConfig,
+    register_configs,
+    to_plain_dict,
+    to_run_config,
+)
+from tests.util import REPO, TINY, run_perfsweep
+
+register_configs()
+
+
+def compose_cfg(overrides: list[str]):
+    with initialize_config_module(version_base="1.3", config_module="perfsweep.conf"):
+        return compose(config_name="config", overrides=overrides)
+
+
+def test_defaults_compose_and_validate():
+    cfg = to_run_config(compose_cfg([]))
+    assert (cfg.amp, cfg.ckpt, cfg.compile) == (False, False, False)
+    assert cfg.model.name == "small" and cfg.data.name == "stdlib"
+    assert cfg.db.url is None  # resolved to <launch dir>/results.db at run time
+    assert cfg.tokens_per_step == cfg.batch * cfg.seq_len
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["batch=0"], "batch=0"),
+        (["seq_len=-1"], "seq_len=-1"),
+        (["seq_len=4096"], "seq_len=4096"),  # beyond model.max_seq_len
+        (["workers=-2"], "workers=-2"),
+        (["model.n_heads=3"], "model.d_model=256"),
+        (["model.dropout=1.5"], "model.dropout=1.5"),
+        (["steps.measure=0"], "steps.measure=0"),
+        (["profile.active=0"], "profile.active=0"),
+        (["amp=true", "amp_dtype=fp16", "device=cpu"], "amp_dtype='fp16'"),
+        (["data=textfile"], "data.path=None"),
+        (["timeout_s=0"], "timeout_s=0"),
+    ],
+)
+def test_range_errors_name_key_value_and_rule(overrides, key):
+    with pytest.raises(ConfigError) as err:
+        to_run_config(compose_cfg(overrides))
+    msg = str(err.value)
+    assert key in msg and "\n" not in msg
+    assert "must" in msg  # says what is allowed
+
+
+@pytest.mark.parametrize("override", ["batch=abc", "amp=maybe", "amp_dtype=fp8", "device=tpu", "nosuchkey=1"])
+def test_wrong_type_or_unknown_key_fails_at_composition(override):
+    with pytest.raises(ConfigCompositionException):
+        compose_cfg([override])
+
+
+def test_every_preset_composes():
+    for model in ("small", "tiny", "minigpt_seed", "gpt2_small"):
+        cfg = to_run_config(compose_cfg([f"model={model}"]))
+        assert cfg.model.name == model
+    seed = to_run_config(compose_cfg(["model=minigpt_seed"])).model
+    assert (seed.n_layers, seed.n_heads, seed.d_model, seed.d_ff) == (12, 4, 768, 3072)
+    for data in ("stdlib", "synthetic"):
+        assert to_run_config(compose_cfg([f"data={data}"])).data.name == data
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "experiments").glob("*.yaml")))
+def test_experiments_compose(name):
+    with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "experiments")):
+        cfg = compose(config_name=name, return_hydra_config=True)
+    assert cfg.hydra.sweeper.params, f"{name}.yaml defines no grid"
+    run_cfg = to_run_config({k: v for k, v in cfg.items() if k != "hydra"})
+    assert run_cfg.name == name
+
+
+def test_minigpt_seed_experiment_matches_source_script():
+    with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "experiments")):
+        cfg = compose(config_name="minigpt_seed")
+    run_cfg = to_run_config(cfg)
+    assert (run_cfg.batch, run_cfg.seq_len, run_cfg.data.vocab_limit) == (2, 1024, 10000)
+
+
+def test_plain_dict_is_json_ready():
+    d = to_plain_dict(PerfsweepConfig(amp=True, amp_dtype=AmpDtype.bf16))
+    assert d["amp_dtype"] == "bf16" and d["model"]["n_layers"] >= 1
+
+
+def test_bad_grid_point_stops_sweep_before_any_job(tmp_path: Path):
+    res = run_perfsweep(["-m", "batch=4,0", *[o for o in TINY if not o.startswith("batch")]], tmp_path)
+    assert res.returncode == 2
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("perfsweep:")]
+    assert len(lines) == 1
+    assert "batch=0" in lines[0] and "must be a positive integer" in lines[0] and "2/2" in lines[0]
+    assert not (tmp_path / "results.db").exists()
+    assert not (tmp_path / "multirun").exists()
+
+
+def test_help_and_cfg_job(tmp_path: Path):
+    res = run_perfsweep(["--help"], tmp_path)
+    assert res.returncode == 0 and "amp" in res.stdout and "model: " in res.stdout
+    res = run_perfsweep(["--cfg", "job", "amp=true"], tmp_path)
+    assert res.returncode == 0 and "amp: true" in res.stdout
