@@ -7,6 +7,7 @@ first step minus the steady-state median, and the sweep fills ``compile_payback_
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -25,6 +26,19 @@ def diagnostics() -> dict[str, Any]:
     return {
         "n_graphs": int(counters["stats"].get("unique_graphs", 0)),
         "n_graph_breaks": int(sum(breaks.values())),
-        "n_recompiles": int(sum(counters["recompiles"].values())) if "recompiles" in counters else 0,
+        "n_recompiles": count_recompiles(),
         "graph_break_reasons": breaks or None,
     }
+
+
+def count_recompiles() -> int:
+    """Recompilations, from Dynamo's guard-failure log.
+
+    A frame recompiles only when the guards of every cached entry fail, and its first entry
+    (compile id ``N/0``) is always among them, so each recompilation leaves exactly one
+    ``N/0:`` reason. Other reasons are the later entries failing in the same check.
+    """
+    from torch._dynamo.utils import guard_failures
+
+    reasons = [str(r) for rs in guard_failures.values() for r in rs]
+    return sum(1 for r in reasons if re.match(r"\d+/0:", r))

@@ -265,7 +265,9 @@ def register_configs() -> None:
     # it would leave two PerfsweepSweeper classes); then we register by hand, because the scan
     # cannot list the hydra_plugins namespace of an editable install.
     plugins = Plugins.instance()
-    from hydra_plugins.perfsweep_sweeper import PerfsweepSweeper  # registers hydra/sweeper=perfsweep
+    from hydra_plugins.perfsweep_sweeper import (
+        PerfsweepSweeper,  # registers hydra/sweeper=perfsweep
+    )
 
     plugins.register(PerfsweepSweeper)
     cs = ConfigStore.instance()

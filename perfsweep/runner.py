@@ -109,6 +109,8 @@ def build(cfg: PerfsweepConfig, device: torch.device, token_data: data_mod.Token
         model = compile_mod.apply(raw, cfg.compile_backend, cfg.compile_mode)
     optimizer, fused = make_optimizer(raw, cfg)
     use_fp16 = cfg.amp and cfg.amp_dtype == AmpDtype.fp16
+    if use_fp16 and device.type != "cuda":
+        raise ValueError(f"amp_dtype=fp16 with device={cfg.device.value} resolved to {device}: fp16 needs CUDA; use bf16")
     scaler = torch.amp.GradScaler(device.type, enabled=use_fp16 and device.type == "cuda")
     amp_dtype = torch.float16 if use_fp16 else torch.bfloat16
 

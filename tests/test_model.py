@@ -1,0 +1,89 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from perfsweep.config import ModelConfig
+from perfsweep.model import GPT
+
+CFG = ModelConfig(name="t", n_layers=2, n_heads=2, d_model=32, d_ff=64, max_seq_len=64, dropout=0.0)
+
+
+def test_shapes_and_loss_near_uniform_at_init():
+    torch.manual_seed(0)
+    model = GPT(CFG, vocab_size=100)
+    idx = torch.randint(0, 100, (3, 16))
+    logits, loss = model(idx, idx)
+    assert logits.shape == (3, 16, 100)
+    # small init: the first loss is close to ln(vocab)
+    assert abs(loss.item() - torch.log(torch.tensor(100.0)).item()) < 0.5
+    logits, loss = model(idx)
+    assert loss is None
+
+
+def test_embedding_tied_and_param_counts():
+    model = GPT(CFG, vocab_size=100)
+    assert model.head.weight is model.tok_emb.weight
+    total = sum(p.numel() for p in model.parameters())
+    assert model.num_params(non_embedding=False) == total
+    assert model.num_params() == total - 100 * 32 - 64 * 32
+    per_block = 4 * 32 * 32 + 4 * 32 + 2 * 32 * 64 + 64 + 32 + 4 * 32  # attn, mlp, 2 layernorms
+    assert model.num_params() == 2 * per_block + 2 * 32  # + final layernorm
+
+
+def test_flops_per_token_follows_nanogpt_convention():
+    model = GPT(CFG, vocab_size=100)
+    n = model.num_params() + 100 * 32  # nanoGPT counts the tied output matmul, not positions
+    assert model.flops_per_token(16) == 6 * n + 12 * 2 * 2 * 16 * 16
+
+
+def test_causal_future_tokens_do_not_change_the_past():
+    torch.manual_seed(0)
+    model = GPT(CFG, vocab_size=50).eval()
+    a = torch.randint(0, 50, (1, 10))
+    b = a.clone()
+    b[0, 7:] = (b[0, 7:] + 1) % 50
+    la, _ = model(a)
+    lb, _ = model(b)
+    torch.testing.assert_close(la[0, :7], lb[0, :7])
+    assert not torch.allclose(la[0, 7:], lb[0, 7:])
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_checkpointing_gives_same_loss_and_gradients(dropout):
+    cfg = ModelConfig(**{**CFG.__dict__, "dropout": dropout})
+    idx = torch.randint(0, 80, (2, 24), generator=torch.Generator().manual_seed(1))
+    results = []
+    for ckpt in (False, True):
+        torch.manual_seed(0)
+        model = GPT(cfg, vocab_size=80, ckpt=ckpt).train()
+        torch.manual_seed(123)  # same dropout masks; non-reentrant checkpoint replays the RNG state
+        _, loss = model(idx, idx)
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (l0, g0), (l1, g1) = results
+    torch.testing.assert_close(l0, l1)
+    assert g0.keys() == g1.keys()
+    for name in g0:
+        torch.testing.assert_close(g0[name], g1[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_checkpointing_saves_activation_memory():
+    """With ckpt each block keeps only its input for backward: fewer saved tensors."""
+    cfg = ModelConfig(**{**CFG.__dict__, "n_layers": 4})
+    idx = torch.randint(0, 80, (2, 32))
+
+    def saved_bytes(ckpt: bool) -> int:
+        model = GPT(cfg, vocab_size=80, ckpt=ckpt).train()
+        total = 0
+
+        def pack(t):
+            nonlocal total
+            total += t.numel() * t.element_size()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            _, loss = model(idx, idx)
+        return total
+
+    assert saved_bytes(True) < 0.6 * saved_bytes(False)

@@ -1,0 +1,95 @@
+"""The profiled window, run for real in this process on a tiny model."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from perfsweep import data
+from perfsweep.config import (
+    DataConfig,
+    DataKind,
+    ModelConfig,
+    PerfsweepConfig,
+    ProfileConfig,
+    StepsConfig,
+)
+from perfsweep.profiling import STAGES
+from perfsweep.runner import train
+
+TINY_MODEL = ModelConfig(name="tiny", n_layers=2, n_heads=2, d_model=32, d_ff=64, max_seq_len=64)
+
+
+def tiny_cfg(tmp_path: Path, **kw) -> PerfsweepConfig:
+    return PerfsweepConfig(
+        batch=2, seq_len=16, model=TINY_MODEL,
+        data=DataConfig(name="syn", kind=DataKind.synthetic, synthetic_vocab=64, synthetic_tokens=5000,
+                        vocab_limit=None, cache_dir=str(tmp_path / "cache")),
+        steps=StepsConfig(warmup=1, measure=3), **kw,
+    )
+
+
+@pytest.fixture
+def profiled(tmp_path: Path):
+    cfg = tiny_cfg(tmp_path, profile=ProfileConfig(wait=1, warmup=1, active=2, top_n=7))
+    td = data.prepare(cfg.data)
+    return train(cfg, td, tmp_path / "job", "amp=false,ckpt=false", str(tmp_path)), cfg
+
+
+def test_trace_has_stage_names_and_profiler_steps(profiled):
+    result, _ = profiled
+    traces = [a for a in result["artifacts"] if a["kind"] == "trace"]
+    assert len(traces) == 1
+    path = Path(traces[0]["path"])
+    assert path.name == "trace_amp=false,ckpt=false.json.gz" and path.stat().st_size == traces[0]["bytes"]
+    trace = json.loads(gzip.decompress(path.read_bytes()))
+    names = {e.get("name", "") for e in trace["traceEvents"]}
+    assert set(STAGES) <= names
+    steps = sorted(n for n in names if n.startswith("ProfilerStep#"))
+    assert len(steps) == 2  # the two active steps
+    table = next(a for a in result["artifacts"] if a["kind"] == "profiler_table")
+    assert "Self CPU" in Path(table["path"]).read_text()
+
+
+def test_stage_and_op_tables(profiled):
+    result, cfg = profiled
+    stages = {s["stage"]: s for s in result["stages"]}
+    assert set(stages) == set(STAGES)
+    for s in stages.values():
+        assert s["calls"] == 2  # once per active step
+        assert s["cpu_time_ms"] > 0
+        assert s["device_time_source"] == "same_as_cpu" and s["device_time_ms"] == s["cpu_time_ms"]
+    # the stages of a step fit inside the measured step time (same steps, profiled or not, roughly)
+    assert sum(s["cpu_time_ms"] for s in stages.values()) < 20 * result["step_time_ms_median"]
+    ops = result["ops"]
+    assert 0 < len(ops) <= 7 and {o["sort_by"] for o in ops} == {"self_cpu"}
+    assert [o["rank"] for o in ops] == list(range(1, len(ops) + 1))
+    assert ops == sorted(ops, key=lambda o: -o["self_cpu_ms"])
+    assert not any(o["name"] in STAGES or o["name"].startswith("ProfilerStep") for o in ops)
+    assert any(o["name"] in ("aten::mm", "aten::addmm") and o["flops"] for o in ops)
+
+
+def test_profiled_steps_are_not_measured_steps(profiled):
+    result, cfg = profiled
+    phases = [s["phase"] for s in result["steps"]]
+    assert phases == ["warmup"] + ["measure"] * 3 + ["profile"] * 4
+    assert result["measure_steps"] == 3
+
+
+def test_profile_disabled_writes_no_trace(tmp_path: Path):
+    cfg = tiny_cfg(tmp_path, profile=ProfileConfig(enabled=False))
+    result = train(cfg, data.prepare(cfg.data), tmp_path / "job", "x", str(tmp_path))
+    assert result["stages"] == [] and result["ops"] == [] and result["artifacts"] == []
+    assert [s["phase"] for s in result["steps"]].count("profile") == 0
+
+
+def test_compile_diagnostics(tmp_path: Path):
+    cfg = tiny_cfg(tmp_path, compile=True, compile_backend="aot_eager", profile=ProfileConfig(enabled=False))
+    result = train(cfg, data.prepare(cfg.data), tmp_path / "job", "compile=true", str(tmp_path))
+    assert result["n_graphs"] >= 1
+    assert result["n_graph_breaks"] >= 0 and result["n_recompiles"] >= 0
+    assert result["compile_time_ms"] > 0
+    assert result["first_step_ms"] > result["step_time_ms_median"]

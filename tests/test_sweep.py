@@ -1,0 +1,116 @@
+"""End-to-end: the CLI as a user runs it, fresh job processes, a real SQLite results.db."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from tests.util import TINY, run_perfsweep
+
+
+def rows(db: Path, sql: str) -> list[dict]:
+    con = sqlite3.connect(db)
+    con.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in con.execute(sql)]
+    finally:
+        con.close()
+
+
+@pytest.fixture(scope="module")
+def default_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The README's default sweep (default model, stdlib corpus), with fewer steps."""
+    cwd = tmp_path_factory.mktemp("default_sweep")
+    res = run_perfsweep(
+        ["-m", "amp=true,false", "ckpt=true,false", "steps.warmup=2", "steps.measure=4",
+         "profile.wait=0", "profile.warmup=1", "profile.active=1"],
+        cwd,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    (cwd / "stdout.txt").write_text(res.stdout)
+    (cwd / "stderr.txt").write_text(res.stderr)
+    return cwd
+
+
+def test_default_sweep_rows(default_sweep: Path):
+    db = default_sweep / "results.db"
+    runs = rows(db, "SELECT * FROM runs ORDER BY job_num")
+    assert [(r["amp"], r["ckpt"]) for r in runs] == [(1, 1), (1, 0), (0, 1), (0, 0)]
+    for r in runs:
+        assert r["status"] == "ok" and r["error"] is None
+        assert (r["model_name"], r["data_name"], r["batch"], r["seq_len"]) == ("small", "stdlib", 8, 128)
+        assert r["warmup_steps"] == 2 and r["measure_steps"] == 4
+        assert r["step_time_ms_p10"] <= r["step_time_ms_median"] <= r["step_time_ms_p90"]
+        # tokens/s is batch x seq_len over the measured step time
+        assert r["tokens_per_s"] == pytest.approx(8 * 128 * 1000 / r["step_time_ms_mean"], rel=1e-9)
+        steps = rows(db, f"SELECT * FROM steps WHERE run_id = {r['id']} AND phase = 'measure'")
+        assert len(steps) == 4
+        total_ms = sum(s["step_time_ms"] for s in steps)
+        assert r["tokens_per_s"] == pytest.approx(4 * 8 * 128 * 1000 / total_ms, rel=1e-9)
+        assert r["final_loss"] == steps[-1]["loss"]
+        assert 0 < r["unk_token_share"] < 0.2 and r["vocab_size"] == 8192
+        assert r["peak_rss_bytes"] > r["rss_before_train_bytes"] > 0
+        assert r["peak_mem_bytes"] == r["rss_growth_bytes"] > 0  # CPU: training RSS growth
+        assert r["device_type"] == "cpu" and r["torch_version"] and r["hostname"]
+        assert r["config_json"] and len(r["config_hash"]) == 64
+        stages = rows(db, f"SELECT stage FROM stages WHERE run_id = {r['id']}")
+        assert {s["stage"] for s in stages} >= {"data_to_device", "forward", "backward", "optimizer_step"}
+        arts = rows(db, f"SELECT kind, path, bytes FROM artifacts WHERE run_id = {r['id']}")
+        trace = next(a for a in arts if a["kind"] == "trace")
+        assert Path(trace["path"]).stat().st_size == trace["bytes"]
+        assert Path(trace["path"]).parent == Path(r["job_dir"])
+    # the same config hashes apart when only amp/ckpt differ
+    assert len({r["config_hash"] for r in runs}) == 4
+
+
+def test_checkpointing_lowers_training_memory(default_sweep: Path):
+    runs = rows(default_sweep / "results.db", "SELECT amp, ckpt, peak_mem_bytes FROM runs")
+    mem = {(r["amp"], r["ckpt"]): r["peak_mem_bytes"] for r in runs}
+    for amp in (0, 1):
+        assert mem[(amp, 1)] < mem[(amp, 0)], mem
+
+
+def test_summary_and_progress_are_printed(default_sweep: Path):
+    out = (default_sweep / "stdout.txt").read_text()
+    err = (default_sweep / "stderr.txt").read_text()
+    assert "(4 jobs, 4 ok)" in out and "tokens/s" in out and "results.db" in out
+    assert "[1/4]" in err and "[4/4]" in err and "left" in err
+
+
+def test_rerun_adds_a_sweep_and_loses_nothing(default_sweep: Path):
+    db = default_sweep / "results.db"
+    before = rows(db, "SELECT * FROM runs ORDER BY id")
+    res = run_perfsweep(["-m", "amp=true,false", *TINY], default_sweep)
+    assert res.returncode == 0, res.stderr[-2000:]
+    after = rows(db, "SELECT * FROM runs ORDER BY id")
+    assert after[: len(before)] == before
+    assert len(after) == len(before) + 2
+    assert len(rows(db, "SELECT id FROM sweeps")) == 2
+    assert rows(db, "PRAGMA journal_mode")[0]["journal_mode"] == "wal"
+
+
+def test_failures_are_results_and_the_sweep_goes_on(tmp_path: Path):
+    tiny = [o for o in TINY if not o.startswith(("batch", "steps.measure"))]
+    res = run_perfsweep(
+        ["-m", "batch=4,100000000", "steps.measure=3,100000000", "timeout_s=30", *tiny], tmp_path
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    runs = rows(tmp_path / "results.db", "SELECT batch, measure_steps, status, error, tokens_per_s, config_json FROM runs ORDER BY job_num")
+    status = [r["status"] for r in runs]
+    assert status == ["ok", "timeout", "failed", "failed"], [(r["status"], r["error"]) for r in runs]
+    assert runs[0]["tokens_per_s"] > 0
+    assert "timeout_s=30" in runs[1]["error"]
+    assert "batch=100000000" in runs[2]["error"]
+    assert all(r["tokens_per_s"] is None for r in runs[1:])
+    assert "(4 jobs, 1 ok)" in res.stdout
+
+
+def test_single_run_without_multirun(tmp_path: Path):
+    res = run_perfsweep(TINY, tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    runs = rows(tmp_path / "results.db", "SELECT status, job_num, overrides FROM runs")
+    assert runs == [{"status": "ok", "job_num": 0, "overrides": " ".join(TINY)}]
+    assert "(1 jobs, 1 ok)" in res.stdout
+    assert (tmp_path / "outputs").is_dir()  # Hydra's run folder holds the job's trace
