@@ -52,6 +52,11 @@ def hydra_main(cfg: DictConfig) -> str:
 
 
 def main() -> None:
+    """``perfsweep report ...`` builds reports; anything else is a Hydra sweep command line."""
+    if len(sys.argv) > 1 and sys.argv[1] == "report":
+        from perfsweep.report.__main__ import main as report_main
+
+        sys.exit(report_main(sys.argv[2:]))
     hydra_main()
 
 
