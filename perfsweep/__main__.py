@@ -7,6 +7,7 @@ every grid point and prints the summary at the end; in a single run this functio
 from __future__ import annotations
 
 import logging
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -42,7 +43,7 @@ def hydra_main(cfg: DictConfig) -> str:
         sweep_name=run_cfg.name or hc.job.config_name or "perfsweep",
         overrides=list(hc.overrides.task),
         job_num=hc.job.num if multirun else 0,
-        n_jobs=int(launcher.os.environ.get(launcher.ENV_N_JOBS, 1)) if multirun else 1,
+        n_jobs=int(os.environ.get(launcher.ENV_N_JOBS, 1)) if multirun else 1,
         command=shlex.join(["perfsweep", *sys.argv[1:]]),
     )
     _, status = launcher.run_job(spec)

@@ -201,7 +201,8 @@ def _train(cfg, token_data, job_dir, label, device, result, snapshot, progress) 
     stages: list[dict[str, Any]] = []
     ops: list[dict[str, Any]] = []
     artifacts: list[dict[str, Any]] = []
-    if cfg.profile.enabled and 0 in cfg.profile.ranks:
+    rank = int(os.environ.get("RANK", "0"))  # set by torchrun; 0 in a single-process job
+    if cfg.profile.enabled and rank in cfg.profile.ranks:
         with ProfiledWindow(cfg.profile, device, job_dir, label) as window:
             for _ in range(window.steps_needed):
                 run_step("profile")
