@@ -1,1 +1,19 @@
+"""Shared fixtures. Sweeps run for real: fresh job processes, a real SQLite file, real traces."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# tests/pg.py: the session-scoped `pg_url` fixture (a throwaway PostgreSQL server)
 pytest_plugins = ["tests.pg"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def token_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One token cache for the whole session, so the stdlib corpus is tokenized at most once."""
+    path = Path(os.environ.get("PERFSWEEP_TEST_CACHE") or tmp_path_factory.mktemp("token-cache"))
+    os.environ["PERFSWEEP_CACHE_DIR"] = str(path)
+    return path
