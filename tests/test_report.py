@@ -1,0 +1,596 @@
+"""The reporting layer: which charts a sweep gets, that their numbers are the database's, the
+factorial effects, compare mode and the CLI.
+
+Two kinds of data, never a mocked database: real tiny sweeps (session fixture in
+conftest_report.py) and rows written through perfsweep.store into a temporary SQLite file
+when a test needs numbers chosen by hand (known effects, CUDA memory, OOMs, noise).
+"""
+
+from __future__ import annotations
+
+import itertools
+import sqlite3
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.patches import Rectangle
+
+from perfsweep import store
+from perfsweep.report import frames
+from perfsweep.report.__main__ import main
+from perfsweep.report.build import build_report, make_report
+from perfsweep.report.compare import build_compare, compare_frame
+from perfsweep.report.load import ReportError, load_runs
+
+if TYPE_CHECKING:
+    from tests.conftest_report import ReportSweeps
+
+pytest_plugins = ["tests.conftest_report"]
+
+ALL_CHARTS = {
+    "throughput",
+    "memory",
+    "pareto",
+    "breakdown",
+    "scaling",
+    "heatmap",
+    "factors",
+    "loss",
+}
+
+
+# --------------------------------------------------------------------------------------------
+# hand-made rows through perfsweep.store
+
+
+def run_row(sweep_id: int, job: int, **kw: Any) -> dict[str, Any]:
+    """A complete ``runs`` row (with 3 measured steps and 5 stages) as a job would store it."""
+    row: dict[str, Any] = {
+        "sweep_id": sweep_id,
+        "job_num": job,
+        "amp": False,
+        "ckpt": False,
+        "batch": 8,
+        "seq_len": 128,
+        "compile": False,
+        "workers": 0,
+        "amp_dtype": "bf16",
+        "model_name": "tiny",
+        "data_name": "synthetic",
+        "config_json": {},
+        "config_hash": f"{sweep_id}-{job}",
+        "status": "ok",
+        "device_type": "cpu",
+        "device_name": "Test CPU",
+        "torch_version": "2.x",
+        "hostname": "testhost",
+        "step_time_ms_median": 100.0,
+        "step_time_ms_p10": 95.0,
+        "step_time_ms_p90": 105.0,
+        "tokens_per_s": 10240.0,
+        "peak_mem_bytes": 100 * 2**20,
+        "measure_steps": 3,
+        "warmup_steps": 1,
+    }
+    row.update(kw)
+    if row["status"] != "ok":
+        for k in ("step_time_ms_median", "step_time_ms_p10", "step_time_ms_p90", "tokens_per_s"):
+            row.setdefault(k, None)
+            if k not in kw:
+                row[k] = None
+        row.setdefault("error", f"{row['status']}: synthetic")
+    else:
+        row["steps"] = [
+            {
+                "step": 1 + i,
+                "phase": "measure",
+                "step_time_ms": row["step_time_ms_median"],
+                "data_wait_ms": 0.1,
+                "loss": 9.0 - 0.1 * i,
+            }
+            for i in range(3)
+        ]
+        row["stages"] = [
+            {
+                "stage": s,
+                "cpu_time_ms": t,
+                "device_time_ms": t,
+                "device_time_source": "same_as_cpu",
+                "calls": 1,
+            }
+            for s, t in zip(frames.STAGE_ORDER, (1.0, 30.0, 60.0, 8.0, 1.0), strict=True)
+        ]
+    return row
+
+
+def new_sweep(engine: Any, folder: Path, name: str = "handmade", make_dir: bool = True) -> int:
+    if make_dir:
+        folder.mkdir(parents=True, exist_ok=True)
+    return store.get_or_create_sweep(engine, str(folder), name)
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Any:
+    eng = store.connect(f"sqlite:///{tmp_path / 'results.db'}")
+    yield eng
+    eng.dispose()
+
+
+def tokens_from_db(db: Path, sweep_id: int) -> dict[int, float]:
+    with sqlite3.connect(db) as conn:
+        return dict(
+            conn.execute(
+                "SELECT id, tokens_per_s FROM runs WHERE sweep_id = ?", (sweep_id,)
+            ).fetchall()
+        )
+
+
+def bar_heights(fig: Any) -> list[float]:
+    ax = fig.axes[0]
+    return [p.get_height() for p in ax.patches if isinstance(p, Rectangle) and p.get_width() < 1.0]
+
+
+# --------------------------------------------------------------------------------------------
+# real sweeps
+
+
+@pytest.mark.slow
+def test_amp_ckpt_sweep_gets_its_charts_and_skips_the_rest(
+    report_sweeps: ReportSweeps, tmp_path: Path
+) -> None:
+    eng = store.connect(report_sweeps.url)
+    out = build_report(eng, [report_sweeps.amp_ckpt], out_dir=tmp_path / "r")
+    drawn = {p.stem for p in out.glob("*.png")}
+    assert drawn == {"throughput", "memory", "pareto", "breakdown", "factors", "loss"}
+    md = (out / "report.md").read_text()
+    for name in drawn:
+        assert f"]({name}.png)" in md  # embedded with a relative link
+    assert "`scaling.png`" in md and "neither batch nor seq_len varies" in md
+    assert "`heatmap.png`" in md and "needs both batch and seq_len to vary" in md
+    # table shows only the differing axes
+    header = next(line for line in md.splitlines() if line.startswith("| amp"))
+    assert header.startswith("| amp | ckpt | status |")
+    assert "| batch |" not in header
+    csv = pd.read_csv(out / "runs.csv")
+    assert len(csv) == 4 and "config_json" not in csv.columns
+    assert "## Environment" in md and "| torch |" in md and "| hostname |" in md
+
+
+@pytest.mark.slow
+def test_batch_seq_sweep_adds_scaling_and_heatmap(report_sweeps: ReportSweeps) -> None:
+    eng = store.connect(report_sweeps.url)
+    rep = make_report(eng, [report_sweeps.batch_seq])
+    drawn = {n for n, c in rep.charts.items() if c.figure is not None}
+    assert drawn == {"throughput", "memory", "pareto", "breakdown", "scaling", "heatmap", "loss"}
+    assert "amp, ckpt, compile" in (rep.charts["factors"].skipped or "")
+    # the heatmap cells are the stored tokens/s
+    heat = rep.charts["heatmap"].frame
+    with sqlite3.connect(report_sweeps.db) as conn:
+        stored = pd.read_sql_query(
+            f"SELECT batch, seq_len, tokens_per_s FROM runs WHERE sweep_id = {report_sweeps.batch_seq}",
+            conn,
+        )
+    merged = heat.merge(stored, on=["batch", "seq_len"], suffixes=("_chart", "_db"))
+    assert len(merged) == 4
+    np.testing.assert_allclose(merged["tokens_per_s_chart"], merged["tokens_per_s_db"])
+
+
+@pytest.mark.slow
+def test_throughput_bars_are_the_stored_tokens_per_s(report_sweeps: ReportSweeps) -> None:
+    eng = store.connect(report_sweeps.url)
+    rep = make_report(eng, [report_sweeps.amp_ckpt])
+    chart = rep.charts["throughput"]
+    stored = tokens_from_db(report_sweeps.db, report_sweeps.amp_ckpt)
+    frame = chart.frame
+    assert sorted(frame["id"]) == sorted(stored)
+    for rid, tps in zip(frame["id"], frame["tokens_per_s"], strict=True):
+        assert tps == pytest.approx(stored[rid])
+    # and the drawn bars, in frame order
+    np.testing.assert_allclose(
+        bar_heights(chart.figure), frame["tokens_per_s"].to_numpy(), rtol=1e-12
+    )
+    # speedup is relative to the default baseline: amp and ckpt off
+    base = frame[frame["is_baseline"]]
+    assert list(base["label"]) == ["amp=off ckpt=off"]
+    np.testing.assert_allclose(
+        frame["speedup"], frame["tokens_per_s"] / base["tokens_per_s"].iloc[0]
+    )
+
+
+@pytest.mark.slow
+def test_sweep_end_already_wrote_the_report(report_sweeps: ReportSweeps) -> None:
+    """perfsweep.summary calls build_report when a sweep ends: report/ lies in the sweep folder."""
+    with sqlite3.connect(report_sweeps.db) as conn:
+        sweep_dir = conn.execute(
+            "SELECT sweep_dir FROM sweeps WHERE id = ?", (report_sweeps.batch_seq,)
+        ).fetchone()[0]
+    report = Path(sweep_dir) / "report"
+    assert (report / "report.md").is_file()
+    assert (report / "heatmap.png").is_file() and (report / "scaling.png").is_file()
+
+
+@pytest.mark.slow
+def test_cli_defaults_to_latest_sweep_and_its_folder(
+    report_sweeps: ReportSweeps, capsys: pytest.CaptureFixture
+) -> None:
+    assert main(["--db", str(report_sweeps.db)]) == 0
+    out = capsys.readouterr().out
+    with sqlite3.connect(report_sweeps.db) as conn:
+        sweep_dir = conn.execute(
+            "SELECT sweep_dir FROM sweeps WHERE id = ?", (report_sweeps.batch_seq,)
+        ).fetchone()[0]
+    assert out.strip() == f"Report: {Path(sweep_dir) / 'report' / 'report.md'}"
+
+
+@pytest.mark.slow
+def test_cli_where_and_baseline(report_sweeps: ReportSweeps, tmp_path: Path) -> None:
+    out = tmp_path / "w"
+    rc = main(
+        [
+            "--db",
+            report_sweeps.url,
+            "--sweep",
+            str(report_sweeps.amp_ckpt),
+            "--where",
+            "amp = 1",
+            "--baseline",
+            "amp=true,ckpt=true",
+            "--out",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    csv = pd.read_csv(out / "runs.csv")
+    assert len(csv) == 2 and csv["amp"].all()
+    base = csv[csv["is_baseline"]]
+    assert len(base) == 1 and bool(base["ckpt"].iloc[0])
+    assert "**Baseline:** ckpt=on (as requested)" in (out / "report.md").read_text()
+
+
+# --------------------------------------------------------------------------------------------
+# factor effects on a hand-made 2x2 with known effects
+
+
+def test_factor_effects_of_a_known_2x2(engine: Any, tmp_path: Path) -> None:
+    # tokens/s: (amp, ckpt) -> off/off 100, on/off 150, off/on 80, on/on 170
+    # main amp = (150+170)/2 - (100+80)/2 = 70; main ckpt = (80+170)/2 - (100+150)/2 = 0
+    # amp x ckpt = (100+170)/2 - (150+80)/2 = 20; mean = 125
+    tps = {(False, False): 100.0, (True, False): 150.0, (False, True): 80.0, (True, True): 170.0}
+    mem = {(False, False): 400.0, (True, False): 300.0, (False, True): 200.0, (True, True): 100.0}
+    sid = new_sweep(engine, tmp_path / "sw")
+    for job, (a, c) in enumerate(tps):
+        store.save_run(
+            engine,
+            run_row(
+                sid,
+                job,
+                amp=a,
+                ckpt=c,
+                tokens_per_s=tps[a, c],
+                peak_mem_bytes=int(mem[a, c] * 2**20),
+            ),
+        )
+    rep = make_report(engine, [sid])
+    eff = rep.charts["factors"].frame.set_index(["metric", "term"])
+    t = eff.loc["tokens_per_s"]
+    assert t.loc["amp", "effect"] == pytest.approx(70.0)
+    assert t.loc["ckpt", "effect"] == pytest.approx(0.0)
+    assert t.loc["amp x ckpt", "effect"] == pytest.approx(20.0)
+    assert t.loc["amp", "effect_pct"] == pytest.approx(56.0)
+    assert t.loc["amp x ckpt", "effect_pct"] == pytest.approx(16.0)
+    m = eff.loc["peak_mem_bytes"]
+    assert m.loc["amp", "effect"] == pytest.approx(-100.0 * 2**20)
+    assert m.loc["ckpt", "effect"] == pytest.approx(-200.0 * 2**20)
+    assert m.loc["amp x ckpt", "effect"] == pytest.approx(0.0)
+    assert set(eff.index.get_level_values("term")) == {"amp", "ckpt", "amp x ckpt"}
+
+
+def test_factor_effects_use_only_complete_blocks(engine: Any, tmp_path: Path) -> None:
+    """With batch varying too, a batch whose 2x2 has an OOM is left out of the effects."""
+    sid = new_sweep(engine, tmp_path / "sw")
+    job = itertools.count()
+    for batch, (a, c) in itertools.product((8, 16), itertools.product((False, True), repeat=2)):
+        oom = batch == 16 and a is False and c is False
+        store.save_run(
+            engine,
+            run_row(
+                sid,
+                next(job),
+                batch=batch,
+                amp=a,
+                ckpt=c,
+                tokens_per_s=1000.0 + 500 * a + (5000 if batch == 16 else 0),
+                status="oom" if oom else "ok",
+            ),
+        )
+    runs = frames.prepare_runs(load_runs(engine, [sid]))
+    fx = frames.factorial_effects(runs)
+    assert fx is not None and fx.blocks_used == 1 and fx.blocks_total == 2
+    t = fx.effects.set_index(["metric", "term"]).loc["tokens_per_s"]
+    assert t.loc["amp", "effect"] == pytest.approx(500.0)
+    assert t.loc["ckpt", "effect"] == pytest.approx(0.0)
+
+
+def test_no_factors_when_no_block_is_complete(engine: Any, tmp_path: Path) -> None:
+    sid = new_sweep(engine, tmp_path / "sw")
+    for job, (a, c) in enumerate(itertools.product((False, True), repeat=2)):
+        store.save_run(engine, run_row(sid, job, amp=a, ckpt=c, status="oom" if a and c else "ok"))
+    rep = make_report(engine, [sid])
+    assert rep.charts["factors"].figure is None
+    assert "incomplete" in rep.charts["factors"].skipped
+
+
+# --------------------------------------------------------------------------------------------
+# memory, failures, top-N, labels, baseline
+
+
+def test_cuda_memory_chart_draws_allocated_and_reserved(engine: Any, tmp_path: Path) -> None:
+    sid = new_sweep(engine, tmp_path / "sw")
+    alloc = {False: 3 * 2**30, True: 2 * 2**30}
+    for job, amp in enumerate((False, True)):
+        store.save_run(
+            engine,
+            run_row(
+                sid,
+                job,
+                amp=amp,
+                device_type="cuda",
+                peak_mem_bytes=alloc[amp],
+                peak_allocated_bytes=alloc[amp],
+                peak_reserved_bytes=alloc[amp] + 2**29,
+            ),
+        )
+    rep = make_report(engine, [sid])
+    assert rep.mode == "cuda"
+    fig = rep.charts["memory"].figure
+    heights = sorted(bar_heights(fig))
+    assert heights == pytest.approx([2.0, 2.5, 3.0, 3.5])  # GiB: allocated and reserved per config
+    assert "peak memory (GiB)" in fig.axes[0].get_ylabel()
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert any("allocated" in s for s in labels) and any("reserved" in s for s in labels)
+    assert any("baseline" in s for s in labels)
+
+
+def test_failed_runs_are_marked_not_dropped(engine: Any, tmp_path: Path) -> None:
+    sid = new_sweep(engine, tmp_path / "sw")
+    job = itertools.count()
+    for batch, seq in itertools.product((4, 8, 16), (64, 128)):
+        status = "oom" if batch == 16 and seq == 128 else "ok"
+        store.save_run(
+            engine,
+            run_row(
+                sid,
+                next(job),
+                batch=batch,
+                seq_len=seq,
+                status=status,
+                tokens_per_s=float(batch * seq * 10),
+                peak_mem_bytes=batch * seq * 2**14,
+            ),
+        )
+    store.save_run(
+        engine, run_row(sid, next(job), batch=16, seq_len=64, workers=2, status="failed")
+    )
+    rep = make_report(engine, [sid])
+    pareto = rep.charts["pareto"].frame
+    assert set(pareto.loc[~pareto["ok"], "status"]) == {"oom", "failed"}
+    assert not pareto.loc[~pareto["ok"], "on_front"].any()
+    heat = rep.charts["heatmap"]
+    assert heat.figure is not None
+    texts = {t.get_text() for ax in heat.figure.axes for t in ax.texts}
+    assert "OOM" in texts
+    thr = rep.charts["throughput"].frame
+    assert set(thr["status"]) == {"ok", "oom", "failed"}  # failed configs keep their slot
+    md = (build_report(engine, [sid], out_dir=tmp_path / "out")).joinpath("report.md").read_text()
+    assert "Did not finish:" in md and "oom" in md
+
+
+def test_pareto_front(engine: Any, tmp_path: Path) -> None:
+    tps = pd.Series([10.0, 20.0, 15.0, 30.0, 5.0])
+    mem = pd.Series([1.0, 2.0, 3.0, 4.0, 0.5])
+    assert frames.pareto_mask(tps, mem).tolist() == [True, True, False, True, True]
+
+
+def test_big_sweep_bar_charts_show_top_n_plus_baseline(engine: Any, tmp_path: Path) -> None:
+    sid = new_sweep(engine, tmp_path / "sw")
+    for job, (batch, seq) in enumerate(itertools.product(range(1, 11), (32, 64, 128, 256, 512))):
+        store.save_run(
+            engine, run_row(sid, job, batch=batch, seq_len=seq, tokens_per_s=float(batch * seq))
+        )
+    rep = make_report(engine, [sid], top=10)
+    frame = rep.charts["throughput"].frame
+    assert len(frame) == 11 and frame["is_baseline"].sum() == 1
+    assert "top 10 of 50 configs" in rep.shown_note
+    best = frame[~frame["is_baseline"]]["tokens_per_s"]
+    assert best.tolist() == sorted(best, reverse=True)
+    assert best.min() == pytest.approx(
+        sorted(b * s for b in range(1, 11) for s in (32, 64, 128, 256, 512))[-10]
+    )
+
+
+def test_labels_name_only_differing_axes() -> None:
+    df = pd.DataFrame({"id": [1, 2], **{a: [0, 0] for a in frames.CONFIG_AXES}})
+    df["amp"] = [True, False]
+    df["batch"] = [8, 16]
+    assert frames.config_labels(df, frames.label_axes(df)).tolist() == [
+        "amp=on batch=8",
+        "amp=off batch=16",
+    ]
+
+
+def test_parse_baseline_spec() -> None:
+    assert frames.parse_config_spec("amp=false, ckpt=on,batch=8,model=tiny") == {
+        "amp": False,
+        "ckpt": True,
+        "batch": 8,
+        "model_name": "tiny",
+    }
+    with pytest.raises(ValueError, match="expected true or false"):
+        frames.parse_config_spec("amp=maybe")
+    with pytest.raises(ValueError, match="unknown axis"):
+        frames.parse_config_spec("speed=11")
+
+
+def test_baseline_falls_back_to_first_ok_run(engine: Any, tmp_path: Path) -> None:
+    sid = new_sweep(engine, tmp_path / "sw")
+    store.save_run(engine, run_row(sid, 0, amp=True, status="oom"))
+    store.save_run(engine, run_row(sid, 1, amp=True, batch=4, tokens_per_s=500.0))
+    store.save_run(engine, run_row(sid, 2, amp=True, batch=2, tokens_per_s=250.0))
+    rep = make_report(engine, [sid])
+    assert rep.baseline.label == "batch=4" and "first ok run" in rep.baseline.how
+    with pytest.raises(ReportError, match="no ok run matches amp=False"):
+        make_report(engine, [sid], baseline={"amp": False})
+
+
+def test_single_config_skips_comparisons_and_says_why(engine: Any, tmp_path: Path) -> None:
+    sid = new_sweep(engine, tmp_path / "sw")
+    store.save_run(engine, run_row(sid, 0))
+    out = build_report(engine, [sid], out_dir=tmp_path / "out")
+    md = (out / "report.md").read_text()
+    assert "only one config" in md
+    assert (out / "breakdown.png").is_file() and (out / "loss.png").is_file()
+    assert not (out / "throughput.png").exists()
+
+
+def test_default_out_dir(engine: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    present = new_sweep(engine, tmp_path / "present")
+    gone = new_sweep(engine, tmp_path / "gone", make_dir=False)
+    for sid in (present, gone):
+        store.save_run(engine, run_row(sid, 0))
+        store.save_run(engine, run_row(sid, 1, amp=True))
+    assert build_report(engine, [present]) == tmp_path / "present" / "report"
+    assert build_report(engine, [gone]) == tmp_path / f"report_{gone}"
+
+
+def test_stale_charts_are_removed_when_skipped(engine: Any, tmp_path: Path) -> None:
+    sid = new_sweep(engine, tmp_path / "sw")
+    store.save_run(engine, run_row(sid, 0))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "heatmap.png").write_bytes(b"old")
+    build_report(engine, [sid], out_dir=out)
+    assert not (out / "heatmap.png").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# compare
+
+
+def test_compare_flags_changes_within_noise(engine: Any, tmp_path: Path) -> None:
+    tokens = 8 * 128
+    ref = new_sweep(engine, tmp_path / "ref", name="before")
+    new = new_sweep(engine, tmp_path / "new", name="after")
+
+    def ms(tps: float) -> float:
+        return tokens * 1000.0 / tps
+
+    # amp off: 1000 vs 1020 tokens/s with overlapping ranges -> within noise
+    store.save_run(
+        engine,
+        run_row(ref, 0, tokens_per_s=1000.0, step_time_ms_p10=ms(1050), step_time_ms_p90=ms(950)),
+    )
+    store.save_run(
+        engine,
+        run_row(new, 0, tokens_per_s=1020.0, step_time_ms_p10=ms(1060), step_time_ms_p90=ms(990)),
+    )
+    # amp on: 1500 vs 1000, disjoint ranges -> faster
+    store.save_run(
+        engine,
+        run_row(
+            ref,
+            1,
+            amp=True,
+            tokens_per_s=1000.0,
+            step_time_ms_p10=ms(1040),
+            step_time_ms_p90=ms(960),
+        ),
+    )
+    store.save_run(
+        engine,
+        run_row(
+            new,
+            1,
+            amp=True,
+            tokens_per_s=1500.0,
+            step_time_ms_p10=ms(1550),
+            step_time_ms_p90=ms(1450),
+        ),
+    )
+    # ckpt on: only in the new sweep; compile on: oom in the new sweep
+    store.save_run(engine, run_row(new, 2, ckpt=True))
+    store.save_run(engine, run_row(ref, 3, compile=True))
+    store.save_run(engine, run_row(new, 3, compile=True, status="oom"))
+
+    runs = frames.prepare_runs(load_runs(engine, [new, ref]))
+    cmp = compare_frame(runs[runs["sweep_id"] == new], runs[runs["sweep_id"] == ref]).set_index(
+        "label"
+    )
+    assert cmp.loc["amp=off ckpt=off compile=off", "verdict"] == "within noise"
+    assert cmp.loc["amp=off ckpt=off compile=off", "change_pct"] == pytest.approx(2.0)
+    assert cmp.loc["amp=on ckpt=off compile=off", "verdict"] == "faster"
+    assert cmp.loc["amp=on ckpt=off compile=off", "change_pct"] == pytest.approx(50.0)
+    assert cmp.loc["amp=off ckpt=on compile=off", "verdict"] == "only in A"
+    assert cmp.loc["amp=off ckpt=off compile=on", "verdict"] == "oom in A"
+
+    out = build_compare(engine, new, ref, out_dir=tmp_path / "cmp")
+    md = (out / "compare.md").read_text()
+    assert (out / "compare.png").is_file() and "![compare](compare.png)" in md
+    assert "| amp=off ckpt=off compile=off | 1,020 |" in md and "within noise" in md
+    assert "sweep " in md and "(after) vs sweep" in md
+
+
+def test_cli_compare_by_name(engine: Any, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    a = new_sweep(engine, tmp_path / "a", name="before")
+    b = new_sweep(engine, tmp_path / "b", name="after")
+    for sid in (a, b):
+        store.save_run(engine, run_row(sid, 0))
+        store.save_run(engine, run_row(sid, 1, amp=True))
+    db = tmp_path / "results.db"
+    assert main(["--db", str(db), "--sweep", "after", "--vs", "before"]) == 0
+    assert (
+        capsys.readouterr().out.strip()
+        == f"Compare: {tmp_path / 'b' / f'compare_vs_{a}' / 'compare.md'}"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# CLI errors: one line, naming the option and the value
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--db", "{tmp}/missing.db"], "--db {tmp}/missing.db: database file not found"),
+        (["--sweep", "99"], "--sweep 99: no sweep with id 99"),
+        (["--sweep", "nosuchname"], "--sweep nosuchname: no sweep with that id or name"),
+        (
+            ["--where", "no_such_column > 1"],
+            "--where 'no_such_column > 1': the database rejected it (no such column",
+        ),
+        (["--where", "batch > 1000"], "--where 'batch > 1000': no runs of sweep 1 match"),
+        (
+            ["--baseline", "amp=perhaps"],
+            "--baseline amp=perhaps: amp='perhaps': expected true or false",
+        ),
+        (["--baseline", "batch=3"], "--baseline batch=3: no ok run matches batch=3"),
+        (["--vs", "1"], "--vs 1: is the same sweep as --sweep (1)"),
+    ],
+)
+def test_cli_errors(
+    engine: Any, tmp_path: Path, capsys: pytest.CaptureFixture, args: list[str], message: str
+) -> None:
+    sid = new_sweep(engine, tmp_path / "sw")
+    assert sid == 1
+    store.save_run(engine, run_row(sid, 0))
+    store.save_run(engine, run_row(sid, 1, amp=True))
+    argv = [a.format(tmp=tmp_path) for a in args]
+    if "--db" not in argv:
+        argv = ["--db", str(tmp_path / "results.db"), *argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("perfsweep report: " + message.format(tmp=tmp_path)), err
+    assert "\n" not in err
