@@ -2,8 +2,10 @@
 
 Charts are meant for a slide: a title that says what is plotted, a subtitle that says how to
 read it, units on every axis, values written on the marks. Functions return a matplotlib
-``Figure`` built without pyplot (no global state, Agg only), so tests can inspect the
-artists and the notebook can display them; :func:`save` writes the PNG.
+``Figure`` with its own Agg canvas, built without pyplot: no global figure registry to leak
+in a 10,000-run report, no display needed, and importing this module never changes the
+backend of the caller (a notebook keeps its inline plots). Tests inspect the artists, the
+notebook displays the figures; :func:`save` writes the PNG.
 
 Bar charts switch from vertical bars with one axis per label line to horizontal bars when
 there are more than :data:`VERTICAL_MAX` configs, so long labels stay readable.
@@ -18,21 +20,19 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib import rc_context
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import to_rgba
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch, Rectangle
+from matplotlib.ticker import FuncFormatter, MaxNLocator
+from matplotlib.transforms import blended_transform_factory
 
-matplotlib.use("Agg")  # before anything else touches a backend: reports run headless
-
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib import rc_context  # noqa: E402
-from matplotlib.axes import Axes  # noqa: E402
-from matplotlib.colors import to_rgba  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.patches import Patch, Rectangle  # noqa: E402
-from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
-from matplotlib.transforms import blended_transform_factory  # noqa: E402
-
-from perfsweep.report import frames  # noqa: E402
+from perfsweep.report import frames
 
 VERTICAL_MAX = 12
 """Up to this many configs, bars stand vertically with a multi-line label under each."""
@@ -148,7 +148,9 @@ def _subtitle(ax: Axes, *parts: str, right: bool = False) -> None:
 
 
 def _fig(width: float, height: float) -> Figure:
-    return Figure(figsize=(width, height), layout="constrained")
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)  # render with Agg whatever backend the process uses
+    return fig
 
 
 def _bar_figsize(n: int, horizontal: bool, per: float = 0.95) -> tuple[float, float]:
