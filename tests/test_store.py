@@ -10,6 +10,7 @@ from __future__ import annotations
 import multiprocessing
 import re
 import sqlite3
+import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import event, func, inspect, select, text
+from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -321,21 +323,40 @@ def test_interrupted_migration_leaves_no_partial_schema(db_url, engines, request
     assert set(inspect(engines(db_url)).get_table_names()) == TABLES | {"alembic_version"}
 
 
-def _connect_worker(url: str, barrier, queue) -> None:
+def _connect_worker(i: int, url: str, first_started, first_done, barrier, queue) -> None:
+    """Job 0 migrates the empty database; jobs 1.. start while it is half-way through, check
+    for the schema before it commits and try to create it after: the interleaving that
+    concurrent first jobs hit by chance (hooks on this process's engines force it)."""
     try:
+
+        def pace(conn, cursor, statement, *args):
+            if i == 0 and re.match(r"\s*CREATE TABLE alembic_version\b", statement):
+                first_started.set()  # past any migration lock, nothing committed yet
+            elif i == 0 and re.match(r"\s*INSERT INTO alembic_version\b", statement):
+                time.sleep(0.3)  # the others look for the schema now and find none
+            elif i > 0 and re.match(r"\s*CREATE TABLE alembic_version\b", statement):
+                first_done.wait(timeout=30)  # ...and create it once job 0 has committed
+
+        event.listen(Engine, "before_cursor_execute", pace)  # this forked process only
         barrier.wait(timeout=60)
+        if i > 0:
+            first_started.wait(timeout=30)
         engine = store.connect(url)
+        if i == 0:
+            first_done.set()
         queue.put(("ok", counts(engine)["sweeps"]))
         engine.dispose()
     except BaseException as exc:  # report, never hang the parent
-        queue.put(("error", repr(exc)))
+        queue.put(("error", f"job {i}: {exc!r}"))
 
 
-def _race(target, args: tuple, n: int = 4) -> list:
-    """Run ``target(*args, barrier, queue)`` in ``n`` forked processes released together."""
+def _race(target, args: tuple, n: int = 4, n_events: int = 0) -> list:
+    """Run ``target(i, *args, *events, barrier, queue)`` for i in range(n), each in a forked
+    process; the barrier releases them together. Returns what each put on the queue."""
     ctx = multiprocessing.get_context("fork")
     barrier, queue = ctx.Barrier(n), ctx.Queue()
-    procs = [ctx.Process(target=target, args=(*args, barrier, queue)) for _ in range(n)]
+    events = [ctx.Event() for _ in range(n_events)]
+    procs = [ctx.Process(target=target, args=(i, *args, *events, barrier, queue)) for i in range(n)]
     for p in procs:
         p.start()
     try:
@@ -350,9 +371,20 @@ def _race(target, args: tuple, n: int = 4) -> list:
     return [value for _, value in results]
 
 
-def test_concurrent_first_connects_on_an_empty_database(db_url, engines):
-    """The first jobs of a sweep all start at once on a database nobody has migrated yet."""
-    assert _race(_connect_worker, (db_url,)) == [0, 0, 0, 0]
+def test_concurrent_first_connects_on_an_empty_database(db_url, engines, request):
+    """The first jobs of a sweep start together on a database nobody has migrated yet."""
+    if db_url.startswith("postgresql"):
+        request.applymarker(
+            pytest.mark.xfail(
+                strict=True,
+                raises=AssertionError,
+                reason="store bug: upgrade() does not retry DuplicateTable (ProgrammingError) "
+                "when another job commits the schema between its check and its CREATE TABLE",
+            )
+        )
+    if db_url.startswith("sqlite"):
+        Path(db_url.removeprefix("sqlite:///")).parent.mkdir(parents=True)
+    assert _race(_connect_worker, (db_url,), n_events=2) == [0, 0, 0, 0]
     engine = engines(db_url, migrate=False)
     assert set(inspect(engine).get_table_names()) == TABLES | {"alembic_version"}
     with engine.connect() as conn:
@@ -388,7 +420,7 @@ def test_get_or_create_sweep_same_dir_same_id_other_dir_other_id(db_url, engines
     assert abs(as_utc(sa.created_at) - datetime.now(timezone.utc)) < timedelta(minutes=5)
 
 
-def _sweep_worker(url: str, sweep_dirs: list[str], barrier, queue) -> None:
+def _sweep_worker(_i: int, url: str, sweep_dirs: list[str], barrier, queue) -> None:
     try:
         engine = store.connect(url)
         ids = []
