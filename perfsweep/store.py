@@ -30,6 +30,7 @@ from sqlalchemy import (
     Integer,
     String,
     Text,
+    TypeDecorator,
     create_engine,
     event,
     select,
@@ -47,6 +48,23 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
+class UTCDateTime(TypeDecorator):
+    """Timezone-aware UTC datetimes on every backend; SQLite alone would drop the offset."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):  # noqa: ARG002
+        if value is not None:
+            value = (value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value).astimezone(timezone.utc)
+        return value
+
+    def process_result_value(self, value, dialect):  # noqa: ARG002
+        if value is not None:
+            value = value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+        return value
+
+
 class Base(DeclarativeBase):
     type_annotation_map = {dict[str, Any]: JSON, int: BigInteger}
 
@@ -60,7 +78,7 @@ class Sweep(Base):
     command: Mapped[str | None] = mapped_column(Text)
     n_jobs: Mapped[int | None] = mapped_column(Integer)
     hostname: Mapped[str | None] = mapped_column(String(255))
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
     runs: Mapped[list[Run]] = relationship(back_populates="sweep")
 
@@ -87,8 +105,8 @@ class Run(Base):
     # outcome
     status: Mapped[str] = mapped_column(String(16), index=True)
     error: Mapped[str | None] = mapped_column(Text)
-    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     duration_s: Mapped[float | None] = mapped_column(Float)
     job_dir: Mapped[str | None] = mapped_column(String(1000))
     # environment
@@ -216,6 +234,9 @@ def default_url(launch_dir: str | Path) -> str:
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
+    # Let SQLAlchemy's BEGIN (below) govern transactions: the sqlite3 driver would otherwise run
+    # DDL outside them, and a job killed mid-migration would leave tables without a version row.
+    dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA busy_timeout=30000")
@@ -223,11 +244,16 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur.close()
 
 
+def _sqlite_begin(conn) -> None:
+    conn.exec_driver_sql("BEGIN")
+
+
 def make_engine(url: str) -> Engine:
     """An engine for ``url``; SQLite files get WAL mode and a busy timeout for concurrent jobs."""
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": 30})
         event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "begin", _sqlite_begin)
     else:
         engine = create_engine(url, pool_pre_ping=True)
     return engine
@@ -254,6 +280,9 @@ def upgrade(engine: Engine) -> None:
     for attempt in range(5):
         try:
             with engine.begin() as conn:
+                if conn.dialect.name == "postgresql":
+                    # one migrator at a time: the others wait here, then find the schema at head
+                    conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7210400501)")
                 cfg.attributes["connection"] = conn
                 command.upgrade(cfg, "head")
             return
@@ -302,6 +331,10 @@ def save_run(engine: Engine, result: dict[str, Any]) -> int:
     unknown = set(result) - columns
     if unknown:
         raise ValueError(f"result has fields that runs does not: {sorted(unknown)}")
+    for attr, (cls, rows) in children.items():
+        extra = {k for row in rows for k in row} - set(cls.__table__.columns.keys())
+        if extra:
+            raise ValueError(f"{attr} rows have fields that {cls.__tablename__} does not: {sorted(extra)}")
     for key in ("started_at", "finished_at"):
         if isinstance(result.get(key), str):
             result[key] = datetime.fromisoformat(result[key])

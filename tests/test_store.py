@@ -295,16 +295,9 @@ def test_connect_again_is_a_noop_and_keeps_rows(db_url, engines):
     assert counts(second)["runs"] == 1 and counts(second)["steps"] == 6
 
 
-def test_interrupted_migration_leaves_no_partial_schema(db_url, engines, request):
+def test_interrupted_migration_leaves_no_partial_schema(db_url, engines):
     """A job killed half-way through the first migration must not leave some tables behind
     (a later connect() would then fail on "table already exists" forever)."""
-    if db_url.startswith("sqlite"):
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="store bug: pysqlite runs DDL outside SQLAlchemy's transaction (autocommit)",
-            )
-        )
     engine = store.make_engine(db_url)
     if db_url.startswith("sqlite"):
         Path(db_url.removeprefix("sqlite:///")).parent.mkdir(parents=True)
@@ -371,17 +364,8 @@ def _race(target, args: tuple, n: int = 4, n_events: int = 0) -> list:
     return [value for _, value in results]
 
 
-def test_concurrent_first_connects_on_an_empty_database(db_url, engines, request):
+def test_concurrent_first_connects_on_an_empty_database(db_url, engines):
     """The first jobs of a sweep start together on a database nobody has migrated yet."""
-    if db_url.startswith("postgresql"):
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                raises=AssertionError,
-                reason="store bug: upgrade() does not retry DuplicateTable (ProgrammingError) "
-                "when another job commits the schema between its check and its CREATE TABLE",
-            )
-        )
     if db_url.startswith("sqlite"):
         Path(db_url.removeprefix("sqlite:///")).parent.mkdir(parents=True)
     assert _race(_connect_worker, (db_url,), n_events=2) == [0, 0, 0, 0]
@@ -487,14 +471,7 @@ def test_save_run_round_trip(db_url, engines):
     }
 
 
-def test_save_run_keeps_timezone_aware_datetimes(db_url, engines, request):
-    if db_url.startswith("sqlite"):
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="store bug: SQLite DateTime(timezone=True) drops the offset and reads back naive",
-            )
-        )
+def test_save_run_keeps_timezone_aware_datetimes(db_url, engines):
     engine = engines(db_url)
     sid = store.get_or_create_sweep(engine, "/sweeps/tz", "tz")
     ist = timezone(timedelta(hours=5, minutes=30))
