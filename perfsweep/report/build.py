@@ -128,8 +128,14 @@ def _pareto(c: _Ctx) -> tuple[pd.DataFrame, Figure, str]:
     caption = (
         "Every finished config as tokens/s against peak memory; the orange staircase is the Pareto "
         "front (no other config is both faster and leaner). Configs that did not finish are "
-        f"marked x on the bottom edge. {len(front)} configs on the front, leanest first: "
-        f"{'; '.join(front['label'].head(4))}" + (" ..." if len(front) > 4 else "") + "."
+        "marked x on the bottom edge. "
+        + (
+            f"On the front, leanest first: {'; '.join(front['label'].head(4))}"
+            if len(front)
+            else ""
+        )
+        + (f" ... ({len(front)} configs)" if len(front) > 4 else "")
+        + "."
     )
     return frame, fig, caption
 
@@ -229,6 +235,13 @@ def _factors(c: _Ctx) -> tuple[pd.DataFrame, Figure, str]:
         "coded -1/+1); bars are % of the overall mean, absolute values in brackets."
         + (f" Computed {note}." if note else "")
     )
+    ok = c.runs[c.runs["ok"]]
+    noisy = int((ok["step_time_ms_p90"] / ok["step_time_ms_p10"] > NOISY_RATIO).sum())
+    if noisy:
+        caption += (
+            f" Caution: {noisy} of {len(ok)} ok configs have noisy timings (p90/p10 step time > "
+            f"{NOISY_RATIO}), so effects of that size can be noise."
+        )
     chart_md = _effects_md(result.effects)
     return result.effects, fig, caption + "\n\n" + chart_md
 

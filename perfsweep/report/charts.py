@@ -776,6 +776,8 @@ def scaling(frames_by_axis: dict[str, tuple[pd.DataFrame, str]], mode: str) -> F
         annotate = frame["ok"].sum() <= 16
         for r, (metric, scale) in enumerate((("tokens_per_s", 1.0), ("peak_mem_bytes", div))):
             ax = grid[r][c]
+            placed: dict[Any, list[float]] = {}
+            y_span = float(np.nanmax(frame[metric])) / scale if frame[metric].notna().any() else 1.0
             for k, line in enumerate(lines):
                 color = LINE_COLORS[k % len(LINE_COLORS)]
                 g = frame[frame["line"] == line]
@@ -785,6 +787,11 @@ def scaling(frames_by_axis: dict[str, tuple[pd.DataFrame, str]], mode: str) -> F
                 )
                 if annotate:
                     for x, y in zip(good["x"], good[metric] / scale, strict=True):
+                        if any(
+                            abs(y - other) < 0.05 * y_span for other in placed.setdefault(x, [])
+                        ):
+                            continue  # another line's label is already there
+                        placed[x].append(y)
                         text = si(y) if metric == "tokens_per_s" else f"{y:.3g}"
                         ax.annotate(
                             text,
@@ -828,7 +835,10 @@ def scaling(frames_by_axis: dict[str, tuple[pd.DataFrame, str]], mode: str) -> F
                 ax.yaxis.set_major_formatter(THOUSANDS)
                 ax.set_ylabel("throughput (tokens/s)")
                 ax.set_title(
-                    f"vs {axis}" + ("\n" + textwrap.fill(note, 90) if note else ""),
+                    "\n".join(
+                        ([f"vs {axis}"] if ncol > 1 else [])
+                        + ([textwrap.fill(note, 90)] if note else [])
+                    ),
                     loc="center",
                     fontsize=12 if not note else 10,
                     fontweight="bold",
@@ -1016,22 +1026,31 @@ def factors(effects: pd.DataFrame, blocks_note: str = "") -> Figure:
 
 @styled
 def loss(df: pd.DataFrame, note: str = "") -> Figure:
-    """Loss of every measured step, one line per config."""
+    """Loss of every measured step, one line per config.
+
+    Configs with the same seed often give identical curves; the first lines are drawn
+    widest so that lines on top of each other still show as nested outlines, and the
+    subtitle says how far apart the curves are at most.
+    """
     fig = _fig(10, 5.5)
     ax = fig.add_subplot()
     labels = list(dict.fromkeys(df["label"]))
+    n = len(labels)
+    markers = ["o", "s", "^", "D", "v", "P", "X", "*"]
     for k, label in enumerate(labels):
         g = df[df["label"] == label]
+        wide = (n - 1 - k) / max(n - 1, 1)  # 1 for the first line, 0 for the last
         ax.plot(
             g["step"],
             g["loss"],
-            marker="o",
-            ms=4,
-            lw=1.8,
+            marker=markers[k % len(markers)],
+            ms=4 + 5 * wide,
+            lw=1.5 + 5 * wide,
             color=LINE_COLORS[k % len(LINE_COLORS)],
             label=label,
-            alpha=0.9,
+            alpha=0.85,
         )
+    spread = df.groupby("step")["loss"].agg(lambda v: v.max() - v.min()).max() if n > 1 else np.nan
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("optimizer step (warmup steps come first and are not shown)")
     ax.set_ylabel("training loss (cross-entropy, nats)")
@@ -1039,7 +1058,10 @@ def loss(df: pd.DataFrame, note: str = "") -> Figure:
     fig.suptitle("Loss over the measured steps" + (f" ({note})" if note else ""))
     _subtitle(
         ax,
-        "same seed and data order in every config: curves should overlap unless a setting changes numerics",
+        "same seed and data order in every config: curves overlap unless a setting changes numerics",
+        f"largest difference between configs at one step: {spread:.3g} nats"
+        if np.isfinite(spread)
+        else "",
     )
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     return fig
@@ -1084,14 +1106,20 @@ def compare(df: pd.DataFrame, name_a: str, name_b: str, note: str = "") -> Figur
     ax_v.margins(x=0.1)
     ax_v.xaxis.set_major_formatter(THOUSANDS)
     ax_v.set_xlabel("throughput (tokens/s); whisker: p10-p90")
-    ax_v.legend(loc="lower right")
     change = df["change_pct"].to_numpy(dtype=float)
     colors = [VERDICT_COLORS.get(v, BASE) for v in df["verdict"]]
     ax_c.barh(pos, np.nan_to_num(change), 0.6, color=colors, zorder=2)
     ax_c.axvline(0, color="black", lw=1)
-    span = float(np.nanmax(np.abs(change))) if np.isfinite(change).any() else 1.0
-    span = span or 1.0
-    ax_c.set_xlim(-span * 1.7, span * 1.7)
+    finite = change[np.isfinite(change)]
+    lo, hi = (
+        (min(0.0, float(finite.min())), max(0.0, float(finite.max())))
+        if finite.size
+        else (-1.0, 1.0)
+    )
+    span = (hi - lo) or 1.0
+    ax_c.set_xlim(
+        lo - (1.2 * span if lo < 0 else 0.05 * span), hi + (1.2 * span if hi > 0 else 0.6 * span)
+    )
     for p, v, verdict in zip(pos, change, df["verdict"], strict=True):
         if np.isfinite(v):
             ax_c.text(
@@ -1104,9 +1132,11 @@ def compare(df: pd.DataFrame, name_a: str, name_b: str, note: str = "") -> Figur
             )
         else:
             ax_c.text(0, p, f" {verdict}", va="center", ha="left", fontsize=9, color=BAD)
-    ax_c.set_xlabel(f"change in tokens/s, {name_a} vs {name_b} (%)")
-    handles = [Patch(color=c, label=v) for v, c in VERDICT_COLORS.items()]
-    ax_c.legend(handles=handles, loc="lower right")
+    ax_c.set_xlabel("change in tokens/s, A vs B (%)")
+    handles, labels = ax_v.get_legend_handles_labels()
+    handles += [Patch(color=c, label=v) for v, c in VERDICT_COLORS.items()]
+    labels += list(VERDICT_COLORS)
+    fig.legend(handles, labels, loc="outside lower center", ncols=len(handles), frameon=False)
     fig.suptitle(f"{name_a} vs {name_b}: tokens/s per config" + (f" ({note})" if note else ""))
     _subtitle(ax_v, "within noise: the p10-p90 ranges of the two sweeps overlap")
     return fig

@@ -32,6 +32,11 @@ class ReportError(Exception):
 
 def db_url(db: str) -> str:
     """A SQLAlchemy URL from ``--db``: URLs pass through, plain paths become sqlite URLs."""
+    if db.startswith("sqlite:///"):
+        path = db.removeprefix("sqlite:///")
+        if path and path != ":memory:" and not Path(path).is_absolute():
+            return f"sqlite:///{Path(path).resolve()}"  # report.md then says where the file is
+        return db
     if "://" in db:
         return db
     return f"sqlite:///{Path(db).expanduser().resolve()}"
