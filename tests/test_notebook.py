@@ -16,9 +16,15 @@ NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "explore_results.
 
 
 def _kernel_or_skip() -> str:
-    pytest.importorskip("nbformat", reason="nbformat not installed (pip install perfsweep[notebook])")
-    pytest.importorskip("nbclient", reason="nbclient not installed (pip install perfsweep[notebook])")
-    pytest.importorskip("ipykernel", reason="ipykernel not installed (pip install perfsweep[notebook])")
+    pytest.importorskip(
+        "nbformat", reason="nbformat not installed (pip install perfsweep[notebook])"
+    )
+    pytest.importorskip(
+        "nbclient", reason="nbclient not installed (pip install perfsweep[notebook])"
+    )
+    pytest.importorskip(
+        "ipykernel", reason="ipykernel not installed (pip install perfsweep[notebook])"
+    )
     from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 
     try:

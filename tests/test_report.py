@@ -594,3 +594,14 @@ def test_cli_errors(
     err = capsys.readouterr().err.strip()
     assert err.startswith("perfsweep report: " + message.format(tmp=tmp_path)), err
     assert "\n" not in err
+
+
+def test_sweep_where_nothing_finished_still_gets_a_report(engine: Any, tmp_path: Path) -> None:
+    sid = new_sweep(engine, tmp_path / "sw")
+    store.save_run(engine, run_row(sid, 0, status="oom", peak_mem_bytes=None))
+    store.save_run(engine, run_row(sid, 1, amp=True, status="timeout", peak_mem_bytes=None))
+    out = build_report(engine, [sid], out_dir=tmp_path / "out")
+    assert not list(out.glob("*.png"))
+    md = (out / "report.md").read_text()
+    assert "- `throughput.png` (Throughput): no run finished ok." in md
+    assert "| off | oom |" in md and "| on | timeout |" in md

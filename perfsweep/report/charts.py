@@ -743,8 +743,8 @@ def _scaling_legend(top: Axes, bottom: Axes, frame: pd.DataFrame, n_lines: int) 
     """Few lines: a legend inside the throughput panel; many: a list under the column."""
     handles, names = top.get_legend_handles_labels()
     if not frame["ok"].all():
-        handles.append(Line2D([], [], marker="x", color=BAD, ls="none", ms=9, mew=2.5))
-        names.append("did not finish")
+        handles.append(Line2D([], [], marker="x", color="#333333", ls="none", ms=9, mew=2.5))
+        names.append("did not finish (x in the line's colour)")
     if n_lines <= 1 and frame["ok"].all():
         return
     if len(handles) <= 4:
