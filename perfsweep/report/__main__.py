@@ -31,9 +31,12 @@ def parser() -> argparse.ArgumentParser:
         prog="perfsweep report",
         description="Charts (PNG), report.md and runs.csv for a sweep in the results database; "
         "with --vs, a config-by-config comparison of two sweeps.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--db", default=DEFAULT_DB, help="SQLAlchemy URL or path of a SQLite file")
+    p.add_argument(
+        "--db",
+        default=DEFAULT_DB,
+        help=f"SQLAlchemy URL or path of a SQLite file (default: {DEFAULT_DB})",
+    )
     p.add_argument(
         "--sweep",
         action="append",
@@ -66,7 +69,11 @@ def parser() -> argparse.ArgumentParser:
         "writes compare.png and compare.md",
     )
     p.add_argument(
-        "--top", type=int, default=TOP_BARS, metavar="N", help="most configs per bar chart"
+        "--top",
+        type=int,
+        default=TOP_BARS,
+        metavar="N",
+        help=f"most configs per bar chart (default: {TOP_BARS})",
     )
     p.add_argument(
         "-v", "--verbose", action="store_true", help="log what is drawn and how long it takes"
