@@ -1,11 +1,18 @@
-"""Memory probes: peak figures over the measured window, on CUDA and on CPU alike.
+"""Memory probes: the peak bytes of live tensors a training step needs, on CUDA and CPU alike.
 
-CUDA: ``max_memory_allocated``/``max_memory_reserved`` after ``reset_peak_memory_stats`` at the
-end of warmup. CPU has no allocator counters, so we read the process's resident set: Linux's
-VmHWM (peak RSS) is reset by writing 5 to /proc/self/clear_refs at the same point, and the
-training figure is that peak minus the RSS just before the first training step. Where the
-reset is unavailable, ``ru_maxrss`` (lifetime peak) is the fallback and ``rss_peak_source``
-in the log says so.
+``peak_allocated_bytes`` (and ``peak_mem_bytes``, the headline figure) means the same on both:
+
+- CUDA: ``max_memory_allocated`` over the measured steps, after ``reset_peak_memory_stats`` at
+  the end of warmup.
+- CPU has no allocator peak counter, so we count what the CPU allocator hands out: one extra
+  step after the measured ones runs under torch.profiler with ``profile_memory``, and the
+  running sum of its allocation and free events gives the step's peak above what was live
+  before it; adding the parameters and optimizer state (live across steps) gives the peak.
+
+The process view is kept too: RSS just before the first step, its peak over the measured
+steps (Linux VmHWM, reset by writing 5 to /proc/self/clear_refs at the end of warmup) and
+the growth between them. RSS includes memory glibc keeps after tensors are freed, which
+blurs differences such as checkpointing's saving, hence the allocator-based headline figure.
 """
 
 from __future__ import annotations
@@ -14,9 +21,11 @@ import logging
 import re
 import resource
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 log = logging.getLogger(__name__)
 
@@ -96,9 +105,38 @@ class MemoryProbe:
                 num_ooms=stats.get("num_ooms"),
             )
             out["peak_mem_bytes"] = out["peak_allocated_bytes"]
-        else:
-            out["peak_mem_bytes"] = out["rss_growth_bytes"]
         return out
+
+
+def persistent_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Bytes that stay live between steps: parameters and optimizer state (gradients are freed)."""
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    state = sum(
+        v.numel() * v.element_size()
+        for st in optimizer.state.values()
+        for v in st.values()
+        if torch.is_tensor(v)
+    )
+    return params + state
+
+
+def step_alloc_peak_bytes(run_step: Callable[[], object]) -> int:
+    """Peak live bytes the CPU allocator handed out during one ``run_step()``, above the start.
+
+    Uses torch.profiler's memory events (alloc: +bytes, free: -bytes), summed in time order.
+    """
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        run_step()
+    events = sorted(
+        (e.start_ns(), e.nbytes())
+        for e in prof.profiler.kineto_results.events()
+        if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU
+    )
+    live = peak = 0
+    for _, nbytes in events:
+        live += nbytes
+        peak = max(peak, live)
+    return peak
 
 
 class MemorySnapshot:

@@ -8,6 +8,7 @@ Order inside a job::
 
     warmup steps     excluded from every figure (allocator warm-up, autotuning, compile)
     measured steps   timed with perf_counter after a device synchronisation
+    memory step      CPU only: one step with allocation tracking (see perfsweep.memory)
     profiled window  torch.profiler; produces stages, ops and the trace, never the timings
 """
 
@@ -29,7 +30,7 @@ from perfsweep import compile as compile_mod
 from perfsweep import data as data_mod
 from perfsweep.config import AmpDtype, Device, PerfsweepConfig, to_run_config
 from perfsweep.envinfo import environment, peak_bf16_flops
-from perfsweep.memory import MemoryProbe, MemorySnapshot
+from perfsweep.memory import MemoryProbe, MemorySnapshot, persistent_bytes, step_alloc_peak_bytes
 from perfsweep.metrics import StepRecord, summarize
 from perfsweep.model import GPT
 from perfsweep.profiling import ProfiledWindow, stage
@@ -174,7 +175,7 @@ def _train(cfg, token_data, job_dir, label, device, result, snapshot, progress) 
     probe = MemoryProbe(device)
     probe.before_training()
     records: list[StepRecord] = []
-    total = cfg.steps.warmup + cfg.steps.measure + cfg.profile.steps
+    total = cfg.steps.warmup + cfg.steps.measure + (device.type == "cpu") + cfg.profile.steps
 
     def run_step(phase: str) -> None:
         ms, wait_ms, loss = trainer.step()
@@ -187,7 +188,11 @@ def _train(cfg, token_data, job_dir, label, device, result, snapshot, progress) 
     probe.start_measure()
     for _ in range(cfg.steps.measure):
         run_step("measure")
-    result.update(probe.result())  # before the profiler adds its own memory
+    result.update(probe.result())  # before any profiler adds its own memory
+    if device.type == "cpu":
+        step_peak = step_alloc_peak_bytes(lambda: run_step("memory"))
+        result["peak_allocated_bytes"] = persistent_bytes(raw, trainer.optimizer) + step_peak
+        result["peak_mem_bytes"] = result["peak_allocated_bytes"]
 
     summary = summarize(records, tokens_per_step, cfg.batch)
     result.update(summary)

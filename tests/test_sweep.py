@@ -52,7 +52,10 @@ def test_default_sweep_rows(default_sweep: Path):
         assert r["final_loss"] == steps[-1]["loss"]
         assert 0 < r["unk_token_share"] < 0.2 and r["vocab_size"] == 8192
         assert r["peak_rss_bytes"] > r["rss_before_train_bytes"] > 0
-        assert r["peak_mem_bytes"] == r["rss_growth_bytes"] > 0  # CPU: training RSS growth
+        assert r["rss_growth_bytes"] > 0
+        # CPU: parameters + AdamW state (3 x 4 bytes a parameter) + the step's allocations
+        assert r["peak_mem_bytes"] == r["peak_allocated_bytes"] > 3 * 4 * r["n_params"]
+        assert r["peak_reserved_bytes"] is None  # no caching allocator on CPU
         assert r["device_type"] == "cpu" and r["torch_version"] and r["hostname"]
         assert r["config_json"] and len(r["config_hash"]) == 64
         stages = rows(db, f"SELECT stage FROM stages WHERE run_id = {r['id']}")
@@ -69,7 +72,8 @@ def test_checkpointing_lowers_training_memory(default_sweep: Path):
     runs = rows(default_sweep / "results.db", "SELECT amp, ckpt, peak_mem_bytes FROM runs")
     mem = {(r["amp"], r["ckpt"]): r["peak_mem_bytes"] for r in runs}
     for amp in (0, 1):
-        assert mem[(amp, 1)] < mem[(amp, 0)], mem
+        # allocator accounting is deterministic; we measured -23% (fp32) and -17% (bf16)
+        assert mem[(amp, 1)] < 0.9 * mem[(amp, 0)], mem
 
 
 def test_summary_and_progress_are_printed(default_sweep: Path):
@@ -94,14 +98,14 @@ def test_rerun_adds_a_sweep_and_loses_nothing(default_sweep: Path):
 def test_failures_are_results_and_the_sweep_goes_on(tmp_path: Path):
     tiny = [o for o in TINY if not o.startswith(("batch", "steps.measure"))]
     res = run_perfsweep(
-        ["-m", "batch=4,100000000", "steps.measure=3,100000000", "timeout_s=30", *tiny], tmp_path
+        ["-m", "batch=4,100000000", "steps.measure=3,100000000", "timeout_s=20", *tiny], tmp_path
     )
     assert res.returncode == 0, res.stderr[-2000:]
     runs = rows(tmp_path / "results.db", "SELECT batch, measure_steps, status, error, tokens_per_s, config_json FROM runs ORDER BY job_num")
     status = [r["status"] for r in runs]
     assert status == ["ok", "timeout", "failed", "failed"], [(r["status"], r["error"]) for r in runs]
     assert runs[0]["tokens_per_s"] > 0
-    assert "timeout_s=30" in runs[1]["error"]
+    assert "timeout_s=20" in runs[1]["error"]
     assert "batch=100000000" in runs[2]["error"]
     assert all(r["tokens_per_s"] is None for r in runs[1:])
     assert "(4 jobs, 1 ok)" in res.stdout
