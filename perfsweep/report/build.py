@@ -113,8 +113,10 @@ def _memory(c: _Ctx) -> tuple[pd.DataFrame, Figure, str]:
     fig = charts.memory(frame, c.mode, c.note)
     what = {
         "cuda": "CUDA peak allocated (live tensors) and peak reserved (held by the caching allocator)",
-        "cpu": "CPU: growth of the process's peak resident set during training (RSS at the peak minus RSS before the first step)",
-    }.get(c.mode, "peak allocated on CUDA runs, RSS growth on CPU runs")
+        "cpu": "CPU peak allocated (live tensors: parameters, optimizer state and the peak of one "
+        "step's allocations, counted by torch.profiler) beside the growth of the process's resident "
+        "set during training, which also holds memory glibc kept after frees",
+    }.get(c.mode, "peak bytes of live tensors on each run's device")
     return frame, fig, f"Peak memory over the measured steps: {what}. Dashed line: the baseline."
 
 
@@ -358,7 +360,7 @@ def make_report(
             frame, fig, caption = fn(ctx)
         except Skip as why:
             chart.skipped = str(why)
-            log.info("chart %s skipped: %s", name, why)
+            log.debug("chart %s skipped: %s", name, why)
         else:
             caption, _, extra = caption.partition("\n\n")
             chart.frame, chart.figure, chart.caption, chart.extra_md = frame, fig, caption, extra
@@ -378,11 +380,11 @@ def write_report(report: Report, out_dir: Path) -> Path:
         t = time.perf_counter()
         charts.save(chart.figure, path)
         chart.seconds += time.perf_counter() - t
-        log.info("chart %s: %.2f s", chart.file, chart.seconds)
+        log.debug("chart %s: %.2f s", chart.file, chart.seconds)
     t = time.perf_counter()
     runs_csv(report.runs).to_csv(out_dir / "runs.csv", index=False)
     (out_dir / "report.md").write_text(report_md(report))
-    log.info("report.md + runs.csv: %.2f s", time.perf_counter() - t)
+    log.debug("report.md + runs.csv: %.2f s", time.perf_counter() - t)
     return out_dir
 
 
@@ -417,7 +419,7 @@ def build_report(
     report = make_report(engine, list(sweep_ids), baseline=baseline, where=where, top=top)
     out = Path(out_dir) if out_dir is not None else default_out_dir(report.sweeps, list(sweep_ids))
     write_report(report, out)
-    log.info(
+    log.debug(
         "report of %d runs in %.2f s (loading %.2f s): %s",
         len(report.runs),
         time.perf_counter() - t0,
@@ -601,8 +603,8 @@ def report_md(report: Report) -> str:
         "time; speedup is vs the baseline; peak memory is "
         + {
             "cuda": "CUDA peak allocated (reserved beside it)",
-            "cpu": "the growth of peak RSS during training",
-        }.get(report.mode, "allocated on CUDA runs and RSS growth on CPU runs")
+            "cpu": "peak allocated bytes of live tensors (see Peak memory)",
+        }.get(report.mode, "peak allocated bytes of live tensors")
         + ".",
         "",
         table,

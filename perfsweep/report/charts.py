@@ -309,7 +309,7 @@ def throughput(df: pd.DataFrame, baseline_label: str | None = None, note: str = 
 
 @styled
 def memory(df: pd.DataFrame, mode: str, note: str = "") -> Figure:
-    """Peak memory per config: allocated vs reserved on CUDA, RSS growth on CPU; baseline line."""
+    """Peak memory per config: allocated vs reserved on CUDA, allocated vs RSS growth on CPU."""
     n = len(df)
     horizontal = n > VERTICAL_MAX
     fig = _fig(*_bar_figsize(n, horizontal, per=1.1 if mode == "cuda" else 0.95))
@@ -322,11 +322,14 @@ def memory(df: pd.DataFrame, mode: str, note: str = "") -> Figure:
         ]
         subtitle = "CUDA caching allocator over the measured steps; reserved - allocated = cached/fragmented"
     elif mode == "cpu":
-        series = [("peak_mem_bytes", "peak RSS growth during training", BAR)]
-        subtitle = "CPU: growth of the process's peak resident set over the measured steps"
+        series = [
+            ("peak_allocated_bytes", "peak allocated (tensors)", BAR),
+            ("rss_growth_bytes", "process RSS growth during training", BAR_2),
+        ]
+        subtitle = "CPU: allocator-counted tensor peak; RSS also holds memory glibc kept after frees"
     else:
-        series = [("peak_mem_bytes", "peak memory (allocated on CUDA, RSS growth on CPU)", BAR)]
-        subtitle = "mixed devices: CUDA runs show allocated bytes, CPU runs RSS growth"
+        series = [("peak_mem_bytes", "peak allocated (tensors)", BAR)]
+        subtitle = "mixed devices: peak bytes of live tensors on each run's device"
     div, unit = bytes_unit(pd.concat([df[c] for c, _, _ in series]))
     width = 0.8 / len(series)
     top = 0.0
@@ -532,7 +535,7 @@ def pareto(df: pd.DataFrame, mode: str, max_labels: int = 8) -> Figure:
                 )
     ax.yaxis.set_major_formatter(THOUSANDS)
     ax.set_ylabel("throughput (tokens/s)")
-    what_mem = {"cuda": "peak allocated", "cpu": "peak RSS growth"}.get(mode, "peak memory")
+    what_mem = {"cuda": "peak allocated", "cpu": "peak allocated"}.get(mode, "peak memory")
     ax.set_xlabel(f"{what_mem} ({unit}{', log scale' if log_x else ''})")
     if log_x:
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
@@ -845,7 +848,7 @@ def scaling(frames_by_axis: dict[str, tuple[pd.DataFrame, str]], mode: str) -> F
                     color="black",
                 )
             else:
-                what = {"cuda": "peak allocated", "cpu": "peak RSS growth"}.get(mode, "peak memory")
+                what = {"cuda": "peak allocated", "cpu": "peak allocated"}.get(mode, "peak memory")
                 ax.set_ylabel(f"{what} ({unit})")
                 ax.set_xlabel(
                     {

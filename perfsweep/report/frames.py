@@ -302,9 +302,13 @@ def memory_frame(df: pd.DataFrame) -> pd.DataFrame:
         "peak_mem_bytes",
         "peak_allocated_bytes",
         "peak_reserved_bytes",
+        "rss_growth_bytes",
         "is_baseline",
     ]
-    return df[cols].reset_index(drop=True)
+    out = df[cols].reset_index(drop=True)
+    for c in ("peak_mem_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "rss_growth_bytes"):
+        out[c] = pd.to_numeric(out[c], errors="coerce").astype(float)  # all-NULL columns load as object
+    return out
 
 
 def pareto_mask(tokens_per_s: pd.Series, mem: pd.Series) -> pd.Series:
