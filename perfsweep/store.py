@@ -271,10 +271,10 @@ def connect(url: str) -> Engine:
 
 def upgrade(engine: Engine) -> None:
     """Run Alembic's upgrade to head on ``engine`` (a no-op when already current)."""
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # per-job plugin and context chatter
     from alembic import command
     from alembic.config import Config
 
-    logging.getLogger("alembic").setLevel(logging.WARNING)  # per-job "Context impl" chatter
     cfg = Config()
     cfg.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
     for attempt in range(5):

@@ -118,3 +118,31 @@ def test_single_run_without_multirun(tmp_path: Path):
     assert runs == [{"status": "ok", "job_num": 0, "overrides": " ".join(TINY)}]
     assert "(1 jobs, 1 ok)" in res.stdout
     assert (tmp_path / "outputs").is_dir()  # Hydra's run folder holds the job's trace
+
+
+def test_sweep_into_postgresql(tmp_path: Path, pg_url: str):
+    """A sweep that spans machines writes to one PostgreSQL server; here, a real local one."""
+    import sqlalchemy as sa
+
+    from tests.pg import new_database
+
+    url = new_database(pg_url)
+    res = run_perfsweep(["-m", "amp=true,false", f"db.url={url}", *TINY], tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert not (tmp_path / "results.db").exists()
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        got = conn.execute(sa.text("SELECT amp, status, tokens_per_s FROM runs ORDER BY job_num")).all()
+        n_steps = conn.execute(sa.text("SELECT count(*) FROM steps")).scalar_one()
+    engine.dispose()
+    assert [(amp, status) for amp, status, _ in got] == [(True, "ok"), (False, "ok")]
+    assert all(tps > 0 for *_, tps in got) and n_steps > 0
+    assert "(2 jobs, 2 ok)" in res.stdout
+
+
+def test_unreachable_database_stops_the_sweep_before_any_job(tmp_path: Path):
+    res = run_perfsweep(["-m", "amp=true,false", "db.url=postgresql+psycopg2://u@127.0.0.1:1/x", *TINY], tmp_path)
+    assert res.returncode == 2
+    line = [ln for ln in res.stderr.splitlines() if ln.startswith("perfsweep:")]
+    assert len(line) == 1 and "db.url=" in line[0] and "no job was started" in line[0]
+    assert not (tmp_path / "multirun").exists()

@@ -35,7 +35,7 @@ ConfigStore.instance().store(group="hydra/sweeper", name="perfsweep", node=Perfs
 
 class PerfsweepSweeper(BasicSweeper):
     def sweep(self, arguments: list[str]) -> Any:
-        from perfsweep import launcher, summary
+        from perfsweep import launcher, store, summary
         from perfsweep.config import ConfigError, to_run_config
 
         assert self.hydra_context is not None and self.config is not None
@@ -51,16 +51,26 @@ class PerfsweepSweeper(BasicSweeper):
                 print(f"perfsweep: {_one_line(exc)} [grid point {i + 1}/{len(jobs)}: {' '.join(job)}]; no job was started",
                       file=sys.stderr)
                 sys.exit(2)
+        url = launcher.db_url(run_cfg, self.config.hydra.runtime.cwd) if run_cfg else None
+        if url is not None:
+            try:  # a wrong db.url or a server that is down stops the sweep before any job runs
+                store.connect(url).dispose()
+            except Exception as exc:  # noqa: BLE001 - any driver error; its first line says what
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                print(f"perfsweep: cannot open db.url={url!r}: {first}; no job was started", file=sys.stderr)
+                sys.exit(2)
         os.environ[launcher.ENV_N_JOBS] = str(len(jobs))
         os.environ[launcher.ENV_SWEEP_START] = str(time.time())
         sweep_dir = str(Path(self.config.hydra.sweep.dir).resolve())
-        launch_dir = self.config.hydra.runtime.cwd
         print(f"perfsweep: {len(jobs)} jobs, one process each; job folders under {sweep_dir}", file=sys.stderr)
         try:
             return super().sweep(arguments)
         finally:
-            if run_cfg is not None:
-                summary.finish_sweep(launcher.db_url(run_cfg, launch_dir), sweep_dir)
+            if url is not None:
+                try:
+                    summary.finish_sweep(url, sweep_dir)
+                except Exception as exc:  # noqa: BLE001 - never hide the jobs' own outcome
+                    print(f"perfsweep: could not print the summary from {url}: {exc}", file=sys.stderr)
 
 
 def _one_line(exc: BaseException) -> str:
