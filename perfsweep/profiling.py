@@ -14,6 +14,7 @@ whereas kernel attribution costs nothing at run time and matches what the trace 
 from __future__ import annotations
 
 import contextlib
+import gzip
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -135,15 +136,20 @@ class ProfiledWindow:
 
         self.out_dir.mkdir(parents=True, exist_ok=True)
         trace = self.out_dir / f"trace_{self.label}.json.gz"
-        prof.export_chrome_trace(str(trace))
+        if self.cfg.tensorboard:
+            # tensorboard_trace_handler has already saved this trace (a profile saves once);
+            # our named .json.gz is a compressed copy of its file.
+            tb_files = sorted((self.out_dir / "tensorboard").glob("*.pt.trace.json"), key=lambda f: f.stat().st_mtime)
+            trace.write_bytes(gzip.compress(tb_files[-1].read_bytes()))
+            for f in tb_files:
+                self._artifact("tensorboard_trace", f)
+        else:
+            prof.export_chrome_trace(str(trace))
         self._artifact("trace", trace)
         sort_key = "self_device_time_total" if self.on_cuda else "self_cpu_time_total"
         table = self.out_dir / f"profile_{self.label}.txt"
         table.write_text(averages.table(sort_by=sort_key, row_limit=self.cfg.top_n))
         self._artifact("profiler_table", table)
-        if self.cfg.tensorboard:
-            for f in sorted((self.out_dir / "tensorboard").glob("*")):
-                self._artifact("tensorboard_trace", f)
 
     def _artifact(self, kind: str, path: Path) -> None:
         self.result.artifacts.append({"kind": kind, "path": str(path.resolve()), "bytes": path.stat().st_size})

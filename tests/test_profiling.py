@@ -94,3 +94,11 @@ def test_compile_diagnostics(tmp_path: Path):
     assert result["n_graph_breaks"] >= 0 and result["n_recompiles"] >= 0
     assert result["compile_time_ms"] > 0
     assert result["first_step_ms"] > result["step_time_ms_median"]
+
+
+def test_tensorboard_trace_handler(tmp_path: Path):
+    cfg = tiny_cfg(tmp_path, profile=ProfileConfig(wait=0, warmup=1, active=1, tensorboard=True))
+    result = train(cfg, data.prepare(cfg.data), tmp_path / "job", "tb", str(tmp_path))
+    tb = [a for a in result["artifacts"] if a["kind"] == "tensorboard_trace"]
+    assert len(tb) == 1 and tb[0]["path"].endswith(".pt.trace.json") and tb[0]["bytes"] > 0
+    assert any(a["kind"] == "trace" for a in result["artifacts"])  # the .json.gz is still written
