@@ -58,7 +58,12 @@ def main() -> None:
         from perfsweep.report.__main__ import main as report_main
 
         sys.exit(report_main(sys.argv[2:]))
-    hydra_main()
+    try:
+        hydra_main()
+    except KeyboardInterrupt:
+        # The sweeper has printed the summary of the jobs that finished; they are stored.
+        print("perfsweep: interrupted; finished jobs are in the database", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -146,3 +146,41 @@ def test_unreachable_database_stops_the_sweep_before_any_job(tmp_path: Path):
     line = [ln for ln in res.stderr.splitlines() if ln.startswith("perfsweep:")]
     assert len(line) == 1 and "db.url=" in line[0] and "no job was started" in line[0]
     assert not (tmp_path / "multirun").exists()
+
+
+def test_ctrl_c_keeps_finished_jobs_and_leaves_no_process(tmp_path: Path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    tiny = [o for o in TINY if not o.startswith("steps.measure")]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "perfsweep", "-m", "steps.measure=3,100000000", *tiny],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    db = tmp_path / "results.db"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # wait until the first job is stored and the second runs
+        if db.exists() and rows(db, "SELECT count(*) AS n FROM runs")[0]["n"] == 1:
+            break
+        time.sleep(0.5)
+    time.sleep(3)
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends: the whole process group
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted" in err and "(1 jobs, 1 ok)" in out
+    assert [r["status"] for r in rows(db, "SELECT status FROM runs")] == ["ok"]
+    def group_alive() -> bool:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    deadline = time.monotonic() + 15
+    while group_alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not group_alive(), "a process of the interrupted sweep is still running"
