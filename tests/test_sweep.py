@@ -164,8 +164,11 @@ def test_ctrl_c_keeps_finished_jobs_and_leaves_no_process(tmp_path: Path):
     db = tmp_path / "results.db"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # wait until the first job is stored and the second runs
-        if db.exists() and rows(db, "SELECT count(*) AS n FROM runs")[0]["n"] == 1:
-            break
+        try:
+            if db.exists() and rows(db, "SELECT count(*) AS n FROM runs")[0]["n"] == 1:
+                break
+        except sqlite3.OperationalError:  # schema not created yet
+            pass
         time.sleep(0.5)
     time.sleep(3)
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends: the whole process group
