@@ -20,7 +20,7 @@ import os
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -158,7 +158,16 @@ def train(
         raise
 
 
-def _train(cfg, token_data, job_dir, label, device, result, snapshot, progress) -> dict[str, Any]:
+def _train(
+    cfg: PerfsweepConfig,
+    token_data: data_mod.TokenData,
+    job_dir: Path,
+    label: str,
+    device: torch.device,
+    result: dict[str, Any],
+    snapshot: MemorySnapshot | None,
+    progress: Progress | None,
+) -> dict[str, Any]:
     trainer, raw, fused = build(cfg, device, token_data)
     tokens_per_step = cfg.batch * cfg.seq_len
     result.update(
@@ -218,23 +227,18 @@ def _train(cfg, token_data, job_dir, label, device, result, snapshot, progress) 
         result["memory_snapshot_path"] = str(path)
         artifacts.append({"kind": "memory_snapshot", "path": str(path), "bytes": path.stat().st_size})
 
-    result["steps"] = [
-        {"step": r.step, "phase": r.phase, "step_time_ms": r.step_time_ms, "data_wait_ms": r.data_wait_ms, "loss": r.loss}
-        for r in records
-    ]
+    result["steps"] = [asdict(r) for r in records]
     result["stages"], result["ops"], result["artifacts"] = stages, ops, artifacts
     return result
 
 
 def classify_error(exc: BaseException) -> str:
     """Map an exception to a run status: oom for allocator failures on any device, else failed."""
-    if isinstance(exc, torch.OutOfMemoryError):
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
         return "oom"
     text = str(exc).lower()
-    if isinstance(exc, (RuntimeError, MemoryError)) and (
-        "out of memory" in text or "can't allocate memory" in text or isinstance(exc, MemoryError)
-    ):
-        return "oom"
+    if isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text):
+        return "oom"  # the CPU allocator raises a plain RuntimeError
     return "failed"
 
 

@@ -187,3 +187,12 @@ def test_ctrl_c_keeps_finished_jobs_and_leaves_no_process(tmp_path: Path):
     while group_alive() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not group_alive(), "a process of the interrupted sweep is still running"
+
+
+def test_cpu_out_of_memory_is_status_oom(tmp_path: Path):
+    """A model too big to allocate (16 TiB of MLP weights) is an oom result, not a crash."""
+    res = run_perfsweep([*TINY, "model.d_ff=17179869184"], tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    (run,) = rows(tmp_path / "results.db", "SELECT status, error, tokens_per_s, hostname FROM runs")
+    assert run["status"] == "oom" and "allocate" in run["error"] and run["tokens_per_s"] is None
+    assert run["hostname"]  # the environment is stored with failures too
