@@ -85,16 +85,14 @@ def finish_sweep(url: str, sweep_dir: str, make_report: bool = True) -> None:
             print(f"Query:   sqlite3 {engine.url.database} 'select amp, ckpt, tokens_per_s, peak_mem_bytes "
                   f"from runs where sweep_id={sweep_id}'")
         if make_report:
-            _report(engine, sweep_id, sweep_dir)
+            _report(engine, sweep_id)
     finally:
         engine.dispose()
 
 
-def _report(engine: Engine, sweep_id: int, sweep_dir: str) -> None:
-    try:
-        from perfsweep.report.build import build_report
-    except ImportError:  # reporting layer not installed in this build
-        return
+def _report(engine: Engine, sweep_id: int) -> None:
+    from perfsweep.report.build import build_report  # matplotlib is imported only when needed
+
     try:
         out = build_report(engine, [sweep_id])
         print(f"Report:  {out / 'report.md'}")
