@@ -1,0 +1,34 @@
+"""A regular (non-editable) install must carry the configs, migrations and the sweeper plugin."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from tests.util import REPO
+
+
+def test_wheel_ships_configs_migrations_and_plugin(tmp_path: Path):
+    res = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(REPO)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    (wheel,) = tmp_path.glob("perfsweep-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    expected = {
+        "perfsweep/conf/config.yaml",
+        "perfsweep/conf/model/small.yaml",
+        "perfsweep/conf/model/minigpt_seed.yaml",
+        "perfsweep/conf/data/stdlib.yaml",
+        "perfsweep/migrations/env.py",
+        "perfsweep/migrations/script.py.mako",
+        "perfsweep/report/build.py",
+        "hydra_plugins/perfsweep_sweeper/__init__.py",
+    }
+    assert expected <= names, expected - names
+    assert any(n.startswith("perfsweep/migrations/versions/0001") for n in names)
+    entry_points = next(n for n in names if n.endswith("entry_points.txt"))
+    assert "perfsweep = perfsweep.__main__:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
