@@ -977,17 +977,7 @@ def factors(effects: pd.DataFrame, blocks_note: str = "") -> Figure:
         ax.set_yticks(pos, terms)
         ax.set_ylim(len(terms) - 0.5, -0.5)
         ax.axvline(0, color="black", lw=1)
-        finite = pct[np.isfinite(pct)]
-        lo, hi = (
-            (min(0.0, float(finite.min())), max(0.0, float(finite.max())))
-            if finite.size
-            else (-1.0, 1.0)
-        )
-        span = (hi - lo) or 1.0
-        ax.set_xlim(
-            lo - (0.75 * span if lo < 0 else 0.1 * span),
-            hi + (0.75 * span if hi > 0 else 0.1 * span),
-        )
+        span = _set_signed_xlim(ax, pct, room=0.75, low_pad=0.1, high_pad=0.1)
         for p, v, absval in zip(pos, pct, e["effect"].to_numpy(dtype=float), strict=True):
             if not np.isfinite(v):
                 continue
@@ -1113,16 +1103,7 @@ def compare(df: pd.DataFrame, name_a: str, name_b: str, note: str = "") -> Figur
     colors = [VERDICT_COLORS.get(v, BASE) for v in df["verdict"]]
     ax_c.barh(pos, np.nan_to_num(change), 0.6, color=colors, zorder=2)
     ax_c.axvline(0, color="black", lw=1)
-    finite = change[np.isfinite(change)]
-    lo, hi = (
-        (min(0.0, float(finite.min())), max(0.0, float(finite.max())))
-        if finite.size
-        else (-1.0, 1.0)
-    )
-    span = (hi - lo) or 1.0
-    ax_c.set_xlim(
-        lo - (1.2 * span if lo < 0 else 0.05 * span), hi + (1.2 * span if hi > 0 else 0.6 * span)
-    )
+    span = _set_signed_xlim(ax_c, change, room=1.2, low_pad=0.05, high_pad=0.6)
     for p, v, verdict in zip(pos, change, df["verdict"], strict=True):
         if np.isfinite(v):
             ax_c.text(
@@ -1143,3 +1124,16 @@ def compare(df: pd.DataFrame, name_a: str, name_b: str, note: str = "") -> Figur
     fig.suptitle(f"{name_a} vs {name_b}: tokens/s per config" + (f" ({note})" if note else ""))
     _subtitle(ax_v, "within noise: the p10-p90 ranges of the two sweeps overlap")
     return fig
+
+
+def _set_signed_xlim(ax: Any, values: np.ndarray, room: float, low_pad: float, high_pad: float) -> float:
+    """x limits for bars of either sign around 0; returns the data span for placing labels.
+
+    A side with bars gets ``room`` x span for its value labels, a side without bars only
+    ``low_pad``/``high_pad`` x span. NaNs are ignored.
+    """
+    finite = values[np.isfinite(values)]
+    lo, hi = (min(0.0, float(finite.min())), max(0.0, float(finite.max()))) if finite.size else (-1.0, 1.0)
+    span = (hi - lo) or 1.0
+    ax.set_xlim(lo - (room * span if lo < 0 else low_pad * span), hi + (room * span if hi > 0 else high_pad * span))
+    return span
