@@ -108,15 +108,19 @@ def _fmt_s(s: float) -> str:
     return f"{s:.0f}s" if s < 90 else f"{s / 60:.1f}min"
 
 
-def _run_in_child(spec: JobSpec, token_data: data_mod.TokenData, progress: ProgressLine) -> tuple[str, str | None, dict[str, Any]]:
-    """Run the job in a spawned process; returns (status, error, result fields)."""
+def _run_in_child(
+    spec: JobSpec, config: dict[str, Any], token_data: data_mod.TokenData, progress: ProgressLine
+) -> tuple[str, str | None, dict[str, Any]]:
+    """Run the job (``config`` is its plain-dict config) in a spawned process.
+
+    Returns (status, error, result fields).
+    """
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # keep the profiler's C++ start/stop lines off the terminal
     ctx = mp.get_context("spawn")
     parent_conn, child_conn = ctx.Pipe(duplex=False)
-    cfg_dict = to_plain_dict(spec.cfg)
     proc = ctx.Process(
         target=runner.job_main,
-        args=(cfg_dict, token_data, str(spec.job_dir), spec.label, str(spec.launch_dir), child_conn),
+        args=(config, token_data, str(spec.job_dir), spec.label, str(spec.launch_dir), child_conn),
         name=f"perfsweep-job-{spec.job_num}",
     )
     proc.start()
@@ -149,14 +153,9 @@ def _run_in_child(spec: JobSpec, token_data: data_mod.TokenData, progress: Progr
             elif not proc.is_alive() and not parent_conn.poll():
                 break
     finally:
-        if proc.is_alive():
-            proc.join(timeout=10 if outcome and outcome[0] != "timeout" else 0)
-        if proc.is_alive():
-            proc.terminate()
-            proc.join(timeout=5)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
+        # A job that reported is shutting down by itself (DataLoader workers, etc.): give it time.
+        reported = outcome is not None and outcome[0] != "timeout"
+        _stop(proc, grace_s=10 if reported else 0)
         parent_conn.close()
     if outcome is None:
         code = proc.exitcode
@@ -167,6 +166,17 @@ def _run_in_child(spec: JobSpec, token_data: data_mod.TokenData, progress: Progr
         else:
             outcome = ("failed", f"job process exited with code {code} without reporting a result", {})
     return outcome
+
+
+def _stop(proc: Any, grace_s: float) -> None:
+    """Wait up to ``grace_s`` for the process to exit, then terminate, then kill."""
+    proc.join(timeout=grace_s)
+    if proc.is_alive():
+        proc.terminate()
+        proc.join(timeout=5)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
 
 
 def run_job(spec: JobSpec) -> tuple[int | None, str]:
@@ -182,15 +192,15 @@ def run_job(spec: JobSpec) -> tuple[int | None, str]:
     progress.header()
     started = utcnow()
     spec.job_dir.mkdir(parents=True, exist_ok=True)
+    config = to_plain_dict(cfg)
     try:
         token_data = data_mod.prepare(cfg.data, cfg.seed)
     except Exception as exc:  # noqa: BLE001 - a data problem is this job's result
         status, error, fields = "failed", f"preparing data failed: {type(exc).__name__}: {exc}", {}
     else:
-        status, error, fields = _run_in_child(spec, token_data, progress)
+        status, error, fields = _run_in_child(spec, config, token_data, progress)
     finished = utcnow()
 
-    config = to_plain_dict(cfg)
     row: dict[str, Any] = {k: config[k] for k in GRID_AXES}
     row.update(
         sweep_id=sweep_id,
