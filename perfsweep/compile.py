@@ -3,14 +3,55 @@
 Compile latency and steady-state speed are reported separately: ``compile_time_ms`` is the
 first step minus the steady-state median, and the sweep fills ``compile_payback_steps``
 (compile time over the per-step saving against the eager twin of the same config).
+
+Jobs are separate processes, but Inductor and Triton keep their caches on disk: a graph that
+an earlier process compiled loads in seconds (3.4 s against 28.4 s cold for GPT-2 small on an
+H100). By default each job therefore compiles into an empty cache of its own
+(``compile_cache=isolated``), and ``compile_cache_hits`` records how many compiled graphs
+were loaded from a cache instead, so a warm compile is visible in SQL.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
+
+CACHE_ENV = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+"""Environment variables that place Inductor's (FX graph, AOTAutograd, C++/Triton code) and
+Triton's kernel caches."""
+
+
+@contextlib.contextmanager
+def cache_scope(mode: str, job_dir: Path) -> Iterator[None]:
+    """With ``mode='isolated'``, point the compile caches at an empty folder in ``job_dir``.
+
+    Must be entered before the first compile of the process (the job process is fresh). The
+    folder is removed afterwards: it can hold hundreds of MB of kernels nobody will reuse.
+    """
+    if mode != "isolated":
+        yield
+        return
+    root = job_dir / "compile_cache"
+    shutil.rmtree(root, ignore_errors=True)
+    saved = {k: os.environ.get(k) for k in CACHE_ENV}
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor")
+    os.environ["TRITON_CACHE_DIR"] = str(root / "triton")
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def apply(model: torch.nn.Module, backend: str, mode: str | None) -> torch.nn.Module:
@@ -28,6 +69,9 @@ def diagnostics() -> dict[str, Any]:
         "n_graph_breaks": int(sum(breaks.values())),
         "n_recompiles": count_recompiles(),
         "graph_break_reasons": breaks or None,
+        # graphs loaded from Inductor's FX graph cache or AOTAutograd's cache instead of compiled
+        "compile_cache_hits": int(counters["inductor"].get("fxgraph_cache_hit", 0))
+        + int(counters["aot_autograd"].get("autograd_cache_hit", 0)),
     }
 
 

@@ -36,6 +36,15 @@ class Device(str, enum.Enum):
     cuda = "cuda"
 
 
+class CompileCache(str, enum.Enum):
+    """Where torch.compile keeps Inductor's and Triton's on-disk caches for a job."""
+
+    isolated = "isolated"
+    """An empty cache in the job folder, removed afterwards: every compile is cold and comparable."""
+    shared = "shared"
+    """The user's usual caches: fast iteration, but compile time depends on earlier processes."""
+
+
 class DataKind(str, enum.Enum):
     stdlib = "stdlib"
     textfile = "textfile"
@@ -62,6 +71,9 @@ class ModelConfig:
     """Dropout on attention weights, residual branches and embeddings."""
     bias: bool = True
     """Bias terms in Linear and LayerNorm layers."""
+    vocab_multiple: int = 128
+    """Pad the embedding and output layer to a multiple of this many rows (GEMM tile friendly);
+    padded rows are never targets and get no probability mass. 1 turns padding off."""
 
     def __post_init__(self) -> None:
         for key in ("n_layers", "n_heads", "d_model", "d_ff", "max_seq_len"):
@@ -74,6 +86,7 @@ class ModelConfig:
             f"must be divisible by model.n_heads={self.n_heads}",
         )
         _require(0.0 <= self.dropout < 1.0, "model.dropout", self.dropout, "must be in [0, 1)")
+        _require(self.vocab_multiple >= 1, "model.vocab_multiple", self.vocab_multiple, "must be a positive integer")
 
 
 @dataclass
@@ -203,6 +216,8 @@ class PerfsweepConfig:
     """torch.compile backend (inductor; aot_eager compiles much faster and suits tests)."""
     compile_mode: str | None = None
     """torch.compile mode (default, reduce-overhead, max-autotune)."""
+    compile_cache: CompileCache = CompileCache.isolated
+    """isolated: each job compiles cold into its own cache; shared: reuse the user's caches."""
     lr: float = 3e-4
     """AdamW learning rate."""
     weight_decay: float = 0.1

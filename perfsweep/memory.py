@@ -142,10 +142,21 @@ def step_alloc_peak_bytes(run_step: Callable[[], object]) -> int:
 class MemorySnapshot:
     """CUDA allocator history for pytorch.org/memory_viz, plus a dump at the moment of an OOM.
 
-    Recording starts when the job starts (so an OOM snapshot shows how memory got there) with
-    a capped number of entries; :meth:`dump` writes the pickle after the profiled window. The
-    OOM observer is the one Megatron-LM installs: the allocator calls it before raising.
+    Recording starts when the job starts, so an OOM in the first steps (where most happen: the
+    first step allocates everything) dumps a snapshot showing how memory got there. It is paused
+    over the measured steps, because recording a stack on every allocation costs host time on
+    every step, and resumed for the profiled window; :meth:`dump` writes the pickle after it.
+    The history keeps the warmup steps, which allocate what every measured step allocates.
+
+    ``context="alloc"`` records a stack when a block is allocated, not when it is freed.
+    torch's default, ``"all"``, fails every step of a model with activation checkpointing and
+    dropout on CUDA (torch 2.11: ``SystemError: ... returned NULL without setting an
+    exception``; "alloc" and "state" work, measured on an H100), and memory_viz needs only the
+    allocation stacks. The OOM observer is the one Megatron-LM installs: the allocator calls it
+    before raising.
     """
+
+    CONTEXT = "alloc"
 
     def __init__(self, out_dir: Path, label: str, max_entries: int) -> None:
         self.out_dir = out_dir
@@ -154,7 +165,7 @@ class MemorySnapshot:
         self.oom_path: Path | None = None
 
     def start(self) -> None:
-        torch.cuda.memory._record_memory_history(max_entries=self.max_entries, stacks="python")
+        self.resume()
 
         def on_oom(device, alloc, device_alloc, device_free) -> None:  # noqa: ARG001
             path = self.out_dir / f"memory_snapshot_oom_{self.label}.pickle"
@@ -164,8 +175,17 @@ class MemorySnapshot:
 
         torch._C._cuda_attach_out_of_memory_observer(on_oom)
 
+    def resume(self) -> None:
+        torch.cuda.memory._record_memory_history(
+            max_entries=self.max_entries, context=self.CONTEXT, stacks="python"
+        )
+
+    def pause(self) -> None:
+        """Stop recording (the history so far is kept) while steps are timed."""
+        torch.cuda.memory._record_memory_history(enabled=None)
+
     def dump(self) -> Path:
         path = self.out_dir / f"memory_snapshot_{self.label}.pickle"
         torch.cuda.memory._dump_snapshot(str(path))
-        torch.cuda.memory._record_memory_history(enabled=None)
+        self.pause()
         return path

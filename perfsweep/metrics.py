@@ -6,6 +6,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from perfsweep.names import BOTTLENECK_RULE, DATA_BOUND_WAIT_FRACTION, GPU_BOUND_BUSY_FRACTION
+
 
 def percentile(values: Sequence[float], q: float) -> float:
     """Linear-interpolation percentile (numpy's default), q in [0, 100]."""
@@ -55,3 +57,24 @@ def summarize(records: Sequence[StepRecord], tokens_per_step: int, samples_per_s
         "samples_per_s": samples_per_step * len(measured) / total_s,
         "final_loss": measured[-1].loss,
     }
+
+
+def bottleneck_verdict(gpu_busy_ms: float | None, step_time_ms_median: float | None,
+                       data_wait_fraction: float | None) -> dict[str, float | str | None]:
+    """``gpu_busy_fraction`` and the ``bottleneck`` verdict of a run, by :data:`BOTTLENECK_RULE`.
+
+    Busy time comes from the profiled steps, the step time from the measured (unprofiled) ones,
+    so the profiler's own overhead does not dilute the fraction. Without a GPU busy time (CPU
+    runs, profiling off) every field is None: a verdict is never guessed.
+    """
+    if gpu_busy_ms is None or not step_time_ms_median:
+        return {"gpu_busy_ms": None, "gpu_busy_fraction": None, "bottleneck": None, "bottleneck_rule": None}
+    busy = gpu_busy_ms / step_time_ms_median
+    if data_wait_fraction is not None and data_wait_fraction > DATA_BOUND_WAIT_FRACTION:
+        verdict = "data"
+    elif busy >= GPU_BOUND_BUSY_FRACTION:
+        verdict = "gpu"
+    else:
+        verdict = "host"
+    return {"gpu_busy_ms": gpu_busy_ms, "gpu_busy_fraction": busy, "bottleneck": verdict,
+            "bottleneck_rule": BOTTLENECK_RULE}

@@ -1,20 +1,23 @@
 """The profiled window: torch.profiler over a few steps after the timed ones, and what we keep of it.
 
 The window runs after the measured steps, so profiler overhead can never leak into the timed
-figures. Its products are the ``stages`` table (per-stage CPU wall time and device time),
-the ``ops`` table (top operators), a Chrome/Perfetto trace and the profiler's text table.
+figures. Its products are the ``stages`` table (per-stage CPU wall time and GPU time), the
+``kernels`` table (GPU time by kernel category), GPU busy time, the ``ops`` table (top
+operators), a Chrome/Perfetto trace and the profiler's text table.
 
-Device time per stage is the sum of the GPU kernels launched inside the stage's
-``record_function`` range, taken from the profiler's own attribution of kernels to the CPU
-ops that launched them. We prefer that to CUDA events around each stage because events
-would need a synchronisation per stage, changing the very overlap we want to observe,
-whereas kernel attribution costs nothing at run time and matches what the trace shows.
+Stage and kernel figures come from the exported trace through :mod:`perfsweep.trace`, the same
+analysis ``perfsweep trace FILE`` runs: each kernel is attributed to the stage whose CPU range
+contains its launch, on any thread (autograd launches backward kernels from its own thread, which
+the profiler's parent/child attribution misses). We prefer that to CUDA events around each stage
+because events would need a synchronisation per stage, changing the very overlap we want to
+observe, whereas attribution from the trace costs nothing at run time.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gzip
+import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -24,12 +27,11 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
+from perfsweep import trace as trace_mod
 from perfsweep.config import ProfileConfig
+from perfsweep.names import STAGES
 
 log = logging.getLogger(__name__)
-
-STAGES: tuple[str, ...] = ("data_to_device", "forward", "backward", "optimizer_step", "zero_grad")
-"""record_function range names of one training step, in order."""
 
 
 def _us(evt: Any, *names: str) -> float:
@@ -69,8 +71,11 @@ def stage(name: str, nvtx: bool = False) -> Iterator[None]:
 @dataclass
 class ProfileResult:
     stages: list[dict[str, Any]] = field(default_factory=list)
+    kernels: list[dict[str, Any]] = field(default_factory=list)
     ops: list[dict[str, Any]] = field(default_factory=list)
     artifacts: list[dict[str, Any]] = field(default_factory=list)
+    gpu_busy_ms: float | None = None
+    """Union of GPU kernel intervals per profiled step; None on CPU."""
 
 
 class ProfiledWindow:
@@ -108,6 +113,15 @@ class ProfiledWindow:
             with_stack=self.cfg.with_stack,
             with_flops=True,
         )
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            # Holistic Trace Analysis reads the rank from distributedInfo; torch writes it only for
+            # an initialised process group, so a single-process job says rank 0 of 1 itself.
+            backend = "nccl" if self.on_cuda else "gloo"
+            self._prof.preset_metadata_json(
+                "distributedInfo", json.dumps({"backend": backend, "rank": 0, "world_size": 1})
+            )
         if self.cfg.nvtx and self.on_cuda:
             torch.cuda.cudart().cudaProfilerStart()
         self._prof.__enter__()
@@ -129,8 +143,6 @@ class ProfiledWindow:
 
     def _collect(self, prof: profile) -> None:
         active = self.cfg.active
-        events = prof.events()
-        self.result.stages = stage_table(events, active, self.on_cuda)
         averages = prof.key_averages()
         self.result.ops = op_table(averages, active, self.cfg.top_n, self.on_cuda)
 
@@ -146,6 +158,14 @@ class ProfiledWindow:
         else:
             prof.export_chrome_trace(str(trace))
         self._artifact("trace", trace)
+        analysis = trace_mod.analyze(trace, require_gpu=False)
+        self.result.stages = stage_rows(analysis, self.on_cuda)
+        if self.on_cuda:
+            self.result.gpu_busy_ms = analysis.gpu_busy_ms
+            self.result.kernels = [
+                {"category": c, "ms_per_step": st.ms_per_step, "kernels_per_step": st.kernels_per_step}
+                for c, st in analysis.categories.items()
+            ]
         sort_key = "self_device_time_total" if self.on_cuda else "self_cpu_time_total"
         table = self.out_dir / f"profile_{self.label}.txt"
         table.write_text(averages.table(sort_by=sort_key, row_limit=self.cfg.top_n))
@@ -155,36 +175,24 @@ class ProfiledWindow:
         self.result.artifacts.append({"kind": kind, "path": str(path.resolve()), "bytes": path.stat().st_size})
 
 
-def stage_table(events: Any, active_steps: int, on_cuda: bool) -> list[dict[str, Any]]:
-    """Per-step CPU and device time of each stage, averaged over the active steps."""
-    totals: dict[str, list[float]] = {s: [0.0, 0.0, 0] for s in STAGES}  # cpu_us, device_us, calls
-    for evt in events:
-        if evt.name in totals and getattr(evt, "device_type", None) in (None, torch.autograd.DeviceType.CPU):
-            t = totals[evt.name]
-            t[0] += _us(evt, "cpu_time_total")
-            t[1] += device_total_us(evt)
-            t[2] += 1
-    rows = []
-    for name, (cpu_us, dev_us, calls) in totals.items():
-        if calls == 0:
-            continue
-        cpu_ms = cpu_us / 1000.0 / active_steps
-        rows.append(
-            {
-                "stage": name,
-                "cpu_time_ms": cpu_ms,
-                "device_time_ms": dev_us / 1000.0 / active_steps if on_cuda else cpu_ms,
-                "device_time_source": "cuda_kernels" if on_cuda else "same_as_cpu",
-                "calls": int(calls),
-            }
-        )
-    return rows
+def stage_rows(analysis: trace_mod.TraceAnalysis, on_cuda: bool) -> list[dict[str, Any]]:
+    """Rows of ``stages``: per-step CPU wall time of each stage and the GPU time it launched."""
+    return [
+        {
+            "stage": name,
+            "cpu_time_ms": cpu_ms,
+            "device_time_ms": analysis.stage_gpu_ms[name] if on_cuda else cpu_ms,
+            "device_time_source": "cuda_kernels_by_launch" if on_cuda else "same_as_cpu",
+            "calls": analysis.stage_calls[name],
+        }
+        for name, cpu_ms in analysis.stage_cpu_ms.items()
+    ]
 
 
 def op_table(averages: Any, active_steps: int, top_n: int, on_cuda: bool) -> list[dict[str, Any]]:
     """Top operators by self device time (CUDA only) and by self CPU time, per profiled step."""
     ops = [
-        a for a in averages if a.key not in STAGES and not a.key.startswith("ProfilerStep")
+        a for a in averages if a.key not in STAGES and not a.key.startswith("ProfilerStep")  # key_averages says ProfilerStep*
     ]
     sorts: list[tuple[str, Any]] = [("self_cpu", lambda a: _us(a, "self_cpu_time_total"))]
     if on_cuda:

@@ -31,7 +31,7 @@ from perfsweep import data as data_mod
 from perfsweep.config import AmpDtype, Device, PerfsweepConfig, to_run_config
 from perfsweep.envinfo import environment, peak_bf16_flops
 from perfsweep.memory import MemoryProbe, MemorySnapshot, persistent_bytes, step_alloc_peak_bytes
-from perfsweep.metrics import StepRecord, summarize
+from perfsweep.metrics import StepRecord, bottleneck_verdict, summarize
 from perfsweep.model import GPT
 from perfsweep.profiling import ProfiledWindow, stage
 
@@ -151,7 +151,8 @@ def train(
         snapshot = MemorySnapshot(job_dir, label, cfg.profile.memory_snapshot_max_entries)
         snapshot.start()
     try:
-        return _train(cfg, token_data, job_dir, label, device, result, snapshot, progress)
+        with compile_mod.cache_scope(cfg.compile_cache.value, job_dir):
+            return _train(cfg, token_data, job_dir, label, device, result, snapshot, progress)
     except BaseException:
         if snapshot is not None and snapshot.oom_path is not None:
             result["memory_snapshot_path"] = str(snapshot.oom_path)
@@ -174,6 +175,7 @@ def _train(
         n_params=raw.num_params(non_embedding=False),
         n_params_non_embedding=raw.num_params(non_embedding=True),
         vocab_size=token_data.vocab_size,
+        vocab_size_padded=raw.vocab_size_padded,
         unk_token_share=token_data.unk_token_share,
         optimizer_fused=fused,
         warmup_steps=cfg.steps.warmup,
@@ -194,9 +196,13 @@ def _train(
 
     for _ in range(cfg.steps.warmup):
         run_step("warmup")
+    if snapshot is not None:
+        snapshot.pause()  # no allocator history cost inside the timed steps
     probe.start_measure()
     for _ in range(cfg.steps.measure):
         run_step("measure")
+    if snapshot is not None:
+        snapshot.resume()
     result.update(probe.result())  # before any profiler adds its own memory
     if device.type == "cpu":
         step_peak = step_alloc_peak_bytes(lambda: run_step("memory"))
@@ -210,9 +216,11 @@ def _train(
     result["mfu"] = result["model_tflops_per_s"] * 1e12 / peak if peak else None
     if cfg.compile:
         result["compile_time_ms"] = max(0.0, records[0].step_time_ms - summary["step_time_ms_median"])
+        result["compile_cache"] = cfg.compile_cache.value
         result.update(compile_mod.diagnostics())
 
     stages: list[dict[str, Any]] = []
+    kernels: list[dict[str, Any]] = []
     ops: list[dict[str, Any]] = []
     artifacts: list[dict[str, Any]] = []
     rank = int(os.environ.get("RANK", "0"))  # set by torchrun; 0 in a single-process job
@@ -222,13 +230,17 @@ def _train(
                 run_step("profile")
                 window.step()
         stages, ops, artifacts = window.result.stages, window.result.ops, window.result.artifacts
+        kernels = window.result.kernels
+        result.update(
+            bottleneck_verdict(window.result.gpu_busy_ms, summary["step_time_ms_median"], summary["data_wait_fraction"])
+        )
     if snapshot is not None:
         path = snapshot.dump()
         result["memory_snapshot_path"] = str(path)
         artifacts.append({"kind": "memory_snapshot", "path": str(path), "bytes": path.stat().st_size})
 
     result["steps"] = [asdict(r) for r in records]
-    result["stages"], result["ops"], result["artifacts"] = stages, ops, artifacts
+    result["stages"], result["kernels"], result["ops"], result["artifacts"] = stages, kernels, ops, artifacts
     return result
 
 

@@ -123,6 +123,7 @@ class Run(Base):
     n_params: Mapped[int | None] = mapped_column(BigInteger)
     n_params_non_embedding: Mapped[int | None] = mapped_column(BigInteger)
     vocab_size: Mapped[int | None] = mapped_column(Integer)
+    vocab_size_padded: Mapped[int | None] = mapped_column(Integer)
     unk_token_share: Mapped[float | None] = mapped_column(Float)
     optimizer_fused: Mapped[bool | None] = mapped_column(Boolean)
     # timing (measured steps only; warmup excluded)
@@ -142,6 +143,11 @@ class Run(Base):
     flops_per_token: Mapped[float | None] = mapped_column(Float)
     model_tflops_per_s: Mapped[float | None] = mapped_column(Float)
     mfu: Mapped[float | None] = mapped_column(Float)
+    # bottleneck verdict (CUDA only; null on CPU, never guessed): see perfsweep.metrics.bottleneck
+    gpu_busy_ms: Mapped[float | None] = mapped_column(Float)
+    gpu_busy_fraction: Mapped[float | None] = mapped_column(Float)
+    bottleneck: Mapped[str | None] = mapped_column(String(8), index=True)
+    bottleneck_rule: Mapped[str | None] = mapped_column(String(200))
     # memory (measured window; see runner.memory for how each is taken)
     peak_mem_bytes: Mapped[int | None] = mapped_column(BigInteger)
     peak_allocated_bytes: Mapped[int | None] = mapped_column(BigInteger)
@@ -160,10 +166,13 @@ class Run(Base):
     n_graph_breaks: Mapped[int | None] = mapped_column(Integer)
     n_recompiles: Mapped[int | None] = mapped_column(Integer)
     graph_break_reasons: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    compile_cache: Mapped[str | None] = mapped_column(String(16))
+    compile_cache_hits: Mapped[int | None] = mapped_column(Integer)
 
     sweep: Mapped[Sweep] = relationship(back_populates="runs")
     steps: Mapped[list[Step]] = relationship(cascade="all, delete-orphan")
     stages: Mapped[list[Stage]] = relationship(cascade="all, delete-orphan")
+    kernels: Mapped[list[Kernel]] = relationship(cascade="all, delete-orphan")
     ops: Mapped[list[Op]] = relationship(cascade="all, delete-orphan")
     artifacts: Mapped[list[Artifact]] = relationship(cascade="all, delete-orphan")
 
@@ -194,6 +203,18 @@ class Stage(Base):
     device_time_ms: Mapped[float | None] = mapped_column(Float)
     device_time_source: Mapped[str] = mapped_column(String(32))
     calls: Mapped[int] = mapped_column(Integer)
+
+
+class Kernel(Base):
+    """GPU time per profiled step by kernel category (rules in perfsweep.trace.KERNEL_RULES)."""
+
+    __tablename__ = "kernels"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    category: Mapped[str] = mapped_column(String(32))
+    ms_per_step: Mapped[float] = mapped_column(Float)
+    kernels_per_step: Mapped[float] = mapped_column(Float)
 
 
 class Op(Base):
@@ -324,6 +345,7 @@ def save_run(engine: Engine, result: dict[str, Any]) -> int:
     children = {
         "steps": (Step, result.pop("steps", []) or []),
         "stages": (Stage, result.pop("stages", []) or []),
+        "kernels": (Kernel, result.pop("kernels", []) or []),
         "ops": (Op, result.pop("ops", []) or []),
         "artifacts": (Artifact, result.pop("artifacts", []) or []),
     }

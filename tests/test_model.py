@@ -4,9 +4,10 @@ import pytest
 import torch
 
 from perfsweep.config import ModelConfig
-from perfsweep.model import GPT
+from perfsweep.model import GPT, padded_vocab
 
 CFG = ModelConfig(name="t", n_layers=2, n_heads=2, d_model=32, d_ff=64, max_seq_len=64, dropout=0.0)
+UNPADDED = ModelConfig(**{**CFG.__dict__, "vocab_multiple": 1})
 
 
 def test_shapes_and_loss_near_uniform_at_init():
@@ -22,7 +23,7 @@ def test_shapes_and_loss_near_uniform_at_init():
 
 
 def test_embedding_tied_and_param_counts():
-    model = GPT(CFG, vocab_size=100)
+    model = GPT(UNPADDED, vocab_size=100)
     assert model.head.weight is model.tok_emb.weight
     total = sum(p.numel() for p in model.parameters())
     assert model.num_params(non_embedding=False) == total
@@ -31,10 +32,43 @@ def test_embedding_tied_and_param_counts():
     assert model.num_params() == 2 * per_block + 2 * 32  # + final layernorm
 
 
-def test_flops_per_token_follows_nanogpt_convention():
-    model = GPT(CFG, vocab_size=100)
-    n = model.num_params() + 100 * 32  # nanoGPT counts the tied output matmul, not positions
+@pytest.mark.parametrize("cfg", [UNPADDED, CFG], ids=["unpadded", "padded"])
+def test_flops_per_token_follows_nanogpt_convention(cfg):
+    model = GPT(cfg, vocab_size=100)
+    # nanoGPT counts the tied output matmul (over the real vocabulary, padding is not useful work)
+    n = model.num_params() + 100 * 32
     assert model.flops_per_token(16) == 6 * n + 12 * 2 * 2 * 16 * 16
+
+
+def test_padded_vocab_sizes():
+    assert padded_vocab(100_277, 128) == 100_352  # cl100k, as the gpt2_small preset runs it
+    assert padded_vocab(10_000, 128) == 10_112 and padded_vocab(8192, 128) == 8192
+    assert padded_vocab(50_257, 1) == 50_257
+
+
+def test_vocab_padding_keeps_loss_logits_and_gradients():
+    """Padded rows are never targets and get no probability: loss and real gradients unchanged."""
+    idx = torch.randint(0, 100, (2, 24), generator=torch.Generator().manual_seed(3))
+    torch.manual_seed(0)
+    plain = GPT(UNPADDED, vocab_size=100).train()
+    padded = GPT(CFG, vocab_size=100).train()
+    assert padded.vocab_size_padded == 128 and padded.tok_emb.weight.shape == (128, 32)
+    with torch.no_grad():
+        for name, p in padded.named_parameters():
+            src = dict(plain.named_parameters())[name]
+            p[: src.shape[0]].copy_(src) if name == "tok_emb.weight" else p.copy_(src)
+    (lp, loss_p), (lq, loss_q) = plain(idx, idx), padded(idx, idx)
+    torch.testing.assert_close(loss_q, loss_p)
+    torch.testing.assert_close(lq, lp)  # the padded model's logits are the real vocabulary's
+    loss_p.backward()
+    loss_q.backward()
+    for name, p in padded.named_parameters():
+        ref = dict(plain.named_parameters())[name].grad
+        if name == "tok_emb.weight":
+            torch.testing.assert_close(p.grad[:100], ref)
+            assert torch.count_nonzero(p.grad[100:]) == 0  # padded rows learn nothing
+        else:
+            torch.testing.assert_close(p.grad, ref, msg=name)
 
 
 def test_causal_future_tokens_do_not_change_the_past():

@@ -29,8 +29,8 @@ from perfsweep import store
 # The session-scoped ``pg_url`` fixture (a no-op when conftest.py already loads tests.pg).
 pytest_plugins = ["tests.pg"]
 
-TABLES = {"sweeps", "runs", "steps", "stages", "ops", "artifacts"}
-CHILD_TABLES = ("steps", "stages", "ops", "artifacts")
+TABLES = {"sweeps", "runs", "steps", "stages", "kernels", "ops", "artifacts"}
+CHILD_TABLES = ("steps", "stages", "kernels", "ops", "artifacts")
 ALL_TABLES = ("sweeps", "runs", *CHILD_TABLES)
 GiB = 2**30
 
@@ -138,6 +138,7 @@ def full_result(sweep_id: int, job_num: int = 3) -> dict[str, Any]:
         "n_params": 124_439_808,
         "n_params_non_embedding": 85_000_000_000,  # > 2**31
         "vocab_size": 50257,
+        "vocab_size_padded": 50304,
         "unk_token_share": 0.000123456789,
         "optimizer_fused": False,
         "warmup_steps": 5,
@@ -156,6 +157,10 @@ def full_result(sweep_id: int, job_num: int = 3) -> dict[str, Any]:
         "flops_per_token": 7.46e8,
         "model_tflops_per_s": 15.09,
         "mfu": 0.015257836198179979,
+        "gpu_busy_ms": 8.53125,
+        "gpu_busy_fraction": 0.3562836,
+        "bottleneck": "host",
+        "bottleneck_rule": "data if data_wait_fraction > 0.1; else gpu if gpu_busy_fraction >= 0.7; else host",
         "peak_mem_bytes": 79 * GiB + 123_457,  # > 2**31 (and > 2**32)
         "peak_allocated_bytes": 71 * GiB + 1,
         "peak_reserved_bytes": 78 * GiB,
@@ -172,6 +177,8 @@ def full_result(sweep_id: int, job_num: int = 3) -> dict[str, Any]:
         "n_graph_breaks": 2,
         "n_recompiles": 1,
         "graph_break_reasons": {"builtin print": 1, "data-dependent branch": 1},
+        "compile_cache": "isolated",
+        "compile_cache_hits": 0,
         "steps": [
             {
                 "step": i,
@@ -197,6 +204,10 @@ def full_result(sweep_id: int, job_num: int = 3) -> dict[str, Any]:
                 "device_time_source": "none",
                 "calls": 20,
             },
+        ],
+        "kernels": [
+            {"category": "gemm", "ms_per_step": 12.75, "kernels_per_step": 195.0},
+            {"category": "memcpy/memset", "ms_per_step": 0.0625, "kernels_per_step": 90.5},
         ],
         "ops": [
             {
@@ -466,6 +477,7 @@ def test_save_run_round_trip(db_url, engines):
         "runs": 1,
         "steps": 6,
         "stages": 2,
+        "kernels": 2,
         "ops": 2,
         "artifacts": 2,
     }
@@ -558,6 +570,7 @@ def test_reopen_and_add_a_new_sweep_loses_nothing(db_url, engines):
         "runs": 4,
         "steps": 18,
         "stages": 6,
+        "kernels": 6,
         "ops": 6,
         "artifacts": 6,
     }

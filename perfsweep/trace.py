@@ -1,0 +1,353 @@
+"""Reading a torch.profiler Chrome trace: GPU time per stage, GPU busy time, kernel categories.
+
+One analysis serves both perfsweep's own profiled window (:mod:`perfsweep.profiling` runs it on
+the trace it has just written) and ``perfsweep trace FILE`` for any trace a user already has.
+It needs no torch: the trace is JSON.
+
+Attribution rule. A GPU kernel (or memcpy/memset) belongs to the stage whose CPU range contains
+the kernel's *launch*: the ``cuda_runtime``/``cuda_driver`` event with the same ``correlation``
+id, on whatever thread it ran. Autograd launches backward kernels from its own thread, outside
+the main thread's ``record_function("backward")`` range, so the profiler's own parent/child
+attribution gives backward no GPU time at all; matching by launch time inside the stage's wall
+range gives every kernel a stage. A kernel belongs to the profiled step whose ``ProfilerStep#N``
+range contains its launch, whenever it actually ran.
+
+GPU busy time is the union of the kernel, memcpy and memset intervals of the profiled steps
+(overlapping kernels on several streams count once), divided by the number of steps.
+"""
+
+from __future__ import annotations
+
+import bisect
+import gzip
+import json
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from perfsweep.names import KERNEL_CATEGORIES, PROFILER_STEP_PREFIX, STAGES
+
+GPU_EVENT_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+"""Chrome-trace ``cat`` values of work that occupies the GPU."""
+
+LAUNCH_EVENT_CATEGORIES = ("cuda_runtime", "cuda_driver")
+"""CPU-side events that launch GPU work (cudaLaunchKernel, cuLaunchKernelEx for Triton, cudaMemcpyAsync...)."""
+
+RANGE_EVENT_CATEGORIES = ("user_annotation", "cpu_op")
+"""Categories under which record_function ranges appear (user_annotation since torch 1.13)."""
+
+KERNEL_RULES: tuple[tuple[str, str], ...] = (
+    ("communication", r"nccl|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|c10d|gloo"),
+    ("attention", r"flash|fmha|sdpa|attention|attn|compute_dot_do_o|convert_dq_to_16bits"),
+    ("optimizer", r"multi_tensor_apply|fused_?adam|adamw?_|amp_update_scale|non_finite_check"),
+    ("gemm", r"gemm|nvjet|cublas|xmma|cutlass|triton_tem_|wgmma|matmul|_mm_kernel|splitk"),
+    ("elementwise/norm", r"layer_?norm|rms_?norm|batch_?norm|group_?norm|GammaBeta|^triton_poi_"),
+    ("reduction", r"reduce|triton_red_|triton_per_|softmax|nll_loss|cross_entropy|cub::|argmax|argmin"),
+    ("elementwise/norm", r"elementwise|copy|fill|dropout|gelu|relu|silu|gather|scatter"
+                         r"|index|cat_?array|embedding|arange|philox|where|masked"),
+)
+"""How a kernel's name gives its category: the first rule whose regex matches (case-insensitive)
+wins; memcpy/memset are recognised by their event category, and what matches nothing is
+``other``. Order matters: attention kernels are often CUTLASS (checked before ``gemm``), Inductor
+names a fused kernel after everything in it, so its prefix decides (``triton_poi_`` pointwise,
+``triton_red_``/``triton_per_`` reductions, ``triton_tem_`` GEMM templates), and norm kernels are counted with the elementwise ones."""
+
+_RULES = tuple((cat, re.compile(rx, re.IGNORECASE)) for cat, rx in KERNEL_RULES)
+
+
+class TraceError(ValueError):
+    """A file perfsweep cannot analyse; the message is one line saying what and what to do."""
+
+
+def kernel_category(name: str, event_cat: str = "kernel") -> str:
+    """The category of one GPU event by :data:`KERNEL_RULES`."""
+    if event_cat in ("gpu_memcpy", "gpu_memset") or name.startswith(("Memcpy", "Memset")):
+        return "memcpy/memset"
+    for category, rx in _RULES:
+        if rx.search(name):
+            return category
+    return "other"
+
+
+@dataclass
+class KernelStat:
+    """One kernel name's share of the profiled steps."""
+
+    name: str
+    category: str
+    ms_per_step: float
+    calls_per_step: float
+
+
+@dataclass
+class CategoryStat:
+    ms_per_step: float = 0.0
+    kernels_per_step: float = 0.0
+
+
+@dataclass
+class TraceAnalysis:
+    """Per-step figures of one trace; every ``*_ms`` field is milliseconds per profiled step."""
+
+    path: str
+    steps: int
+    """Profiled steps found (``ProfilerStep#N`` ranges); 1 for a trace without them (whole trace)."""
+    step_markers: bool
+    """Whether the trace had ``ProfilerStep#N`` ranges."""
+    device_name: str | None
+    step_wall_ms: float
+    """Mean wall time of a profiled step (CPU range): slowed by the profiler, unlike measured steps."""
+    stage_cpu_ms: dict[str, float]
+    stage_gpu_ms: dict[str, float]
+    stage_calls: dict[str, int]
+    unattributed_gpu_ms: float
+    """GPU time of kernels launched inside a step but outside every stage range."""
+    gpu_kernel_ms: float
+    """Sum of kernel, memcpy and memset durations (counts overlap on several streams twice)."""
+    gpu_busy_ms: float
+    """Union of those intervals: time the GPU had at least one thing running."""
+    categories: dict[str, CategoryStat] = field(default_factory=dict)
+    top_kernels: list[KernelStat] = field(default_factory=list)
+
+    def busy_fraction(self, step_ms: float | None = None) -> float:
+        """GPU busy time over ``step_ms`` (a measured step time) or, if None, the profiled step."""
+        denom = step_ms if step_ms else self.step_wall_ms
+        return self.gpu_busy_ms / denom if denom > 0 else float("nan")
+
+    def to_json(self, step_ms: float | None = None) -> dict[str, Any]:
+        """One JSON-ready object; keys carry their units."""
+        return {
+            "trace": self.path,
+            "device_name": self.device_name,
+            "profiled_steps": self.steps,
+            "step_markers": self.step_markers,
+            "profiled_step_wall_ms": self.step_wall_ms,
+            "stage_gpu_ms": self.stage_gpu_ms,
+            "stage_cpu_ms": self.stage_cpu_ms,
+            "unattributed_gpu_ms": self.unattributed_gpu_ms,
+            "gpu_kernel_ms_per_step": self.gpu_kernel_ms,
+            "gpu_busy_ms_per_step": self.gpu_busy_ms,
+            "gpu_busy_fraction": self.busy_fraction(step_ms),
+            "gpu_busy_fraction_basis": "measured_step_ms" if step_ms else "profiled_step_wall_ms",
+            "measured_step_ms": step_ms,
+            "kernel_categories": {
+                c: {"ms_per_step": s.ms_per_step, "kernels_per_step": s.kernels_per_step}
+                for c, s in self.categories.items()
+            },
+            "top_kernels": [
+                {"name": k.name, "category": k.category, "ms_per_step": k.ms_per_step,
+                 "calls_per_step": k.calls_per_step}
+                for k in self.top_kernels
+            ],
+        }
+
+
+def load_events(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The trace's events and its top-level metadata; TraceError with one line if unreadable."""
+    p = Path(path)
+    if not p.is_file():
+        raise TraceError(f"{p}: no such file; pass a Chrome trace (.json or .json.gz) written by torch.profiler")
+    try:
+        with p.open("rb") as fh:
+            gz = fh.read(2) == b"\x1f\x8b"
+        opener = gzip.open if gz else open
+        with opener(p, "rt", encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TraceError(f"{p}: not a JSON trace ({type(exc).__name__}: {str(exc).splitlines()[0][:80]})") from None
+    events = data.get("traceEvents") if isinstance(data, dict) else data
+    if not isinstance(events, list):
+        raise TraceError(f"{p}: JSON without a traceEvents list; is this a Chrome trace from torch.profiler?")
+    meta = data if isinstance(data, dict) else {}
+    return events, meta
+
+
+def _arg(e: dict[str, Any], key: str) -> Any:
+    args = e.get("args")
+    return args.get(key) if isinstance(args, dict) else None
+
+
+class _Ranges:
+    """Time ranges with a label; looks up the innermost range containing a timestamp."""
+
+    def __init__(self, ranges: list[tuple[float, float, str]]) -> None:
+        self.ranges = sorted(ranges)
+        self.starts = [r[0] for r in self.ranges]
+        self.max_len = max((r[1] - r[0] for r in self.ranges), default=0.0)
+
+    def find(self, ts: float) -> int | None:
+        """Index of the latest-starting range that contains ``ts`` (ranges may nest)."""
+        i = bisect.bisect_right(self.starts, ts) - 1
+        while i >= 0 and self.starts[i] >= ts - self.max_len:
+            start, end, _ = self.ranges[i]
+            if start <= ts <= end:
+                return i
+            i -= 1
+        return None
+
+
+def _union_us(intervals: list[tuple[float, float]]) -> float:
+    total = 0.0
+    cur_start = cur_end = None
+    for start, end in sorted(intervals):
+        if cur_end is None or start > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    if cur_end is not None:
+        total += cur_end - cur_start
+    return total
+
+
+def analyze(path: str | Path, stages: tuple[str, ...] | list[str] = STAGES, top_n: int = 15,
+            require_gpu: bool = True) -> TraceAnalysis:
+    """Analyse one Chrome trace. ``require_gpu``: a trace without GPU events is a TraceError."""
+    events, meta = load_events(path)
+    stage_set = set(stages)
+    step_ranges: list[tuple[float, float, str]] = []
+    stage_ranges: list[tuple[float, float, str]] = []
+    launch_ts: dict[Any, float] = {}
+    gpu_events: list[dict[str, Any]] = []
+    t_min, t_max = float("inf"), float("-inf")
+    for e in events:
+        if not isinstance(e, dict) or e.get("ph") != "X":
+            continue
+        cat, name = e.get("cat"), e.get("name", "")
+        try:
+            ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
+        except (KeyError, TypeError, ValueError):
+            continue
+        if cat in GPU_EVENT_CATEGORIES:
+            gpu_events.append(e)
+        elif cat in LAUNCH_EVENT_CATEGORIES:
+            corr = _arg(e, "correlation")
+            if corr is not None:
+                launch_ts.setdefault(corr, ts)
+        elif cat in RANGE_EVENT_CATEGORIES:
+            if name.startswith(PROFILER_STEP_PREFIX):
+                step_ranges.append((ts, ts + dur, name))
+            elif name in stage_set:
+                stage_ranges.append((ts, ts + dur, name))
+        if cat not in ("Trace",) and isinstance(e.get("pid"), int | str):
+            t_min, t_max = min(t_min, ts), max(t_max, ts + dur)
+    if require_gpu and not gpu_events:
+        raise TraceError(
+            f"{path}: no GPU kernels in this trace (CPU-only profile?); profile with "
+            "ProfilerActivity.CUDA on a GPU run to get GPU time per stage"
+        )
+    step_markers = bool(step_ranges)
+    if not step_markers:
+        step_ranges = [(t_min, t_max, "whole trace")]
+    steps = _Ranges(step_ranges)
+    stage_idx = _Ranges(stage_ranges)
+    n_steps = len(step_ranges)
+
+    stage_cpu_us: dict[str, float] = defaultdict(float)
+    stage_calls: dict[str, int] = defaultdict(int)
+    for start, end, name in stage_ranges:
+        if steps.find(start) is not None:
+            stage_cpu_us[name] += end - start
+            stage_calls[name] += 1
+
+    stage_gpu_us: dict[str, float] = {s: 0.0 for s in stages}
+    unattributed_us = 0.0
+    kernel_us = 0.0
+    intervals: list[tuple[float, float]] = []
+    cat_us: dict[str, float] = defaultdict(float)
+    cat_n: dict[str, int] = defaultdict(int)
+    by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for e in gpu_events:
+        ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
+        launch = launch_ts.get(_arg(e, "correlation"))
+        anchor = launch if launch is not None else ts
+        if steps.find(anchor) is None:
+            continue  # outside the profiled steps (e.g. the profiler's own flush)
+        kernel_us += dur
+        intervals.append((ts, ts + dur))
+        i = stage_idx.find(launch) if launch is not None else None
+        if i is None:
+            unattributed_us += dur
+        else:
+            stage_gpu_us[stage_idx.ranges[i][2]] += dur
+        name = e.get("name", "")
+        category = kernel_category(name, e.get("cat", "kernel"))
+        cat_us[category] += dur
+        cat_n[category] += 1
+        agg = by_name[name]
+        agg[0] += dur
+        agg[1] += 1
+
+    per_step = 1000.0 * n_steps  # us totals -> ms per step
+    top = sorted(by_name.items(), key=lambda kv: kv[1][0], reverse=True)[:top_n]
+    device_name = None
+    props = meta.get("deviceProperties")
+    if isinstance(props, list) and props and isinstance(props[0], dict):
+        device_name = props[0].get("name")
+    step_wall_us = sum(end - start for start, end, _ in step_ranges)
+    return TraceAnalysis(
+        path=str(path),
+        steps=n_steps,
+        step_markers=step_markers,
+        device_name=device_name,
+        step_wall_ms=step_wall_us / per_step,
+        stage_cpu_ms={s: stage_cpu_us[s] / per_step for s in stages if stage_calls.get(s)},
+        stage_gpu_ms={s: stage_gpu_us[s] / per_step for s in stages},
+        stage_calls={s: stage_calls[s] for s in stages if stage_calls.get(s)},
+        unattributed_gpu_ms=unattributed_us / per_step,
+        gpu_kernel_ms=kernel_us / per_step,
+        gpu_busy_ms=_union_us(intervals) / per_step,
+        categories={
+            c: CategoryStat(cat_us[c] / per_step, cat_n[c] / n_steps) for c in KERNEL_CATEGORIES if cat_n.get(c)
+        },
+        top_kernels=[
+            KernelStat(name, kernel_category(name), us / per_step, n / n_steps) for name, (us, n) in top
+        ],
+    )
+
+
+def short_kernel_name(name: str, width: int = 70) -> str:
+    """A kernel name that fits a table: no ``void``, namespaces or parameter list; templates kept."""
+    n = re.sub(r"\(anonymous namespace\)::|at::native::|\bvoid ", "", name)
+    depth = 0
+    for i, ch in enumerate(n):  # cut the parameter list: the first '(' outside template brackets
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth = max(0, depth - 1)
+        elif ch == "(" and depth == 0 and i > 0:
+            n = n[:i]
+            break
+    n = n.strip() or name
+    return n if len(n) <= width else n[: width - 3] + "..."
+
+
+def format_analysis(a: TraceAnalysis, step_ms: float | None = None) -> str:
+    """The table ``perfsweep trace`` prints for people."""
+    lines = [f"Trace: {a.path}"]
+    where = f" on {a.device_name}" if a.device_name else ""
+    steps = f"{a.steps} profiled step(s)" if a.step_markers else "no ProfilerStep# ranges: the whole trace as one step"
+    lines.append(f"{steps}{where}; times are ms per step")
+    lines.append("")
+    lines.append(f"{'stage':<18}{'GPU ms':>10}{'CPU ms':>10}")
+    for s, gpu in a.stage_gpu_ms.items():
+        cpu = a.stage_cpu_ms.get(s)
+        lines.append(f"{s:<18}{gpu:>10.2f}{(f'{cpu:.2f}' if cpu is not None else '-'):>10}")
+    lines.append(f"{'(no stage)':<18}{a.unattributed_gpu_ms:>10.2f}{'':>10}")
+    lines.append("")
+    basis = f"measured step {step_ms:.2f} ms" if step_ms else f"profiled step {a.step_wall_ms:.2f} ms (profiler-slowed)"
+    lines.append(f"GPU busy {a.gpu_busy_ms:.2f} ms per step = {a.busy_fraction(step_ms):.0%} of the {basis}")
+    lines.append(f"GPU kernel time {a.gpu_kernel_ms:.2f} ms per step (sum; exceeds busy time when streams overlap)")
+    lines.append("")
+    lines.append(f"{'category':<18}{'ms/step':>10}{'share':>8}{'kernels/step':>14}")
+    total = a.gpu_kernel_ms or 1.0
+    for c, st in sorted(a.categories.items(), key=lambda kv: kv[1].ms_per_step, reverse=True):
+        lines.append(f"{c:<18}{st.ms_per_step:>10.2f}{st.ms_per_step / total:>8.0%}{st.kernels_per_step:>14.0f}")
+    lines.append("")
+    lines.append(f"{'top kernels':<72}{'ms/step':>9}{'calls':>7}  category")
+    for k in a.top_kernels:
+        lines.append(f"{short_kernel_name(k.name):<72}{k.ms_per_step:>9.2f}{k.calls_per_step:>7.0f}  {k.category}")
+    return "\n".join(lines)
