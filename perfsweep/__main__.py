@@ -53,11 +53,16 @@ def hydra_main(cfg: DictConfig) -> str:
 
 
 def main() -> None:
-    """``perfsweep report ...`` builds reports; anything else is a Hydra sweep command line."""
+    """``perfsweep report ...`` builds reports, ``perfsweep trace FILE`` reads a profiler trace;
+    anything else is a Hydra sweep command line."""
     if len(sys.argv) > 1 and sys.argv[1] == "report":
         from perfsweep.report.__main__ import main as report_main
 
         sys.exit(report_main(sys.argv[2:]))
+    if len(sys.argv) > 1 and sys.argv[1] == "trace":
+        from perfsweep.trace import main as trace_main
+
+        sys.exit(trace_main(sys.argv[2:]))
     try:
         hydra_main()
     except KeyboardInterrupt:

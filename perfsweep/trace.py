@@ -147,6 +147,11 @@ class TraceAnalysis:
 def load_events(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The trace's events and its top-level metadata; TraceError with one line if unreadable."""
     p = Path(path)
+    if p.is_dir():  # a perfsweep job folder: its one trace
+        found = sorted(p.glob("trace_*.json.gz")) or sorted(p.glob("*.pt.trace.json"))
+        if len(found) != 1:
+            raise TraceError(f"{p}: a folder with {len(found)} traces; pass one trace file")
+        p = found[0]
     if not p.is_file():
         raise TraceError(f"{p}: no such file; pass a Chrome trace (.json or .json.gz) written by torch.profiler")
     try:
@@ -161,6 +166,7 @@ def load_events(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]
     if not isinstance(events, list):
         raise TraceError(f"{p}: JSON without a traceEvents list; is this a Chrome trace from torch.profiler?")
     meta = data if isinstance(data, dict) else {}
+    meta["_path"] = str(p)
     return events, meta
 
 
@@ -207,6 +213,7 @@ def analyze(path: str | Path, stages: tuple[str, ...] | list[str] = STAGES, top_
             require_gpu: bool = True) -> TraceAnalysis:
     """Analyse one Chrome trace. ``require_gpu``: a trace without GPU events is a TraceError."""
     events, meta = load_events(path)
+    path = str(meta.get("_path", path))
     stage_set = set(stages)
     step_ranges: list[tuple[float, float, str]] = []
     stage_ranges: list[tuple[float, float, str]] = []
@@ -351,3 +358,52 @@ def format_analysis(a: TraceAnalysis, step_ms: float | None = None) -> str:
     for k in a.top_kernels:
         lines.append(f"{short_kernel_name(k.name):<72}{k.ms_per_step:>9.2f}{k.calls_per_step:>7.0f}  {k.category}")
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``perfsweep trace FILE``: the analysis for any torch.profiler Chrome trace."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(
+        prog="perfsweep trace",
+        description="GPU time per stage (kernels attributed by launch, backward included), GPU busy "
+        "time, kernel categories and top kernels of a torch.profiler Chrome trace (.json or .json.gz).",
+    )
+    parser.add_argument("file", help="Chrome trace from torch.profiler (export_chrome_trace or perfsweep's job folder)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    parser.add_argument(
+        "--stages", default=",".join(STAGES),
+        help="comma-separated record_function range names to attribute GPU time to (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--step-ms", type=float, default=None,
+        help="measured (unprofiled) step time in ms; the busy fraction uses it instead of the "
+        "profiler-slowed step (perfsweep stores it as runs.step_time_ms_median)",
+    )
+    parser.add_argument("--top", type=int, default=15, help="top kernels to list (default: %(default)s)")
+    args = parser.parse_args(argv)
+    stages = tuple(s.strip() for s in args.stages.split(",") if s.strip())
+    if not stages:
+        parser.error(f"--stages={args.stages!r}: give at least one range name")
+    if args.step_ms is not None and not args.step_ms > 0:
+        parser.error(f"--step-ms={args.step_ms:g}: must be a positive number of milliseconds")
+    if args.top < 0:
+        parser.error(f"--top={args.top}: must be >= 0")
+    try:
+        analysis = analyze(args.file, stages, top_n=args.top)
+    except TraceError as exc:
+        print(f"perfsweep trace: {exc}", file=sys.stderr)
+        return 2
+    if not analysis.stage_calls:
+        print(f"perfsweep trace: none of the stage ranges {', '.join(stages)} is in the trace; all GPU time "
+              "is under (no stage). Name your record_function ranges with --stages.", file=sys.stderr)
+    if args.json:
+        print(json.dumps(analysis.to_json(args.step_ms), indent=2))
+    else:
+        print(format_analysis(analysis, args.step_ms))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
