@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 TINY_STEPS = [
+    "device=cpu",  # the report tests assert the CPU chart set and memory mode
     "model=tiny",
     "data=synthetic",
     "steps.warmup=1",

@@ -19,6 +19,7 @@ import pytest
 from matplotlib.patches import Rectangle
 
 from perfsweep import store
+from perfsweep.names import STAGES
 from perfsweep.report import frames
 from perfsweep.report.__main__ import main
 from perfsweep.report.build import build_report, make_report
@@ -101,7 +102,7 @@ def run_row(sweep_id: int, job: int, **kw: Any) -> dict[str, Any]:
                 "device_time_source": "same_as_cpu",
                 "calls": 1,
             }
-            for s, t in zip(frames.STAGE_ORDER, (1.0, 30.0, 60.0, 8.0, 1.0), strict=True)
+            for s, t in zip(STAGES, (1.0, 30.0, 60.0, 8.0, 1.0), strict=True)
         ]
     return row
 
@@ -150,6 +151,7 @@ def test_amp_ckpt_sweep_gets_its_charts_and_skips_the_rest(
         assert f"]({name}.png)" in md  # embedded with a relative link
     assert "`scaling.png`" in md and "neither batch nor seq_len varies" in md
     assert "`heatmap.png`" in md and "needs both batch and seq_len to vary" in md
+    assert "`gpu.png`" in md and "no GPU busy time" in md  # CPU: no verdict, no GPU chart
     # table shows only the differing axes
     header = next(line for line in md.splitlines() if line.startswith("| amp"))
     assert header.startswith("| amp | ckpt | status |")

@@ -25,7 +25,8 @@ def default_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cwd = tmp_path_factory.mktemp("default_sweep")
     res = run_perfsweep(
         ["-m", "amp=true,false", "ckpt=true,false", "steps.warmup=2", "steps.measure=4",
-         "profile.wait=0", "profile.warmup=1", "profile.active=1"],
+         "profile.wait=0", "profile.warmup=1", "profile.active=1",
+         "device=cpu"],  # the assertions below are CPU semantics (allocator accounting, no verdict)
         cwd,
     )
     assert res.returncode == 0, res.stderr[-3000:]
@@ -57,9 +58,16 @@ def test_default_sweep_rows(default_sweep: Path):
         assert r["peak_mem_bytes"] == r["peak_allocated_bytes"] > 3 * 4 * r["n_params"]
         assert r["peak_reserved_bytes"] is None  # no caching allocator on CPU
         assert r["device_type"] == "cpu" and r["torch_version"] and r["hostname"]
+        assert r["vocab_size_padded"] == 8192  # already a multiple of 128
+        # no GPU: busy time, verdict and kernel categories stay null, never guessed
+        assert (r["gpu_busy_ms"], r["gpu_busy_fraction"], r["bottleneck"], r["bottleneck_rule"]) == (None,) * 4
+        assert rows(db, f"SELECT * FROM kernels WHERE run_id = {r['id']}") == []
+        assert r["compile_cache"] is None  # compile off
         assert r["config_json"] and len(r["config_hash"]) == 64
-        stages = rows(db, f"SELECT stage FROM stages WHERE run_id = {r['id']}")
+        stages = rows(db, f"SELECT * FROM stages WHERE run_id = {r['id']}")
         assert {s["stage"] for s in stages} >= {"data_to_device", "forward", "backward", "optimizer_step"}
+        for s in stages:  # CPU stages as before: device time is the CPU time
+            assert s["device_time_source"] == "same_as_cpu" and s["device_time_ms"] == s["cpu_time_ms"] > 0
         arts = rows(db, f"SELECT kind, path, bytes FROM artifacts WHERE run_id = {r['id']}")
         trace = next(a for a in arts if a["kind"] == "trace")
         assert Path(trace["path"]).stat().st_size == trace["bytes"]
@@ -191,7 +199,7 @@ def test_ctrl_c_keeps_finished_jobs_and_leaves_no_process(tmp_path: Path):
 
 def test_cpu_out_of_memory_is_status_oom(tmp_path: Path):
     """A model too big to allocate (16 TiB of MLP weights) is an oom result, not a crash."""
-    res = run_perfsweep([*TINY, "model.d_ff=17179869184"], tmp_path)
+    res = run_perfsweep([*TINY, "model.d_ff=17179869184", "device=cpu"], tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     (run,) = rows(tmp_path / "results.db", "SELECT status, error, tokens_per_s, hostname FROM runs")
     assert run["status"] == "oom" and "allocate" in run["error"] and run["tokens_per_s"] is None

@@ -25,7 +25,8 @@ from sqlalchemy.engine import Engine
 
 from perfsweep.report import charts, frames
 from perfsweep.report import markdown as md
-from perfsweep.report.load import ReportError, load_runs, load_stages, load_steps, load_sweeps
+from perfsweep.names import BOTTLENECK_RULE
+from perfsweep.report.load import ReportError, load_kernels, load_runs, load_stages, load_steps, load_sweeps
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,22 @@ def _throughput(c: _Ctx) -> tuple[pd.DataFrame, Figure, str]:
             "throughput at the p90 and p10 step time; the label on each bar is the speedup vs the baseline."
         ),
     )
+
+
+def _gpu(c: _Ctx) -> tuple[pd.DataFrame, Figure, str]:
+    _need_configs(c.runs)
+    if not c.runs["gpu_busy_fraction"].notna().any():
+        raise Skip("no GPU busy time: CPU runs, or GPU runs without the profiled window")
+    configs = c.shown[c.shown["gpu_busy_fraction"].notna()]
+    frame = frames.gpu_frame(configs, load_kernels(c.engine, configs["id"]))
+    fig = charts.gpu(frame, c.note)
+    caption = (
+        "GPU busy share = union of kernel intervals in a profiled step / the measured (unprofiled) median "
+        "step. A GPU that is idle most of the step waits for the host to launch work: making its kernels "
+        "faster then buys little tokens/s. Kernel categories follow the name rules of perfsweep.trace. "
+        f"Verdict rule: {BOTTLENECK_RULE}."
+    )
+    return frame, fig, caption
 
 
 def _memory(c: _Ctx) -> tuple[pd.DataFrame, Figure, str]:
@@ -297,6 +314,7 @@ def _need_configs(runs: pd.DataFrame) -> None:
 
 CHARTS: list[tuple[str, str, Callable[[_Ctx], tuple[pd.DataFrame, Figure, str]]]] = [
     ("throughput", "Throughput", _throughput),
+    ("gpu", "GPU busy share and kernel time", _gpu),
     ("memory", "Peak memory", _memory),
     ("pareto", "Throughput vs memory (Pareto front)", _pareto),
     ("breakdown", "Step-time breakdown by stage", _breakdown),
@@ -478,6 +496,9 @@ def results_table(runs: pd.DataFrame, limit: int = TOP_TABLE) -> tuple[str, str]
     if rows["peak_reserved_bytes"].notna().any():
         unit_r, fmt_r = md.mem_formatter(rows["peak_reserved_bytes"])
         out[f"reserved {unit_r}"] = rows["peak_reserved_bytes"].map(fmt_r)
+    if rows["gpu_busy_fraction"].notna().any():
+        out["GPU busy"] = rows["gpu_busy_fraction"].map(lambda v: md.num(v, "{:.0%}"))
+        out["bottleneck"] = rows["bottleneck"].fillna("-")
     notes = []
     for _, r in rows.iterrows():
         bits = []

@@ -32,6 +32,7 @@ from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 from matplotlib.transforms import blended_transform_factory
 
+from perfsweep.names import GPU_BOUND_BUSY_FRACTION, KERNEL_CATEGORIES
 from perfsweep.report import frames
 
 VERTICAL_MAX = 12
@@ -87,6 +88,18 @@ LINE_COLORS = [
     "#7A3B00",
 ]
 STATUS_TEXT = {"oom": "OOM", "failed": "FAILED", "timeout": "TIMEOUT"}
+BOTTLENECK_COLORS = {"gpu": GOOD, "host": BAD, "data": FRONT}
+KERNEL_COLORS = {
+    "gemm": "#4C72B0",
+    "attention": "#64B5CD",
+    "elementwise/norm": "#CCB974",
+    "reduction": "#8172B3",
+    "optimizer": "#937860",
+    "memcpy/memset": "#DA8BC3",
+    "communication": "#1B3A6B",
+    "other": "#8C8C8C",
+}
+assert set(KERNEL_COLORS) == set(KERNEL_CATEGORIES)
 
 
 def styled(fn: Callable[..., Figure]) -> Callable[..., Figure]:
@@ -300,6 +313,72 @@ def throughput(df: pd.DataFrame, baseline_label: str | None = None, note: str = 
         right=horizontal,
     )
     fig.legend(handles=handles, loc="outside lower center", ncols=2, frameon=False)
+    return fig
+
+
+# --------------------------------------------------------------------------------------------
+# GPU busy share and kernel categories
+
+
+@styled
+def gpu(df: pd.DataFrame, note: str = "") -> Figure:
+    """Three panels per config: tokens/s, GPU busy share with the verdict, GPU work by category.
+
+    ``df`` is :func:`frames.gpu_frame`. Read left to right: a config whose GPU work shrank (right
+    panel) but whose tokens/s rose less is one whose GPU now waits for the host (middle panel).
+    """
+    n = len(df)
+    fig = _fig(15.0, max(3.8, 0.55 * n + 2.2))
+    ax_t, ax_b, ax_k = fig.subplots(1, 3, sharey=True, gridspec_kw={"width_ratios": [1.0, 0.9, 1.4]})
+    labels = df["label"].tolist()
+    pos = _config_axis(ax_t, labels, horizontal=True)
+    verdict_colors = [BOTTLENECK_COLORS.get(str(v), BASE) for v in df["bottleneck"]]
+
+    tps = df["tokens_per_s"].to_numpy(dtype=float)
+    ax_t.barh(pos, np.nan_to_num(tps), 0.65, color=BAR, zorder=2)
+    for p, t, status in zip(pos, tps, df["status"], strict=True):
+        if np.isfinite(t):
+            ax_t.text(t, p, f" {si(t)}", va="center", fontsize=9)
+        else:
+            _write_status(ax_t, p, str(status), horizontal=True)
+    ax_t.set_xlim(0, (np.nanmax(tps) if np.isfinite(tps).any() else 1.0) * 1.25)
+    ax_t.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: si(v)))
+    ax_t.set_xlabel("tokens/s")
+    ax_t.set_title("throughput\n(measured steps)", loc="left", fontsize=10)
+
+    busy = df["gpu_busy_fraction"].to_numpy(dtype=float) * 100.0
+    ax_b.barh(pos, np.nan_to_num(busy), 0.65, color=verdict_colors, zorder=2)
+    ax_b.axvline(GPU_BOUND_BUSY_FRACTION * 100.0, color="#444444", ls="--", lw=1.0, zorder=3)
+    for p, b, v in zip(pos, busy, df["bottleneck"], strict=True):
+        text = f" {b:.0f}% {v}" if np.isfinite(b) else " no GPU profile"
+        ax_b.text(np.nan_to_num(b), p, text, va="center", fontsize=9, fontweight="bold")
+    ax_b.set_xlim(0, max(125.0, float(np.nanmax(busy, initial=0.0)) * 1.25))
+    ax_b.set_xlabel("GPU busy, % of the measured step")
+    ax_b.set_title(f"GPU busy share and verdict\ndashed: {GPU_BOUND_BUSY_FRACTION:.0%}, gpu-bound at or above",
+                   loc="left", fontsize=10)
+
+    left = np.zeros(n)
+    handles: list[Any] = []
+    for cat in KERNEL_CATEGORIES:
+        col = f"kernel_ms_{cat}"
+        if col not in df.columns:
+            continue
+        vals = df[col].to_numpy(dtype=float)
+        ax_k.barh(pos, vals, 0.65, left=left, color=KERNEL_COLORS[cat], zorder=2)
+        left += vals
+        handles.append(Patch(color=KERNEL_COLORS[cat], label=cat))
+    step = df["step_time_ms_median"].to_numpy(dtype=float)
+    ax_k.scatter(step, pos, marker="|", s=400, color="#222222", zorder=4)
+    for p, k, st in zip(pos, left, step, strict=True):
+        if np.isfinite(st):
+            ax_k.text(max(k, st), p, f"  {k:.1f} of {st:.1f} ms", va="center", fontsize=9)
+    ax_k.set_xlim(0, float(np.nanmax(np.fmax(left, np.nan_to_num(step)), initial=1.0)) * 1.45)
+    ax_k.set_xlabel("ms per step")
+    ax_k.set_title("GPU work by kernel category\nblack tick: the measured step", loc="left", fontsize=10)
+    handles.append(Line2D([], [], color="#222222", marker="|", ls="none", ms=14, label="measured step"))
+    handles += [Patch(color=c, label=f"{v}-bound") for v, c in BOTTLENECK_COLORS.items()]
+    fig.suptitle("Where the GPU time goes" + (f" ({note})" if note else ""))
+    fig.legend(handles=handles, loc="outside lower center", ncols=min(6, len(handles)), frameon=False)
     return fig
 
 

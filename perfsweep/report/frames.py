@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from perfsweep.config import GRID_AXES
+from perfsweep.names import KERNEL_CATEGORIES, STAGES
 
 log = logging.getLogger(__name__)
 
@@ -30,15 +31,6 @@ BOOL_AXES: tuple[str, ...] = ("amp", "ckpt", "compile")
 """Two-level axes: the factors of the factorial analysis and of the default baseline."""
 
 SHORT_NAMES: dict[str, str] = {"model_name": "model", "data_name": "data", "sweep_id": "sweep"}
-
-STAGE_ORDER: tuple[str, ...] = (
-    "data_to_device",
-    "forward",
-    "backward",
-    "optimizer_step",
-    "zero_grad",
-)
-"""The profiler's stage names in the order a step runs them (see perfsweep.profiling)."""
 
 FAILED_STATUSES: tuple[str, ...] = ("failed", "oom", "timeout")
 
@@ -365,9 +357,26 @@ def breakdown_frame(stages: pd.DataFrame, configs: pd.DataFrame) -> pd.DataFrame
     return st[cols].sort_values(["config_order", "stage"]).reset_index(drop=True)
 
 
+def gpu_frame(configs: pd.DataFrame, kernels: pd.DataFrame) -> pd.DataFrame:
+    """Per config: tokens/s, GPU busy share, verdict, measured step and GPU ms per kernel category.
+
+    One ``kernel_ms_<category>`` column per category present (ms per profiled step, 0 where a
+    config has none), in :data:`perfsweep.names.KERNEL_CATEGORIES` order; their sum is the GPU
+    work of a step, drawn against the measured step time to show how much of it the GPU idles.
+    """
+    cols = ["id", "label", "status", "tokens_per_s", "gpu_busy_fraction", "gpu_busy_ms", "bottleneck",
+            "step_time_ms_median"]
+    out = configs[cols].reset_index(drop=True)
+    wide = kernels.pivot_table(index="run_id", columns="category", values="ms_per_step", aggfunc="sum")
+    for cat in KERNEL_CATEGORIES:
+        if cat in wide.columns:
+            out[f"kernel_ms_{cat}"] = out["id"].map(wide[cat]).fillna(0.0)
+    return out
+
+
 def _stage_categories(stages: pd.Series) -> list[str]:
-    known = [s for s in STAGE_ORDER if s in set(stages)]
-    return known + sorted(set(stages) - set(STAGE_ORDER))
+    known = [s for s in STAGES if s in set(stages)]
+    return known + sorted(set(stages) - set(STAGES))
 
 
 def scaling_axes(df: pd.DataFrame) -> list[str]:

@@ -128,6 +128,12 @@ def load_stages(engine: Engine, run_ids: Iterable[int]) -> pd.DataFrame:
     return pd.read_sql_query(sql, engine)
 
 
+def load_kernels(engine: Engine, run_ids: Iterable[int]) -> pd.DataFrame:
+    ids = _ids_sql(run_ids)
+    sql = f"SELECT run_id, category, ms_per_step, kernels_per_step FROM kernels WHERE run_id IN ({ids or 'NULL'})"
+    return pd.read_sql_query(sql, engine)
+
+
 def load_steps(engine: Engine, run_ids: Iterable[int], phase: str = "measure") -> pd.DataFrame:
     ids = _ids_sql(run_ids)
     sql = (
