@@ -86,6 +86,19 @@ def test_minigpt_seed_experiment_matches_source_script():
         cfg = compose(config_name="minigpt_seed")
     run_cfg = to_run_config(cfg)
     assert (run_cfg.batch, run_cfg.seq_len, run_cfg.data.vocab_limit) == (2, 1024, 10000)
+    assert run_cfg.amp_dtype == AmpDtype.fp16  # the source's kernels are *_fp16_s1688gemm_*
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("compile_cache=warm", "compile_cache"),
+        ("model.vocab_multiple=0", "model.vocab_multiple=0: must be a positive integer"),
+    ],
+)
+def test_new_settings_are_checked(override, message):
+    with pytest.raises(Exception, match=message):  # Hydra's own enum error, or our ConfigError
+        to_run_config(compose_cfg([override]))
 
 
 def test_plain_dict_is_json_ready():

@@ -204,3 +204,30 @@ def test_cpu_out_of_memory_is_status_oom(tmp_path: Path):
     (run,) = rows(tmp_path / "results.db", "SELECT status, error, tokens_per_s, hostname FROM runs")
     assert run["status"] == "oom" and "allocate" in run["error"] and run["tokens_per_s"] is None
     assert run["hostname"]  # the environment is stored with failures too
+
+
+@pytest.mark.slow
+def test_compile_caches_are_isolated_per_job_unless_shared(tmp_path: Path):
+    """Identical compiled jobs: isolated ones both compile cold; a shared cache warms the second.
+
+    Inductor's default cache is pointed at an empty folder of this test, so the only cache a
+    job can hit is one an earlier job of this sweep wrote.
+    """
+    env_cache = tmp_path / "user-inductor-cache"
+    res = run_perfsweep(
+        ["-m", "seed=0,1", "compile_cache=shared,isolated", "compile=true", "device=cpu",
+         *[o for o in TINY if not o.startswith("profile.")], "profile.enabled=false"],
+        tmp_path, env={"TORCHINDUCTOR_CACHE_DIR": str(env_cache)},
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    runs = rows(tmp_path / "results.db", "SELECT job_num, compile_cache, compile_cache_hits, compile_time_ms, "
+                "status, job_dir FROM runs ORDER BY job_num")
+    assert [(r["compile_cache"], r["status"]) for r in runs] == [
+        ("shared", "ok"), ("isolated", "ok"), ("shared", "ok"), ("isolated", "ok")]
+    isolated = [r for r in runs if r["compile_cache"] == "isolated"]
+    assert [r["compile_cache_hits"] for r in isolated] == [0, 0]  # both cold
+    assert runs[0]["compile_cache_hits"] == 0 and runs[2]["compile_cache_hits"] > 0  # warmed by job 1
+    assert runs[2]["compile_time_ms"] < 0.5 * min(r["compile_time_ms"] for r in isolated)
+    for r in isolated:  # the private cache is removed with the job
+        assert not (Path(r["job_dir"]) / "compile_cache").exists()
+    assert any(env_cache.iterdir())  # shared jobs used the user's cache

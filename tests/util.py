@@ -23,7 +23,8 @@ TINY = [
 ]
 
 
-def run_perfsweep(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+def run_perfsweep(args: list[str], cwd: Path, timeout: float = 600,
+                  env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run the CLI exactly as a user would, in ``cwd`` (where results.db lands)."""
     return subprocess.run(
         [sys.executable, "-m", "perfsweep", *args],
@@ -31,5 +32,5 @@ def run_perfsweep(args: list[str], cwd: Path, timeout: float = 600) -> subproces
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
     )
