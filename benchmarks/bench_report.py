@@ -30,6 +30,8 @@ from typing import Any
 from sqlalchemy import insert
 
 from perfsweep import store
+from perfsweep.metrics import bottleneck_verdict
+from perfsweep.names import STAGES
 from perfsweep.report.build import build_report, make_report, write_report
 
 GIB = 2**30
@@ -44,7 +46,6 @@ MODELS = {  # name: (n_params, d_model, n_layers)
     "xl": (760e6, 1536, 24),
     "xxl": (1.3e9, 2048, 24),
 }
-STAGES = ("data_to_device", "forward", "backward", "optimizer_step", "zero_grad")
 
 
 def grid() -> list[dict[str, Any]]:
@@ -57,7 +58,7 @@ def grid() -> list[dict[str, Any]]:
 
 def synth_run(
     rid: int, sweep_id: int, job: int, cfg: dict[str, Any], rng: random.Random, t0: datetime
-) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     n_params, d_model, n_layers = MODELS[cfg["model_name"]]
     tokens = cfg["batch"] * cfg["seq_len"]
     flops_per_token = 6 * n_params + 12 * n_layers * d_model * cfg["seq_len"]
@@ -112,13 +113,13 @@ def synth_run(
             status="oom",
             error="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
         )
-        return row, [], []
+        return row, [], [], []
     if r < 0.005:
         row.update(status="failed", error="RuntimeError: synthetic failure")
-        return row, [], []
+        return row, [], [], []
     if r < 0.007:
         row.update(status="timeout", error="job exceeded timeout_s=900 and was killed")
-        return row, [], []
+        return row, [], [], []
     times = sorted(step_ms * math.exp(rng.gauss(0, 0.04)) for _ in range(8))
     p10, p90 = times[0] + 0.7 * (times[1] - times[0]), times[6] + 0.3 * (times[7] - times[6])
     total_s = sum(times) / 1000
@@ -141,6 +142,8 @@ def synth_run(
         peak_allocated_bytes=allocated,
         peak_reserved_bytes=int(allocated * (1.05 + 0.1 * rng.random())),
         rss_growth_bytes=200 * 2**20,
+        # small steps leave the GPU waiting for launches: busy share grows with the step's work
+        **bottleneck_verdict(step_ms * (0.15 + 0.8 * util), statistics.median(times), 0.2 / step_ms),
     )
     steps = [
         {
@@ -166,12 +169,19 @@ def synth_run(
             "stage": s,
             "cpu_time_ms": step_ms * shares[s] * 0.3,
             "device_time_ms": step_ms * shares[s],
-            "device_time_source": "cuda_kernels",
+            "device_time_source": "cuda_kernels_by_launch",
             "calls": 2,
         }
         for s in STAGES
     ]
-    return row, steps, stages
+    kernel_shares = {"gemm": 0.55, "attention": 0.15, "elementwise/norm": 0.15, "reduction": 0.07,
+                     "optimizer": 0.06, "memcpy/memset": 0.02}
+    busy = row["gpu_busy_ms"]
+    kernels = [
+        {"run_id": rid, "category": c, "ms_per_step": busy * f, "kernels_per_step": 100.0 * f * n_layers}
+        for c, f in kernel_shares.items()
+    ]
+    return row, steps, stages, kernels
 
 
 def synthesize(url: str, n_runs: int, seed: int = 0) -> tuple[Any, int]:
@@ -188,18 +198,20 @@ def synthesize(url: str, n_runs: int, seed: int = 0) -> tuple[Any, int]:
     rng = random.Random(seed)
     points = grid()
     t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
-    runs, steps, stages = [], [], []
+    runs, steps, stages, kernels = [], [], [], []
     for job in range(n_runs):
-        row, st, sg = synth_run(job + 1, sweep_id, job, points[job % len(points)], rng, t0)
+        row, st, sg, kn = synth_run(job + 1, sweep_id, job, points[job % len(points)], rng, t0)
         runs.append(row)
         steps += st
         stages += sg
+        kernels += kn
     keys = set().union(*runs)
     runs = [{k: r.get(k) for k in keys} for r in runs]  # executemany wants one column set
     with engine.begin() as conn:
         conn.execute(insert(store.Run.__table__), runs)
         conn.execute(insert(store.Step.__table__), steps)
         conn.execute(insert(store.Stage.__table__), stages)
+        conn.execute(insert(store.Kernel.__table__), kernels)
     return engine, sweep_id
 
 

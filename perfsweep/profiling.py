@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 from perfsweep import trace as trace_mod
@@ -113,8 +114,6 @@ class ProfiledWindow:
             with_stack=self.cfg.with_stack,
             with_flops=True,
         )
-        import torch.distributed as dist
-
         if not (dist.is_available() and dist.is_initialized()):
             # Holistic Trace Analysis reads the rank from distributedInfo; torch writes it only for
             # an initialised process group, so a single-process job says rank 0 of 1 itself.
@@ -191,9 +190,8 @@ def stage_rows(analysis: trace_mod.TraceAnalysis, on_cuda: bool) -> list[dict[st
 
 def op_table(averages: Any, active_steps: int, top_n: int, on_cuda: bool) -> list[dict[str, Any]]:
     """Top operators by self device time (CUDA only) and by self CPU time, per profiled step."""
-    ops = [
-        a for a in averages if a.key not in STAGES and not a.key.startswith("ProfilerStep")  # key_averages says ProfilerStep*
-    ]
+    # key_averages names the step ranges "ProfilerStep*"
+    ops = [a for a in averages if a.key not in STAGES and not a.key.startswith("ProfilerStep")]
     sorts: list[tuple[str, Any]] = [("self_cpu", lambda a: _us(a, "self_cpu_time_total"))]
     if on_cuda:
         sorts.insert(0, ("self_device", self_device_us))

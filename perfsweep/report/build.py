@@ -23,10 +23,17 @@ import pandas as pd
 from matplotlib.figure import Figure
 from sqlalchemy.engine import Engine
 
+from perfsweep.names import BOTTLENECK_RULE
 from perfsweep.report import charts, frames
 from perfsweep.report import markdown as md
-from perfsweep.names import BOTTLENECK_RULE
-from perfsweep.report.load import ReportError, load_kernels, load_runs, load_stages, load_steps, load_sweeps
+from perfsweep.report.load import (
+    ReportError,
+    load_kernels,
+    load_runs,
+    load_stages,
+    load_steps,
+    load_sweeps,
+)
 
 log = logging.getLogger(__name__)
 
