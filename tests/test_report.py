@@ -571,7 +571,7 @@ def test_cli_compare_by_name(engine: Any, tmp_path: Path, capsys: pytest.Capture
         (["--sweep", "nosuchname"], "--sweep nosuchname: no sweep with that id or name"),
         (
             ["--where", "no_such_column > 1"],
-            "--where 'no_such_column > 1': the database rejected it (no such column",
+            "--where 'no_such_column > 1': unknown column 'no_such_column'",
         ),
         (["--where", "batch > 1000"], "--where 'batch > 1000': no runs of sweep 1 match"),
         (

@@ -12,11 +12,12 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import pandas as pd
-from sqlalchemy import text
+from sqlalchemy import literal_column, select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 
 from perfsweep import store
+from perfsweep.report.where import WhereError, parse_where
 
 log = logging.getLogger(__name__)
 
@@ -101,12 +102,25 @@ def run_columns() -> list[str]:
 
 
 def load_runs(engine: Engine, sweep_ids: Sequence[int], where: str | None = None) -> pd.DataFrame:
-    """All runs of ``sweep_ids`` (optionally filtered by ``where``, SQL over runs columns)."""
-    sql = f"SELECT {', '.join(run_columns())} FROM runs WHERE sweep_id IN ({_ids_sql(sweep_ids)})"
+    """All runs of ``sweep_ids``, optionally filtered by ``where`` (see perfsweep.report.where).
+
+    The filter is parsed into an expression over ``runs`` columns with bound values, never
+    pasted into SQL, so it can neither write nor reach runs of other sweeps.
+    """
+    runs = store.Run.__table__
+    # untyped result columns: values come back as the driver gives them (JSON as text), as before
+    query = (
+        select(*(literal_column(name) for name in run_columns()))
+        .select_from(runs)
+        .where(runs.c.sweep_id.in_([int(i) for i in sweep_ids]))
+    )
     if where:
-        sql += f" AND ({where})"
+        try:
+            query = query.where(parse_where(where, runs, skip=SKIP_RUN_COLUMNS))
+        except WhereError as exc:
+            raise ReportError(f"--where {where!r}: {exc}") from None
     try:
-        df = pd.read_sql_query(text(sql), engine)
+        df = pd.read_sql_query(query, engine)
     except (DBAPIError, pd.errors.DatabaseError) as exc:
         if where:
             raise ReportError(

@@ -1,0 +1,115 @@
+"""``report --where`` is a parsed filter: it can neither write nor widen its scope (issue 10.1).
+
+Run against a real SQLite file and the real PostgreSQL test server with the injection strings
+found when perfsweep was tried with bad input on purpose.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from perfsweep import store
+from perfsweep.report.load import ReportError, load_runs
+from perfsweep.report.where import WhereError, parse_where
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def two_sweeps(request: pytest.FixtureRequest, tmp_path: Path):
+    """(engine, first sweep id, second sweep id): two runs in each sweep."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'results.db'}"
+    else:
+        from tests.pg import new_database
+
+        url = new_database(request.getfixturevalue("pg_url"))
+    engine = store.connect(url)
+    ids = []
+    for name in ("mine", "theirs"):
+        sid = store.get_or_create_sweep(engine, f"/sweeps/{name}", name)
+        ids.append(sid)
+        for amp, batch in ((True, 4), (False, 8)):
+            store.save_run(engine, run_row(sid, amp=amp, batch=batch, model_name="it's"))
+    yield engine, ids[0], ids[1]
+    engine.dispose()
+
+
+def run_row(sweep_id: int, **kw: Any) -> dict[str, Any]:
+    return {
+        "sweep_id": sweep_id, "amp": False, "ckpt": False, "batch": 4, "seq_len": 64, "compile": False,
+        "workers": 0, "amp_dtype": "bf16", "model_name": "tiny", "data_name": "d", "config_json": {},
+        "config_hash": "h", "status": "ok", "tokens_per_s": 1000.0, **kw,
+    }
+
+
+def tokens(engine) -> list[float]:
+    with engine.connect() as conn:
+        return list(conn.execute(text("SELECT tokens_per_s FROM runs ORDER BY id")).scalars())
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        "1=1; UPDATE runs SET tokens_per_s=0; COMMIT; SELECT 1 WHERE 1=1",
+        "amp=1) OR (1=1",
+        "amp=1 OR 1=1",
+        "batch > (SELECT 0)",
+        "batch > 0; DROP TABLE runs",
+        "batch > 0 -- comment",
+        "length(model_name) > 0",
+        "sweep_id IN (SELECT id FROM sweeps)",
+    ],
+)
+def test_injection_is_refused_and_changes_nothing(two_sweeps, where):
+    engine, mine, _ = two_sweeps
+    before = tokens(engine)
+    with pytest.raises(ReportError, match=r"^--where ") as err:
+        load_runs(engine, [mine], where)
+    assert "\n" not in str(err.value)
+    assert tokens(engine) == before == [1000.0] * 4
+
+
+@pytest.mark.parametrize(
+    ("where", "batches"),
+    [
+        ("amp = 1", [4]),
+        ("amp = true AND batch >= 4", [4]),
+        ("amp != true", [8]),
+        ("batch IN (8, 16)", [8]),
+        ("batch NOT IN (8)", [4]),
+        ("batch BETWEEN 5 AND 9", [8]),
+        ("NOT (batch > 4) OR amp = 0", [4, 8]),
+        ("model_name = 'it''s'", [4, 8]),
+        ("model_name LIKE 'it%' AND status IS NOT NULL", [4, 8]),
+        ("error IS NULL AND seq_len <= 512.0", [4, 8]),
+    ],
+)
+def test_filters_stay_inside_the_sweep(two_sweeps, where, batches):
+    engine, mine, theirs = two_sweeps
+    df = load_runs(engine, [mine], where)
+    assert sorted(df["batch"]) == batches
+    assert set(df["sweep_id"]) == {mine}  # never a row of the other sweep
+    assert len(load_runs(engine, [mine, theirs], where)) == 2 * len(batches)
+
+
+@pytest.mark.parametrize(
+    ("where", "message"),
+    [
+        ("", "empty filter"),
+        ("bacth > 4", "unknown column 'bacth'; did you mean batch?"),
+        ("config_json = '{}'", "unknown column 'config_json'"),
+        ("batch >", "expected a number, 'text', true or false after batch but found the end"),
+        ("amp = 2", "amp is true/false (or 1/0), not 2"),
+        ("batch 4", "expected a comparison"),
+        ("batch > 4 AND", "expected a runs column but found the end"),
+        ("(batch > 4", "expected ) but found the end"),
+        ("batch > 4;", "unexpected ';' (one filter, no statements)"),
+    ],
+)
+def test_bad_filters_get_one_line(where, message):
+    with pytest.raises(WhereError, match=None) as err:
+        parse_where(where, store.Run.__table__, skip=frozenset({"config_json"}))
+    assert message in str(err.value) and "\n" not in str(err.value)
