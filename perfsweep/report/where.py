@@ -77,7 +77,7 @@ class _Parser:
         self.toks = _tokens(text)
         self.i = 0
         self.table = table
-        self.columns = [c for c in table.columns.keys() if c not in skip]
+        self.columns = [c.name for c in table.columns if c.name not in skip]
 
     # -- token helpers -------------------------------------------------------------------
     def peek(self, kind: str, value: str | None = None) -> bool:
