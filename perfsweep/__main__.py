@@ -52,17 +52,19 @@ def hydra_main(cfg: DictConfig) -> str:
     return status
 
 
+SUBCOMMANDS = {
+    "report": "perfsweep.report.__main__",  # build reports from the database
+    "trace": "perfsweep.trace",  # read a torch.profiler Chrome trace
+    "query": "perfsweep.query",  # one read-only SQL query
+}
+
+
 def main() -> None:
-    """``perfsweep report ...`` builds reports, ``perfsweep trace FILE`` reads a profiler trace;
-    anything else is a Hydra sweep command line."""
-    if len(sys.argv) > 1 and sys.argv[1] == "report":
-        from perfsweep.report.__main__ import main as report_main
+    """``perfsweep report|trace|query ...`` run those commands; anything else is a Hydra sweep."""
+    if len(sys.argv) > 1 and sys.argv[1] in SUBCOMMANDS:
+        import importlib
 
-        sys.exit(report_main(sys.argv[2:]))
-    if len(sys.argv) > 1 and sys.argv[1] == "trace":
-        from perfsweep.trace import main as trace_main
-
-        sys.exit(trace_main(sys.argv[2:]))
+        sys.exit(importlib.import_module(SUBCOMMANDS[sys.argv[1]]).main(sys.argv[2:]))
     try:
         hydra_main()
     except KeyboardInterrupt:

@@ -53,10 +53,10 @@ def open_db(db: str) -> Engine:
     try:
         return store.connect(url)
     except Exception as exc:  # driver missing, server unreachable, not a database...
-        raise ReportError(f"--db {db}: cannot open the database ({_first_line(exc)})") from exc
+        raise ReportError(f"--db {db}: cannot open the database ({db_error_line(exc)})") from exc
 
 
-def _first_line(exc: BaseException) -> str:
+def db_error_line(exc: BaseException) -> str:
     """The driver's own message (e.g. 'no such column: x'), without SQLAlchemy's SQL echo."""
     while getattr(exc, "orig", None) is None and exc.__cause__ is not None:
         exc = exc.__cause__
@@ -124,7 +124,7 @@ def load_runs(engine: Engine, sweep_ids: Sequence[int], where: str | None = None
     except (DBAPIError, pd.errors.DatabaseError) as exc:
         if where:
             raise ReportError(
-                f"--where {where!r}: the database rejected it ({_first_line(exc)})"
+                f"--where {where!r}: the database rejected it ({db_error_line(exc)})"
             ) from exc
         raise
     for col in ("started_at", "finished_at"):

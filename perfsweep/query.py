@@ -1,0 +1,118 @@
+"""``perfsweep query "SQL"``: a user's SELECT on a read-only connection, printed as a table, CSV or JSON.
+
+Two locks, so a query can never change results: the connection itself is read-only (SQLite opened
+with ``mode=ro``; PostgreSQL sessions with ``default_transaction_read_only``), and the text must be
+one statement that reads (SELECT, WITH, VALUES or EXPLAIN). ``ATTACH``, ``PRAGMA``, ``SET`` and
+anything after a ``;`` are refused before the database sees them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError
+
+from perfsweep.report.load import db_error_line
+
+READ_KEYWORDS = ("select", "with", "values", "explain")
+
+
+class QueryError(ValueError):
+    """A query or database perfsweep will not run; the message is one line."""
+
+
+def _strip_sql(sql: str) -> str:
+    """The SQL with comments and quoted text blanked, so keywords and ``;`` can be found safely."""
+    out, i, n = [], 0, len(sql)
+    while i < n:
+        ch = sql[i]
+        if ch in "'\"":
+            j = i + 1
+            while j < n and not (sql[j] == ch and (j + 1 >= n or sql[j + 1] != ch)):
+                j += 2 if sql[j] == ch else 1
+            out.append(" ")
+            i = j + 1
+        elif sql.startswith("--", i):
+            j = sql.find("\n", i)
+            i = n if j < 0 else j
+        elif sql.startswith("/*", i):
+            j = sql.find("*/", i + 2)
+            i = n if j < 0 else j + 2
+        else:
+            out.append(ch)
+            i += 1
+    return "".join(out)
+
+
+def check_read_only(sql: str) -> str:
+    """``sql`` without a trailing ``;`` if it is one reading statement; QueryError otherwise."""
+    bare = _strip_sql(sql).strip().rstrip(";").strip()
+    if not bare:
+        raise QueryError("empty query")
+    if ";" in bare:
+        raise QueryError("one statement at a time: the query holds a ';' before its end")
+    first = bare.split(None, 1)[0].lower()
+    if first not in READ_KEYWORDS:
+        raise QueryError(f"{first.upper()} is refused: perfsweep query only reads (SELECT, WITH, VALUES, EXPLAIN)")
+    return sql.strip().rstrip(";")
+
+
+def read_only_engine(db: str) -> Engine:
+    """An engine that cannot write: SQLite ``mode=ro`` URI, PostgreSQL read-only sessions."""
+    if "://" not in db or db.startswith("sqlite:///"):
+        path = Path(db.removeprefix("sqlite:///")).expanduser().resolve()
+        if not path.is_file():
+            raise QueryError(f"--db {db}: database file not found ({path})")
+        # A WAL database with no -wal file has no writer attached: open it immutable, which reads
+        # without creating -wal/-shm files (so read-only media work). With a -wal file present a
+        # sweep may be writing, and mode=ro reads through its shared-memory index.
+        flag = "mode=ro" if Path(f"{path}-wal").exists() else "immutable=1"
+        return create_engine(f"sqlite:///file:{path}?{flag}&uri=true")
+    if db.startswith("postgresql"):
+        return create_engine(db, connect_args={"options": "-c default_transaction_read_only=on"})
+    raise QueryError(f"--db {db}: use a SQLite file path or a postgresql:// URL")
+
+
+def run_query(engine: Engine, sql: str) -> pd.DataFrame:
+    sql = check_read_only(sql)
+    try:
+        with engine.connect() as conn:
+            return pd.read_sql_query(text(sql), conn)
+    except (DBAPIError, pd.errors.DatabaseError) as exc:
+        raise QueryError(f"the database refused the query ({db_error_line(exc)})") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="perfsweep query",
+        description="Run one read-only SQL query on a results database and print the rows.",
+    )
+    parser.add_argument("sql", help='e.g. "SELECT amp, ckpt, tokens_per_s FROM runs WHERE sweep_id = 1"')
+    parser.add_argument("--db", default="results.db", help="SQLite file or postgresql:// URL (default: %(default)s)")
+    parser.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    args = parser.parse_args(argv)
+    try:
+        engine = read_only_engine(args.db)
+        try:
+            df = run_query(engine, args.sql)
+        finally:
+            engine.dispose()
+    except QueryError as exc:
+        print(f"perfsweep query: {exc}", file=sys.stderr)
+        return 2
+    if args.format == "csv":
+        df.to_csv(sys.stdout, index=False)
+    elif args.format == "json":
+        print(df.to_json(orient="records", indent=2))
+    else:
+        print(df.to_string(index=False) if len(df) else f"(no rows; columns: {', '.join(df.columns)})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

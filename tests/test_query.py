@@ -1,0 +1,104 @@
+"""``perfsweep query``: reads, never writes, on SQLite and the real PostgreSQL test server (issue 10.2)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from perfsweep import store
+from perfsweep.query import QueryError, main, read_only_engine, run_query
+from tests.test_where import run_row
+
+WRITES = [
+    "DELETE FROM runs",
+    "UPDATE runs SET tokens_per_s = 0",
+    "DROP TABLE runs",
+    "ATTACH DATABASE 'other.db' AS other",
+    "SELECT 1; DELETE FROM runs",
+    "select 1 /* ; */ ; update runs set batch = 0",
+    "PRAGMA journal_mode = DELETE",
+    "SET default_transaction_read_only = off",
+]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'results.db'}"
+    else:
+        from tests.pg import new_database
+
+        url = new_database(request.getfixturevalue("pg_url"))
+    engine = store.connect(url)
+    sid = store.get_or_create_sweep(engine, "/sweeps/q", "q")
+    for batch in (4, 8):
+        store.save_run(engine, run_row(sid, batch=batch, model_name="it's; fine"))
+    engine.dispose()
+    return url.removeprefix("sqlite:///")
+
+
+def snapshot(db: str) -> list:
+    engine = store.make_engine(db if "://" in db else f"sqlite:///{db}")
+    with engine.connect() as conn:
+        rows = [tuple(r) for r in conn.execute(text("SELECT id, batch, tokens_per_s FROM runs ORDER BY id"))]
+    engine.dispose()
+    return rows
+
+
+@pytest.mark.parametrize("sql", WRITES)
+def test_writes_are_refused_in_one_line(db, sql, capsys):
+    before = snapshot(db)
+    assert main([sql, "--db", db]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("perfsweep query: ") and "\n" not in err
+    assert snapshot(db) == before
+
+
+def test_the_connection_itself_cannot_write(db):
+    """Second lock: even a write that got past the text check is refused by the database."""
+    engine = read_only_engine(db)
+    try:
+        with pytest.raises(Exception, match=r"(?i)read.?only"), engine.connect() as conn:
+            conn.execute(text("DELETE FROM runs"))
+    finally:
+        engine.dispose()
+    assert len(snapshot(db)) == 2
+
+
+@pytest.mark.parametrize("fmt", ["table", "csv", "json"])
+def test_formats(db, fmt, capsys):
+    sql = "SELECT batch, model_name FROM runs WHERE model_name = 'it''s; fine' ORDER BY batch;"
+    assert main([sql, "--db", db, "--format", fmt]) == 0
+    out = capsys.readouterr().out
+    if fmt == "json":
+        assert json.loads(out) == [{"batch": 4, "model_name": "it's; fine"}, {"batch": 8, "model_name": "it's; fine"}]
+    elif fmt == "csv":
+        assert out.splitlines() == ["batch,model_name", "4,it's; fine", "8,it's; fine"]
+    else:
+        assert out.split()[:2] == ["batch", "model_name"] and "it's; fine" in out
+
+
+def test_sqlite_file_is_untouched_by_a_query(tmp_path: Path):
+    url = f"sqlite:///{tmp_path / 'results.db'}"
+    engine = store.connect(url)
+    store.save_run(engine, run_row(store.get_or_create_sweep(engine, "/s", "s")))
+    engine.dispose()
+    files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in tmp_path.iterdir()}
+    exe = Path(sys.executable).with_name("perfsweep")
+    proc = subprocess.run([str(exe), "query", "SELECT COUNT(*) AS n FROM runs", "--db", str(tmp_path / "results.db")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.split() == ["n", "1"], proc.stderr
+    assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in tmp_path.iterdir()} == files
+
+
+def test_bad_database_and_bad_sql(tmp_path: Path):
+    with pytest.raises(QueryError, match="database file not found"):
+        read_only_engine(str(tmp_path / "missing.db"))
+    with pytest.raises(QueryError, match="empty query"):
+        run_query(None, "  ;  ")  # type: ignore[arg-type]
