@@ -26,7 +26,7 @@ def _trace_name(row: dict) -> str:
 
 def build_h100_db(db: Path) -> str:
     """Write the re-analysed H100 seed sweep into a new SQLite file ``db``; returns its URL."""
-    src = sqlite3.connect(f"file:{H100 / 'results-fp16-seed-snapshot-gpt2.db'}?mode=ro", uri=True)
+    src = sqlite3.connect(f"file:{H100 / 'results-fp16-seed-snapshot-gpt2.db'}?immutable=1", uri=True)
     src.row_factory = sqlite3.Row
     sweep = dict(src.execute("SELECT * FROM sweeps WHERE id = ?", (SEED_SWEEP,)).fetchone())
     rows = [dict(r) for r in src.execute("SELECT * FROM runs WHERE sweep_id = ? ORDER BY job_num", (SEED_SWEEP,))]

@@ -49,7 +49,7 @@ def trace_path(name: str) -> Path:
 
 
 def measured_step_ms(run_id: int) -> float:
-    con = sqlite3.connect(f"file:{H100 / 'results-fp16-seed-snapshot-gpt2.db'}?mode=ro", uri=True)
+    con = sqlite3.connect(f"file:{H100 / 'results-fp16-seed-snapshot-gpt2.db'}?immutable=1", uri=True)
     try:
         return con.execute("SELECT step_time_ms_median FROM runs WHERE id = ?", (run_id,)).fetchone()[0]
     finally:
