@@ -142,11 +142,13 @@ def step_alloc_peak_bytes(run_step: Callable[[], object]) -> int:
 class MemorySnapshot:
     """CUDA allocator history for pytorch.org/memory_viz, plus a dump at the moment of an OOM.
 
-    Recording starts when the job starts, so an OOM in the first steps (where most happen: the
-    first step allocates everything) dumps a snapshot showing how memory got there. It is paused
-    over the measured steps, because recording a stack on every allocation costs host time on
-    every step, and resumed for the profiled window; :meth:`dump` writes the pickle after it.
-    The history keeps the warmup steps, which allocate what every measured step allocates.
+    Recording starts when the job starts, so an OOM in the warmup steps (where most happen: the
+    first step allocates everything) dumps a snapshot with the full history of how memory got
+    there. Recording is switched off over the measured steps, because recording a stack on every
+    allocation costs host time on every step, and on again for the profiled window, after which
+    :meth:`dump` writes the pickle: its event trace covers the profiled steps. Switching off
+    clears torch's event trace (the allocator drops it), so an OOM inside the measured steps
+    dumps the live blocks, with the stacks recorded when they were allocated, but no events.
 
     ``context="alloc"`` records a stack when a block is allocated, not when it is freed.
     torch's default, ``"all"``, fails every step of a model with activation checkpointing and
@@ -181,7 +183,7 @@ class MemorySnapshot:
         )
 
     def pause(self) -> None:
-        """Stop recording (the history so far is kept) while steps are timed."""
+        """Stop recording while steps are timed; torch clears the event trace recorded so far."""
         torch.cuda.memory._record_memory_history(enabled=None)
 
     def dump(self) -> Path:

@@ -8,7 +8,6 @@ anything after a ``;`` are refused before the database sees them.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 
+from perfsweep.cli import OneLineParser
 from perfsweep.report.load import db_error_line
 
 READ_KEYWORDS = ("select", "with", "values", "explain")
@@ -88,7 +88,7 @@ def run_query(engine: Engine, sql: str) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="perfsweep query",
         description="Run one read-only SQL query on a results database and print the rows.",
     )

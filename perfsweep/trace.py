@@ -42,17 +42,21 @@ KERNEL_RULES: tuple[tuple[str, str], ...] = (
     ("communication", r"nccl|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|c10d|gloo"),
     ("attention", r"flash|fmha|sdpa|attention|attn|compute_dot_do_o|convert_dq_to_16bits"),
     ("optimizer", r"multi_tensor_apply|fused_?adam|adamw?_|amp_update_scale|non_finite_check"),
-    ("gemm", r"gemm|nvjet|cublas|xmma|cutlass|triton_tem_|wgmma|matmul|_mm_kernel|splitk"),
-    ("elementwise/norm", r"layer_?norm|rms_?norm|batch_?norm|group_?norm|GammaBeta|^triton_poi_"),
-    ("reduction", r"reduce|triton_red_|triton_per_|softmax|nll_loss|cross_entropy|cub::|argmax|argmin"),
+    ("gemm", r"^triton_tem_"),
+    ("elementwise/norm", r"^triton_poi_"),
+    ("reduction", r"^triton_(red|per)_"),
+    ("gemm", r"gemm|nvjet|cublas|xmma|cutlass|wgmma|matmul|_mm_kernel|splitk"),
+    ("elementwise/norm", r"layer_?norm|rms_?norm|batch_?norm|group_?norm|GammaBeta"),
+    ("reduction", r"reduce|softmax|nll_loss|cross_entropy|cub::|argmax|argmin"),
     ("elementwise/norm", r"elementwise|copy|fill|dropout|gelu|relu|silu|gather|scatter"
                          r"|index|cat_?array|embedding|arange|philox|where|masked"),
 )
 """How a kernel's name gives its category: the first rule whose regex matches (case-insensitive)
 wins; memcpy/memset are recognised by their event category, and what matches nothing is
-``other``. Order matters: attention kernels are often CUTLASS (checked before ``gemm``), Inductor
+``other``. Order matters: attention kernels are often CUTLASS (checked before ``gemm``); Inductor
 names a fused kernel after everything in it, so its prefix decides (``triton_poi_`` pointwise,
-``triton_red_``/``triton_per_`` reductions, ``triton_tem_`` GEMM templates), and norm kernels are counted with the elementwise ones."""
+``triton_red_``/``triton_per_`` reductions, a fused layer-norm backward among them, ``triton_tem_``
+GEMM templates); eager norm kernels are counted with the elementwise ones."""
 
 _RULES = tuple((cat, re.compile(rx, re.IGNORECASE)) for cat, rx in KERNEL_RULES)
 
@@ -148,19 +152,21 @@ def load_events(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]
     """The trace's events and its top-level metadata; TraceError with one line if unreadable."""
     p = Path(path)
     if p.is_dir():  # a perfsweep job folder: its one trace
-        found = sorted(p.glob("trace_*.json.gz")) or sorted(p.glob("*.pt.trace.json"))
+        found = sorted(p.glob("trace_*.json.gz")) or sorted(p.glob("*.pt.trace.json*"))
         if len(found) != 1:
             raise TraceError(f"{p}: a folder with {len(found)} traces; pass one trace file")
         p = found[0]
-    if not p.is_file():
+    if not p.exists():
         raise TraceError(f"{p}: no such file; pass a Chrome trace (.json or .json.gz) written by torch.profiler")
+    if not p.is_file():
+        raise TraceError(f"{p}: not a regular file; pass a Chrome trace (.json or .json.gz) written by torch.profiler")
     try:
         with p.open("rb") as fh:
             gz = fh.read(2) == b"\x1f\x8b"
         opener = gzip.open if gz else open
         with opener(p, "rt", encoding="utf-8") as fh:
             data = json.load(fh)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise TraceError(f"{p}: not a JSON trace ({type(exc).__name__}: {str(exc).splitlines()[0][:80]})") from None
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
@@ -173,6 +179,11 @@ def load_events(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]
 def _arg(e: dict[str, Any], key: str) -> Any:
     args = e.get("args")
     return args.get(key) if isinstance(args, dict) else None
+
+
+def _correlation(e: dict[str, Any]) -> int | str | None:
+    corr = _arg(e, "correlation")
+    return corr if isinstance(corr, int | str) else None
 
 
 class _Ranges:
@@ -223,7 +234,9 @@ def analyze(path: str | Path, stages: tuple[str, ...] | list[str] = STAGES, top_
     for e in events:
         if not isinstance(e, dict) or e.get("ph") != "X":
             continue
-        cat, name = e.get("cat"), e.get("name", "")
+        cat, name = e.get("cat"), e.get("name")
+        name = name if isinstance(name, str) else ""
+        e["name"] = name
         try:
             ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
         except (KeyError, TypeError, ValueError):
@@ -231,7 +244,7 @@ def analyze(path: str | Path, stages: tuple[str, ...] | list[str] = STAGES, top_
         if cat in GPU_EVENT_CATEGORIES:
             gpu_events.append(e)
         elif cat in LAUNCH_EVENT_CATEGORIES:
-            corr = _arg(e, "correlation")
+            corr = _correlation(e)
             if corr is not None:
                 launch_ts.setdefault(corr, ts)
         elif cat in RANGE_EVENT_CATEGORIES:
@@ -269,7 +282,7 @@ def analyze(path: str | Path, stages: tuple[str, ...] | list[str] = STAGES, top_
     by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     for e in gpu_events:
         ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
-        launch = launch_ts.get(_arg(e, "correlation"))
+        launch = launch_ts.get(_correlation(e))
         anchor = launch if launch is not None else ts
         if steps.find(anchor) is None:
             continue  # outside the profiled steps (e.g. the profiler's own flush)
@@ -362,10 +375,12 @@ def format_analysis(a: TraceAnalysis, step_ms: float | None = None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """``perfsweep trace FILE``: the analysis for any torch.profiler Chrome trace."""
-    import argparse
+    import math
     import sys
 
-    parser = argparse.ArgumentParser(
+    from perfsweep.cli import OneLineParser
+
+    parser = OneLineParser(
         prog="perfsweep trace",
         description="GPU time per stage (kernels attributed by launch, backward included), GPU busy "
         "time, kernel categories and top kernels of a torch.profiler Chrome trace (.json or .json.gz).",
@@ -386,8 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     stages = tuple(s.strip() for s in args.stages.split(",") if s.strip())
     if not stages:
         parser.error(f"--stages={args.stages!r}: give at least one range name")
-    if args.step_ms is not None and not args.step_ms > 0:
-        parser.error(f"--step-ms={args.step_ms:g}: must be a positive number of milliseconds")
+    if args.step_ms is not None and not (args.step_ms > 0 and math.isfinite(args.step_ms)):
+        parser.error(f"--step-ms={args.step_ms:g}: must be a positive, finite number of milliseconds")
     if args.top < 0:
         parser.error(f"--top={args.top}: must be >= 0")
     try:

@@ -123,7 +123,9 @@ def test_kernel_categories_on_real_kernels():
          "reduction"),
         ("triton_poi_fused__log_softmax__log_softmax_backward_data_mm_nll_loss_backward", "kernel",
          "elementwise/norm"),
-        ("triton_per_fused__to_copy_add_native_layer_norm_backward_view_6", "kernel", "elementwise/norm"),
+        ("triton_per_fused__to_copy_add_native_layer_norm_backward_view_6", "kernel", "reduction"),  # by prefix
+        ("void at::native::vectorized_layer_norm_kernel<float, float, false>(int, float)", "kernel",
+         "elementwise/norm"),
         ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>", "kernel",
          "optimizer"),
         ("void at::native::reduce_kernel<128, 4, ReduceOp<{lambda()#1}>>", "kernel", "reduction"),
@@ -217,12 +219,16 @@ def _bad_input(case: str, tmp_path: Path) -> Path:
         path = tmp_path / "rows.json"
         path.write_text('{"rows": [1, 2]}')
         return path
+    if case == "truncated_gzip":
+        path = tmp_path / "cut.json.gz"
+        path.write_bytes(trace_path("minigpt_seed_fp16_amp1_ckpt0").read_bytes()[:20_000])
+        return path
     if case == "cpu_only":
         return _cpu_trace(tmp_path)
     return tmp_path  # a folder without a trace
 
 
-@pytest.mark.parametrize("case", ["missing", "not_json", "not_a_trace", "cpu_only", "empty_folder"])
+@pytest.mark.parametrize("case", ["missing", "not_json", "not_a_trace", "truncated_gzip", "cpu_only", "empty_folder"])
 def test_cli_bad_input_one_line_exit_2(case, tmp_path, capsys):
     path = _bad_input(case, tmp_path)
     assert main([str(path)]) == 2
@@ -257,3 +263,27 @@ def test_stage_names_are_one_vocabulary():
     from perfsweep import profiling
 
     assert profiling.STAGES is STAGES
+
+
+def test_malformed_events_do_not_crash(tmp_path):
+    """Null names and unhashable correlation ids are skipped over, not a traceback."""
+    ev = [
+        {"ph": "X", "cat": "user_annotation", "name": None, "ts": 0, "dur": 10, "pid": 1, "tid": 1},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 1, "dur": 1, "pid": 1, "tid": 1,
+         "args": {"correlation": [1]}},
+        {"ph": "X", "cat": "kernel", "name": None, "ts": 2, "dur": 3, "pid": 0, "tid": 7, "args": {"correlation": [1]}},
+    ]
+    a = analyze(_write(tmp_path / "odd.json", ev))
+    assert a.gpu_kernel_ms == pytest.approx(0.003) and a.unattributed_gpu_ms == pytest.approx(0.003)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--step-ms", "nan"], ["--step-ms", "inf"], ["--step-ms", "0"], ["--top", "-1"], ["--stages", ","], ["--bogus"]],
+)
+def test_cli_usage_mistakes_get_one_line(argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([str(trace_path("minigpt_seed_fp16_amp1_ckpt0")), *argv])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("perfsweep trace: ")
