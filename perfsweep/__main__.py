@@ -56,11 +56,12 @@ SUBCOMMANDS = {
     "report": "perfsweep.report.__main__",  # build reports from the database
     "trace": "perfsweep.trace",  # read a torch.profiler Chrome trace
     "query": "perfsweep.query",  # one read-only SQL query
+    "upgrade": "perfsweep.upgrade",  # bring an older database to the current schema
 }
 
 
 def main() -> None:
-    """``perfsweep report|trace|query ...`` run those commands; anything else is a Hydra sweep."""
+    """``perfsweep report|trace|query|upgrade ...`` run those commands; anything else is a sweep."""
     if len(sys.argv) > 1 and sys.argv[1] in SUBCOMMANDS:
         import importlib
 

@@ -12,10 +12,11 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-from sqlalchemy import create_engine, text
+from sqlalchemy import text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 
+from perfsweep import store
 from perfsweep.cli import OneLineParser
 from perfsweep.report.load import db_error_line
 
@@ -63,18 +64,14 @@ def check_read_only(sql: str) -> str:
 
 
 def read_only_engine(db: str) -> Engine:
-    """An engine that cannot write: SQLite ``mode=ro`` URI, PostgreSQL read-only sessions."""
+    """A read-only engine for ``--db`` (a SQLite file path or URL, or a PostgreSQL URL)."""
     if "://" not in db or db.startswith("sqlite:///"):
         path = Path(db.removeprefix("sqlite:///")).expanduser().resolve()
         if not path.is_file():
             raise QueryError(f"--db {db}: database file not found ({path})")
-        # A WAL database with no -wal file has no writer attached: open it immutable, which reads
-        # without creating -wal/-shm files (so read-only media work). With a -wal file present a
-        # sweep may be writing, and mode=ro reads through its shared-memory index.
-        flag = "mode=ro" if Path(f"{path}-wal").exists() else "immutable=1"
-        return create_engine(f"sqlite:///file:{path}?{flag}&uri=true")
+        return store.connect_read_only(f"sqlite:///{path}")
     if db.startswith("postgresql"):
-        return create_engine(db, connect_args={"options": "-c default_transaction_read_only=on"})
+        return store.connect_read_only(db)
     raise QueryError(f"--db {db}: use a SQLite file path or a postgresql:// URL")
 
 

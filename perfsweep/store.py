@@ -280,6 +280,45 @@ def make_engine(url: str) -> Engine:
     return engine
 
 
+def connect_read_only(url: str) -> Engine:
+    """An engine that cannot write, for commands that only read (query, report).
+
+    SQLite: a WAL database with no ``-wal`` file has no writer attached and opens ``immutable``,
+    which reads without creating ``-wal``/``-shm`` files, so read-only media work; with a
+    ``-wal`` file present a sweep may be writing, and ``mode=ro`` reads through its index.
+    PostgreSQL: every transaction of the session is read-only. The schema is not upgraded.
+    """
+    if url.startswith("sqlite:///"):
+        path = Path(url.removeprefix("sqlite:///"))
+        flag = "mode=ro" if Path(f"{path}-wal").exists() else "immutable=1"
+        return create_engine(f"sqlite:///file:{path}?{flag}&uri=true")
+    if url.startswith("postgresql"):
+        return create_engine(url, connect_args={"options": "-c default_transaction_read_only=on"})
+    return create_engine(url)
+
+
+def schema_revision(engine: Engine) -> str | None:
+    """The Alembic revision the database is at (None for a database perfsweep never wrote)."""
+    from sqlalchemy import inspect, text
+
+    if "alembic_version" not in inspect(engine).get_table_names():
+        return None
+    with engine.connect() as conn:
+        return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+
+
+def head_revision() -> str:
+    """The revision this perfsweep's schema is at (its newest migration)."""
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
+    head = ScriptDirectory.from_config(cfg).get_current_head()
+    assert head is not None
+    return head
+
+
 def connect(url: str) -> Engine:
     """Open the database at ``url`` and bring its schema to the current revision."""
     if url.startswith("sqlite:///"):

@@ -102,3 +102,42 @@ def test_bad_database_and_bad_sql(tmp_path: Path):
         read_only_engine(str(tmp_path / "missing.db"))
     with pytest.raises(QueryError, match="empty query"):
         run_query(None, "  ;  ")  # type: ignore[arg-type]
+
+
+def _files(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir() if p.is_file()}
+
+
+def test_report_never_writes_and_names_the_upgrade_command(tmp_path: Path, capsys):
+    """An older database (the H100 run's, schema 0001) is not upgraded by a report: it says how."""
+    from perfsweep.report.__main__ import main as report_main
+    from perfsweep.upgrade import main as upgrade_main
+
+    folder = tmp_path / "db"
+    folder.mkdir()
+    db = folder / "results.db"
+    db.write_bytes((Path(__file__).parent / "fixtures" / "h100" / "results-fp16-seed-snapshot-gpt2.db").read_bytes())
+    before = _files(folder)
+    assert report_main(["--db", str(db), "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"perfsweep report: --db {db}: schema revision 0001 is older than this perfsweep's "
+                   f"{store.head_revision()}; upgrade it first with: perfsweep upgrade --db {db}")
+    assert _files(folder) == before  # not a byte changed, no -wal/-shm created
+
+    assert upgrade_main(["--db", str(db)]) == 0
+    assert upgrade_main(["--db", str(db)]) == 0  # idempotent
+    assert "already at" in capsys.readouterr().out
+    upgraded = _files(folder)
+    assert report_main(["--db", str(db), "--sweep", "1", "--out", str(tmp_path / "r")]) == 0
+    assert (tmp_path / "r" / "report.md").is_file()
+    assert _files(folder) == upgraded  # the report read it without writing
+
+
+def test_report_reads_through_a_read_only_connection(db, tmp_path: Path):
+    """SQLite immutable or PostgreSQL read-only session: the report is built all the same."""
+    from perfsweep.report.__main__ import main as report_main
+
+    before = snapshot(db)
+    assert report_main(["--db", db, "--out", str(tmp_path / "r")]) == 0
+    assert "2 runs" in (tmp_path / "r" / "report.md").read_text()
+    assert snapshot(db) == before

@@ -44,16 +44,31 @@ def db_url(db: str) -> str:
 
 
 def open_db(db: str) -> Engine:
-    """Open an existing database; a missing SQLite file is an error, not a new empty file."""
+    """Open an existing database read-only; a missing SQLite file is an error, not a new empty file.
+
+    A report never writes, so it works on read-only media. A database whose schema is older than
+    this perfsweep is not upgraded behind the user's back: the error names the command that does.
+    """
     url = db_url(db)
     if url.startswith("sqlite:///"):
         path = Path(url.removeprefix("sqlite:///"))
         if str(path) != ":memory:" and not path.is_file():
             raise ReportError(f"--db {db}: database file not found ({path})")
     try:
-        return store.connect(url)
+        engine = store.connect_read_only(url)
+        revision = store.schema_revision(engine)
     except Exception as exc:  # driver missing, server unreachable, not a database...
         raise ReportError(f"--db {db}: cannot open the database ({db_error_line(exc)})") from exc
+    head = store.head_revision()
+    if revision != head:
+        engine.dispose()
+        if revision is None:
+            raise ReportError(f"--db {db}: not a perfsweep results database (no schema version)")
+        raise ReportError(
+            f"--db {db}: schema revision {revision} is older than this perfsweep's {head}; "
+            f"upgrade it first with: perfsweep upgrade --db {db}"
+        )
+    return engine
 
 
 def db_error_line(exc: BaseException) -> str:

@@ -1,0 +1,43 @@
+"""``perfsweep upgrade --db DB``: bring a results database's schema to this perfsweep's version.
+
+Reading commands (report, query) never change a database; this is the one command that
+upgrades one on purpose. Alembic migrations only add: no table, column or row is dropped.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from perfsweep import store
+from perfsweep.cli import OneLineParser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = OneLineParser(prog="perfsweep upgrade", description=__doc__.splitlines()[0])
+    parser.add_argument("--db", default="results.db", help="SQLite file or SQLAlchemy URL (default: %(default)s)")
+    args = parser.parse_args(argv)
+    from perfsweep.report.load import ReportError, db_error_line, db_url
+
+    url = db_url(args.db)
+    try:
+        if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
+            raise ReportError(f"--db {args.db}: database file not found")
+        probe = store.make_engine(url)
+        before = store.schema_revision(probe)
+        probe.dispose()
+        engine = store.connect(url)
+        after = store.schema_revision(engine)
+        engine.dispose()
+    except ReportError as exc:
+        print(f"perfsweep upgrade: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # read-only file, server unreachable, not a database...
+        print(f"perfsweep upgrade: --db {args.db}: cannot upgrade ({db_error_line(exc)})", file=sys.stderr)
+        return 1
+    print(f"{args.db}: schema {before or '(new)'} -> {after}" if before != after else f"{args.db}: schema already at {after}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
