@@ -161,10 +161,7 @@ class ProfiledWindow:
         self.result.stages = stage_rows(analysis, self.on_cuda)
         if self.on_cuda:
             self.result.gpu_busy_ms = analysis.gpu_busy_ms
-            self.result.kernels = [
-                {"category": c, "ms_per_step": st.ms_per_step, "kernels_per_step": st.kernels_per_step}
-                for c, st in analysis.categories.items()
-            ]
+            self.result.kernels = kernel_rows(analysis)
         sort_key = "self_device_time_total" if self.on_cuda else "self_cpu_time_total"
         table = self.out_dir / f"profile_{self.label}.txt"
         table.write_text(averages.table(sort_by=sort_key, row_limit=self.cfg.top_n))
@@ -185,6 +182,14 @@ def stage_rows(analysis: trace_mod.TraceAnalysis, on_cuda: bool) -> list[dict[st
             "calls": analysis.stage_calls[name],
         }
         for name, cpu_ms in analysis.stage_cpu_ms.items()
+    ]
+
+
+def kernel_rows(analysis: trace_mod.TraceAnalysis) -> list[dict[str, Any]]:
+    """Rows of ``kernels``: GPU time and kernel count per step of each category present."""
+    return [
+        {"category": c, "ms_per_step": st.ms_per_step, "kernels_per_step": st.kernels_per_step}
+        for c, st in analysis.categories.items()
     ]
 
 

@@ -148,8 +148,9 @@ class TraceAnalysis:
         }
 
 
-def load_events(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The trace's events and its top-level metadata; TraceError with one line if unreadable."""
+def load_events(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any], Path]:
+    """The trace's events, its top-level metadata and the file read (a job folder's one trace);
+    TraceError with one line if unreadable."""
     p = Path(path)
     if p.is_dir():  # a perfsweep job folder: its one trace
         found = sorted(p.glob("trace_*.json.gz")) or sorted(p.glob("*.pt.trace.json*"))
@@ -172,8 +173,7 @@ def load_events(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]
     if not isinstance(events, list):
         raise TraceError(f"{p}: JSON without a traceEvents list; is this a Chrome trace from torch.profiler?")
     meta = data if isinstance(data, dict) else {}
-    meta["_path"] = str(p)
-    return events, meta
+    return events, meta, p
 
 
 def _arg(e: dict[str, Any], key: str) -> Any:
@@ -223,8 +223,7 @@ def _union_us(intervals: list[tuple[float, float]]) -> float:
 def analyze(path: str | Path, stages: tuple[str, ...] | list[str] = STAGES, top_n: int = 15,
             require_gpu: bool = True) -> TraceAnalysis:
     """Analyse one Chrome trace. ``require_gpu``: a trace without GPU events is a TraceError."""
-    events, meta = load_events(path)
-    path = str(meta.get("_path", path))
+    events, meta, path = load_events(path)
     stage_set = set(stages)
     step_ranges: list[tuple[float, float, str]] = []
     stage_ranges: list[tuple[float, float, str]] = []
@@ -235,8 +234,8 @@ def analyze(path: str | Path, stages: tuple[str, ...] | list[str] = STAGES, top_
         if not isinstance(e, dict) or e.get("ph") != "X":
             continue
         cat, name = e.get("cat"), e.get("name")
-        name = name if isinstance(name, str) else ""
-        e["name"] = name
+        if not isinstance(name, str):
+            name = e["name"] = ""  # a malformed event; our parsed copy only
         try:
             ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
         except (KeyError, TypeError, ValueError):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from perfsweep import store
 from perfsweep.metrics import bottleneck_verdict
-from perfsweep.profiling import stage_rows
+from perfsweep.profiling import kernel_rows, stage_rows
 from perfsweep.trace import analyze
 
 H100 = Path(__file__).parent / "fixtures" / "h100"
@@ -45,10 +45,7 @@ def build_h100_db(db: Path) -> str:
             a = analyze(H100 / _trace_name(row))
             result.update(bottleneck_verdict(a.gpu_busy_ms, row["step_time_ms_median"], row["data_wait_fraction"]))
             result["stages"] = stage_rows(a, on_cuda=True)
-            result["kernels"] = [
-                {"category": c, "ms_per_step": st.ms_per_step, "kernels_per_step": st.kernels_per_step}
-                for c, st in a.categories.items()
-            ]
+            result["kernels"] = kernel_rows(a)
             for key in ("started_at", "finished_at"):
                 if isinstance(result.get(key), str):
                     result[key] = result[key].replace(" ", "T")
