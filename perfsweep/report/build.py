@@ -118,6 +118,8 @@ def _gpu(c: _Ctx) -> tuple[pd.DataFrame, Figure, str]:
     if not c.runs["gpu_busy_fraction"].notna().any():
         raise Skip("no GPU busy time: CPU runs, or GPU runs without the profiled window")
     configs = c.shown[c.shown["gpu_busy_fraction"].notna()]
+    if configs.empty:
+        raise Skip("none of the configs shown has GPU busy time")
     frame = frames.gpu_frame(configs, load_kernels(c.engine, configs["id"]))
     fig = charts.gpu(frame, c.note)
     caption = (
