@@ -9,6 +9,7 @@ objects, which the sweeper does for every grid point before the first job starts
 from __future__ import annotations
 
 import enum
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -285,6 +286,10 @@ def register_configs() -> None:
     )
 
     plugins.register(PerfsweepSweeper)
+    if not OmegaConf.has_resolver("uid"):
+        # ${uid:} in hydra.sweep.dir/run.dir: two sweeps started in the same second get their own
+        # folders. Cached, so every job of a sweep (Hydra copies the cache) sees the same value.
+        OmegaConf.register_new_resolver("uid", lambda: uuid.uuid4().hex[:6], use_cache=True)
     cs = ConfigStore.instance()
     cs.store(name="perfsweep_schema", node=PerfsweepConfig)
     cs.store(group="model", name="model_schema", node=ModelConfig)

@@ -231,3 +231,34 @@ def test_compile_caches_are_isolated_per_job_unless_shared(tmp_path: Path):
     for r in isolated:  # the private cache is removed with the job
         assert not (Path(r["job_dir"]) / "compile_cache").exists()
     assert any(env_cache.iterdir())  # shared jobs used the user's cache
+
+
+def test_two_sweeps_started_at_once_in_one_folder_stay_apart(tmp_path: Path):
+    """Same folder, same second: separate sweep rows, separate folders; a reused folder is refused."""
+    import os
+    import subprocess
+    import sys
+
+    tiny = [o for o in TINY if not o.startswith("profile.")] + ["profile.enabled=false", "device=cpu"]
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "perfsweep", "-m", axis, *tiny], cwd=tmp_path, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        for axis in ("amp=true,false", "ckpt=true,false")
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-2000:]
+    db = tmp_path / "results.db"
+    sweeps = rows(db, "SELECT id, sweep_dir FROM sweeps ORDER BY id")
+    assert len(sweeps) == 2 and sweeps[0]["sweep_dir"] != sweeps[1]["sweep_dir"]
+    for sw in sweeps:
+        runs = rows(db, f"SELECT overrides, job_dir FROM runs WHERE sweep_id = {sw['id']}")
+        assert len(runs) == 2
+        assert len({r["overrides"].split()[0].split("=")[0] for r in runs}) == 1  # amp-only or ckpt-only
+        assert all(Path(r["job_dir"]).parent == Path(sw["sweep_dir"]) for r in runs)
+        assert (Path(sw["sweep_dir"]) / "report" / "report.md").is_file()
+    res = run_perfsweep(["-m", *tiny, f"hydra.sweep.dir={sweeps[0]['sweep_dir']}"], tmp_path)
+    assert res.returncode == 2
+    err = res.stderr.strip()
+    assert len(err.splitlines()) == 1 and "already holds another sweep" in err and err.endswith("no job was started")
+    assert len(rows(db, "SELECT id FROM runs")) == 4  # nothing written by the refused sweep

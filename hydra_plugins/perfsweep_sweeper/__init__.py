@@ -59,9 +59,10 @@ class PerfsweepSweeper(BasicSweeper):
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 print(f"perfsweep: cannot open db.url={url!r}: {first}; no job was started", file=sys.stderr)
                 sys.exit(2)
+        sweep_dir = str(Path(self.config.hydra.sweep.dir).resolve())
+        _claim(Path(sweep_dir))
         os.environ[launcher.ENV_N_JOBS] = str(len(jobs))
         os.environ[launcher.ENV_SWEEP_START] = str(time.time())
-        sweep_dir = str(Path(self.config.hydra.sweep.dir).resolve())
         print(f"perfsweep: {len(jobs)} jobs, one process each; job folders under {sweep_dir}", file=sys.stderr)
         try:
             return super().sweep(arguments)
@@ -71,6 +72,26 @@ class PerfsweepSweeper(BasicSweeper):
                     summary.finish_sweep(url, sweep_dir)
                 except Exception as exc:  # noqa: BLE001 - never hide the jobs' own outcome
                     print(f"perfsweep: could not print the summary from {url}: {exc}", file=sys.stderr)
+
+
+def _claim(sweep_dir: Path) -> None:
+    """Make ``sweep_dir`` this sweep's own, atomically, or stop before any job starts.
+
+    The sweep folder is the sweep's identity: its rows are keyed by it and its jobs' folders and
+    artifacts live in it. The default folder name carries a random part, so concurrent sweeps
+    never meet; a folder set by hand (``hydra.sweep.dir=...``) that another sweep already used
+    is refused rather than shared.
+    """
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    marker = sweep_dir / ".perfsweep-sweep"
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        print(f"perfsweep: hydra.sweep.dir={sweep_dir} already holds another sweep ({marker.name} exists); "
+              "give each sweep its own folder (the default one is unique); no job was started", file=sys.stderr)
+        sys.exit(2)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(f"pid={os.getpid()} host={os.uname().nodename} started={time.time():.0f}\n")
 
 
 def _one_line(exc: BaseException) -> str:
