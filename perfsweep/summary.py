@@ -80,7 +80,7 @@ def finish_sweep(url: str, sweep_dir: str, make_report: bool = True) -> None:
             return
         fill_compile_payback(engine, sweep_id)
         df = summary_frame(engine, sweep_id)
-        print(f"\nSweep {sweep_id} ({len(df)} jobs, {int((df['status'] == 'ok').sum())} ok)")
+        print(f"\nSweep {sweep_id} ({len(df)} job{'s' if len(df) != 1 else ''}, {int((df['status'] == 'ok').sum())} ok)")
         print(format_summary(df))
         where = engine.url.render_as_string(hide_password=True)
         print(f"\nResults: {where} (sweep_id={sweep_id})")

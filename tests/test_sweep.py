@@ -124,7 +124,7 @@ def test_single_run_without_multirun(tmp_path: Path):
     assert res.returncode == 0, res.stderr[-2000:]
     runs = rows(tmp_path / "results.db", "SELECT status, job_num, overrides FROM runs")
     assert runs == [{"status": "ok", "job_num": 0, "overrides": " ".join(TINY)}]
-    assert "(1 jobs, 1 ok)" in res.stdout
+    assert "(1 job, 1 ok)" in res.stdout
     assert (tmp_path / "outputs").is_dir()  # Hydra's run folder holds the job's trace
 
 
@@ -182,7 +182,7 @@ def test_ctrl_c_keeps_finished_jobs_and_leaves_no_process(tmp_path: Path):
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends: the whole process group
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err[-2000:]
-    assert "interrupted" in err and "(1 jobs, 1 ok)" in out
+    assert "interrupted" in err and "(1 job, 1 ok)" in out
     assert [r["status"] for r in rows(db, "SELECT status FROM runs")] == ["ok"]
     def group_alive() -> bool:
         try:

@@ -63,7 +63,8 @@ class PerfsweepSweeper(BasicSweeper):
         _claim(Path(sweep_dir))
         os.environ[launcher.ENV_N_JOBS] = str(len(jobs))
         os.environ[launcher.ENV_SWEEP_START] = str(time.time())
-        print(f"perfsweep: {len(jobs)} jobs, one process each; job folders under {sweep_dir}", file=sys.stderr)
+        n = f"{len(jobs)} job{'s' if len(jobs) != 1 else ''}"
+        print(f"perfsweep: {n}, one process each; job folders under {sweep_dir}", file=sys.stderr)
         try:
             return super().sweep(arguments)
         finally:
