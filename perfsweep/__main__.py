@@ -49,6 +49,10 @@ def hydra_main(cfg: DictConfig) -> str:
     _, status = launcher.run_job(spec)
     if not multirun:
         summary.finish_sweep(launcher.db_url(run_cfg, launch_dir), sweep_dir)
+        if status != "ok" and not run_cfg.allow_failures:
+            print(f"perfsweep: {launcher.not_ok_line([status])}; exit code 1 (allow_failures=true exits 0)",
+                  file=sys.stderr)
+            sys.exit(1)
     return status
 
 

@@ -231,6 +231,9 @@ class PerfsweepConfig:
     """A job still running after this many seconds is killed and stored as status=timeout."""
     name: str | None = None
     """Label for the sweep in the database (``sweeps.name``); default: the config name."""
+    allow_failures: bool = False
+    """Exit 0 even when some jobs failed, ran out of memory or timed out (default: exit 1, after
+    the summary, so scripts notice); their rows are stored either way."""
     steps: StepsConfig = field(default_factory=StepsConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     db: DbConfig = field(default_factory=DbConfig)

@@ -53,13 +53,20 @@ class JobSpec:
         return "".join(c if c.isalnum() or c in "=,._-" else "_" for c in text)
 
 
+def not_ok_line(statuses: list[str]) -> str:
+    """'2 of 4 jobs did not finish ok (1 failed, 1 timeout)' for the exit message."""
+    bad = [s for s in statuses if s != "ok"]
+    counts = ", ".join(f"{bad.count(s)} {s}" for s in dict.fromkeys(bad))
+    return f"{len(bad)} of {len(statuses)} job{'s' if len(statuses) != 1 else ''} did not finish ok ({counts})"
+
+
 def db_url(cfg: PerfsweepConfig, launch_dir: str | Path) -> str:
     return cfg.db.url or store.default_url(launch_dir)
 
 
 def config_hash(config: dict[str, Any]) -> str:
     """Identity of what was measured: the config minus where results go and how they are labelled."""
-    keep = {k: v for k, v in config.items() if k not in ("db", "name", "timeout_s")}
+    keep = {k: v for k, v in config.items() if k not in ("db", "name", "timeout_s", "allow_failures")}
     return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()
 
 

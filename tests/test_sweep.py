@@ -108,7 +108,10 @@ def test_failures_are_results_and_the_sweep_goes_on(tmp_path: Path):
     res = run_perfsweep(
         ["-m", "batch=4,100000000", "steps.measure=3,100000000", "timeout_s=20", *tiny], tmp_path
     )
-    assert res.returncode == 0, res.stderr[-2000:]
+    # exit 1 after the summary: some jobs did not finish ok
+    assert res.returncode == 1, res.stderr[-2000:]
+    assert res.stderr.strip().splitlines()[-1] == (
+        "perfsweep: 3 of 4 jobs did not finish ok (1 timeout, 2 failed); exit code 1 (allow_failures=true exits 0)")
     runs = rows(tmp_path / "results.db", "SELECT batch, measure_steps, status, error, tokens_per_s, config_json FROM runs ORDER BY job_num")
     status = [r["status"] for r in runs]
     assert status == ["ok", "timeout", "failed", "failed"], [(r["status"], r["error"]) for r in runs]
@@ -200,8 +203,12 @@ def test_ctrl_c_keeps_finished_jobs_and_leaves_no_process(tmp_path: Path):
 def test_cpu_out_of_memory_is_status_oom(tmp_path: Path):
     """A model too big to allocate (16 TiB of MLP weights) is an oom result, not a crash."""
     res = run_perfsweep([*TINY, "model.d_ff=17179869184", "device=cpu"], tmp_path)
-    assert res.returncode == 0, res.stderr[-2000:]
-    (run,) = rows(tmp_path / "results.db", "SELECT status, error, tokens_per_s, hostname FROM runs")
+    assert res.returncode == 1, res.stderr[-2000:]  # a single run that did not finish ok
+    assert "1 of 1 job did not finish ok (1 oom)" in res.stderr
+    again = run_perfsweep([*TINY, "model.d_ff=17179869184", "device=cpu", "allow_failures=true"], tmp_path)
+    assert again.returncode == 0, again.stderr[-2000:]
+    run, run_again = rows(tmp_path / "results.db", "SELECT status, error, tokens_per_s, hostname FROM runs")
+    assert run_again["status"] == "oom"
     assert run["status"] == "oom" and "allocate" in run["error"] and run["tokens_per_s"] is None
     assert run["hostname"]  # the environment is stored with failures too
 

@@ -5,6 +5,8 @@
 2. Jobs learn the sweep's size and start time (for "3/8" and the time left).
 3. When all jobs are done, ok or not, the summary table and the report are produced from the
    database. Hydra's on_multirun_end callback is skipped when a job fails; this is not.
+4. The exit code says whether every job finished ok: 1 if not (after the summary), unless
+   ``allow_failures=true``.
 """
 
 # No `from __future__ import annotations` here: Hydra's plugin scan executes this module
@@ -66,13 +68,27 @@ class PerfsweepSweeper(BasicSweeper):
         n = f"{len(jobs)} job{'s' if len(jobs) != 1 else ''}"
         print(f"perfsweep: {n}, one process each; job folders under {sweep_dir}", file=sys.stderr)
         try:
-            return super().sweep(arguments)
+            returns = super().sweep(arguments)
         finally:
             if url is not None:
                 try:
                     summary.finish_sweep(url, sweep_dir)
                 except Exception as exc:  # noqa: BLE001 - never hide the jobs' own outcome
                     print(f"perfsweep: could not print the summary from {url}: {exc}", file=sys.stderr)
+        statuses = [_status(r) for batch in returns for r in batch]
+        if any(s != "ok" for s in statuses) and not (run_cfg is not None and run_cfg.allow_failures):
+            print(f"perfsweep: {launcher.not_ok_line(statuses)}; exit code 1 (allow_failures=true exits 0)",
+                  file=sys.stderr)
+            sys.exit(1)
+        return returns
+
+
+def _status(job_return: Any) -> str:
+    """The run status a job returned (perfsweep's task returns it); a job that raised failed."""
+    try:
+        return str(job_return.return_value)
+    except Exception:  # noqa: BLE001 - Hydra re-raises the job's exception here
+        return "failed"
 
 
 def _claim(sweep_dir: Path) -> None:
