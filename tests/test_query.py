@@ -24,6 +24,9 @@ WRITES = [
     "select 1 /* ; */ ; update runs set batch = 0",
     "PRAGMA journal_mode = DELETE",
     "SET default_transaction_read_only = off",
+    # reading keywords that can still write on PostgreSQL: only the read-only session stops them
+    "WITH gone AS (DELETE FROM runs RETURNING id) SELECT * FROM gone",
+    "EXPLAIN ANALYZE DELETE FROM runs",
 ]
 
 
