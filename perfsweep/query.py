@@ -9,7 +9,6 @@ anything after a ``;`` are refused before the database sees them.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pandas as pd
 from sqlalchemy import text
@@ -18,7 +17,7 @@ from sqlalchemy.exc import DBAPIError
 
 from perfsweep import store
 from perfsweep.cli import OneLineParser
-from perfsweep.report.load import db_error_line
+from perfsweep.report.load import ReportError, db_error_line, existing_db_url
 
 READ_KEYWORDS = ("select", "with", "values", "explain")
 
@@ -65,14 +64,13 @@ def check_read_only(sql: str) -> str:
 
 def read_only_engine(db: str) -> Engine:
     """A read-only engine for ``--db`` (a SQLite file path or URL, or a PostgreSQL URL)."""
-    if "://" not in db or db.startswith("sqlite:///"):
-        path = Path(db.removeprefix("sqlite:///")).expanduser().resolve()
-        if not path.is_file():
-            raise QueryError(f"--db {db}: database file not found ({path})")
-        return store.connect_read_only(f"sqlite:///{path}")
-    if db.startswith("postgresql"):
-        return store.connect_read_only(db)
-    raise QueryError(f"--db {db}: use a SQLite file path or a postgresql:// URL")
+    try:
+        url = existing_db_url(db)
+    except ReportError as exc:
+        raise QueryError(str(exc)) from None
+    if not url.startswith(("sqlite:///", "postgresql")):  # only these two have a read-only session
+        raise QueryError(f"--db {db}: use a SQLite file path or a postgresql:// URL")
+    return store.connect_read_only(url)
 
 
 def run_query(engine: Engine, sql: str) -> pd.DataFrame:

@@ -33,7 +33,9 @@ from sqlalchemy import (
     TypeDecorator,
     create_engine,
     event,
+    inspect,
     select,
+    text,
 )
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError
@@ -299,22 +301,26 @@ def connect_read_only(url: str) -> Engine:
 
 def schema_revision(engine: Engine) -> str | None:
     """The Alembic revision the database is at (None for a database perfsweep never wrote)."""
-    from sqlalchemy import inspect, text
-
     if "alembic_version" not in inspect(engine).get_table_names():
         return None
     with engine.connect() as conn:
         return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
 
 
-def head_revision() -> str:
-    """The revision this perfsweep's schema is at (its newest migration)."""
+def _alembic_config():
+    """Alembic's configuration for perfsweep's migrations (no alembic.ini needed)."""
     from alembic.config import Config
-    from alembic.script import ScriptDirectory
 
     cfg = Config()
     cfg.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
-    head = ScriptDirectory.from_config(cfg).get_current_head()
+    return cfg
+
+
+def head_revision() -> str:
+    """The revision this perfsweep's schema is at (its newest migration)."""
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(_alembic_config()).get_current_head()
     assert head is not None
     return head
 
@@ -333,10 +339,8 @@ def upgrade(engine: Engine) -> None:
     """Run Alembic's upgrade to head on ``engine`` (a no-op when already current)."""
     logging.getLogger("alembic").setLevel(logging.WARNING)  # per-job plugin and context chatter
     from alembic import command
-    from alembic.config import Config
 
-    cfg = Config()
-    cfg.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
+    cfg = _alembic_config()
     for attempt in range(5):
         try:
             with engine.begin() as conn:

@@ -7,7 +7,6 @@ upgrades one on purpose. Alembic migrations only add: no table, column or row is
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from perfsweep import store
 from perfsweep.cli import OneLineParser
@@ -17,12 +16,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="perfsweep upgrade", description=__doc__.splitlines()[0])
     parser.add_argument("--db", default="results.db", help="SQLite file or SQLAlchemy URL (default: %(default)s)")
     args = parser.parse_args(argv)
-    from perfsweep.report.load import ReportError, db_error_line, db_url
+    from perfsweep.report.load import ReportError, db_error_line, existing_db_url
 
-    url = db_url(args.db)
     try:
-        if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
-            raise ReportError(f"--db {args.db}: database file not found")
+        url = existing_db_url(args.db)
         probe = store.make_engine(url)
         before = store.schema_revision(probe)
         probe.dispose()

@@ -43,17 +43,23 @@ def db_url(db: str) -> str:
     return f"sqlite:///{Path(db).expanduser().resolve()}"
 
 
+def existing_db_url(db: str) -> str:
+    """:func:`db_url` of ``db``; a missing SQLite file is an error, not a new empty file."""
+    url = db_url(db)
+    if url.startswith("sqlite:///"):
+        path = Path(url.removeprefix("sqlite:///"))
+        if str(path) != ":memory:" and not path.is_file():
+            raise ReportError(f"--db {db}: database file not found ({path})")
+    return url
+
+
 def open_db(db: str) -> Engine:
     """Open an existing database read-only; a missing SQLite file is an error, not a new empty file.
 
     A report never writes, so it works on read-only media. A database whose schema is older than
     this perfsweep is not upgraded behind the user's back: the error names the command that does.
     """
-    url = db_url(db)
-    if url.startswith("sqlite:///"):
-        path = Path(url.removeprefix("sqlite:///"))
-        if str(path) != ":memory:" and not path.is_file():
-            raise ReportError(f"--db {db}: database file not found ({path})")
+    url = existing_db_url(db)
     try:
         engine = store.connect_read_only(url)
         revision = store.schema_revision(engine)

@@ -86,10 +86,13 @@ class _Parser:
         k, v = self.toks[self.i]
         return k == kind and (value is None or v == value)
 
+    def found(self) -> str:
+        """What stands at the current position, for error messages."""
+        return repr(self.toks[self.i][1]) if self.i < len(self.toks) else "the end"
+
     def take(self, kind: str, value: str | None = None) -> str:
         if not self.peek(kind, value):
-            got = repr(self.toks[self.i][1]) if self.i < len(self.toks) else "the end"
-            raise WhereError(f"expected {value or kind} but found {got}")
+            raise WhereError(f"expected {value or kind} but found {self.found()}")
         self.i += 1
         return self.toks[self.i - 1][1]
 
@@ -131,8 +134,7 @@ class _Parser:
 
     def column(self) -> Any:
         if not self.peek("word"):
-            got = repr(self.toks[self.i][1]) if self.i < len(self.toks) else "the end"
-            raise WhereError(f"expected a runs column but found {got}")
+            raise WhereError(f"expected a runs column but found {self.found()}")
         name = self.take("word")
         if name not in self.columns:
             close = difflib.get_close_matches(name, self.columns, n=3)
@@ -150,8 +152,7 @@ class _Parser:
         elif self.peek("kw", "true") or self.peek("kw", "false"):
             v = self.take("kw") == "true"
         else:
-            got = repr(self.toks[self.i][1]) if self.i < len(self.toks) else "the end"
-            raise WhereError(f"expected a number, 'text', true or false after {col.name} but found {got}")
+            raise WhereError(f"expected a number, 'text', true or false after {col.name} but found {self.found()}")
         if isinstance(col.type, Boolean) and not isinstance(v, bool):
             if v not in (0, 1):
                 raise WhereError(f"{col.name} is true/false (or 1/0), not {v!r}")
@@ -184,9 +185,8 @@ class _Parser:
             raise WhereError(f"NOT after {col.name} must be followed by IN, LIKE or BETWEEN")
         else:
             if not self.peek("op"):
-                got = repr(self.toks[self.i][1]) if self.i < len(self.toks) else "the end"
                 raise WhereError(f"expected a comparison (=, !=, <, <=, >, >=, IS, IN, LIKE) after "
-                                 f"{col.name} but found {got}")
+                                 f"{col.name} but found {self.found()}")
             op = self.take("op")
             return _OPS[op](col, self.value(col))
         return not_(expr) if negate else expr
