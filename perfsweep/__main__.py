@@ -1,7 +1,8 @@
 """``python -m perfsweep`` / ``perfsweep``: Hydra entry point, one call per grid point.
 
 In a multirun, perfsweep's sweeper (hydra_plugins/perfsweep_sweeper) has already checked
-every grid point and prints the summary at the end; in a single run this function does both.
+every grid point (perfsweep.preflight) and prints the summary at the end; in a single run this
+function does both, with the same checks, so a mistake gets the same one line either way.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import socket
 import sys
 from pathlib import Path
 
@@ -17,7 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from perfsweep import launcher, summary
+from perfsweep import importer, launcher, preflight, summary
 from perfsweep.config import ConfigError, register_configs, to_run_config
 
 register_configs()
@@ -27,32 +29,52 @@ log = logging.getLogger("perfsweep")
 @hydra.main(version_base="1.3", config_path="pkg://perfsweep.conf", config_name="config")
 def hydra_main(cfg: DictConfig) -> str:
     hc = HydraConfig.get()
-    try:
-        run_cfg = to_run_config(cfg)
-    except ConfigError as exc:
-        print(f"perfsweep: {exc}", file=sys.stderr)
-        sys.exit(2)
     multirun = hc.mode == RunMode.MULTIRUN
     launch_dir = Path(hc.runtime.cwd)
     sweep_dir = str(Path(hc.sweep.dir if multirun else hc.run.dir).resolve())
+    command = shlex.join(["perfsweep", *sys.argv[1:]])
+    try:
+        run_cfg = to_run_config(cfg)
+        if not multirun:  # the sweeper has checked every grid point of a multirun already
+            if run_cfg.resume:
+                raise ConfigError("invalid config: resume=true: only a multirun sweep can be resumed; "
+                                  "use perfsweep resume SWEEP_ID")
+            preflight.check_all([run_cfg])
+            preflight.reserve_sweep(launcher.db_url(run_cfg, launch_dir), sweep_dir,
+                                    run_cfg.name or hc.job.config_name or "perfsweep", command=command, n_jobs=1,
+                                    hostname=socket.gethostname(), launch_dir=str(launch_dir.resolve()))
+    except ConfigError as exc:
+        print(f"perfsweep: {exc}; {preflight.NO_JOB}", file=sys.stderr)
+        sys.exit(2)
     spec = launcher.JobSpec(
         cfg=run_cfg,
         job_dir=Path(hc.runtime.output_dir),
         launch_dir=launch_dir,
         sweep_dir=sweep_dir,
         sweep_name=run_cfg.name or hc.job.config_name or "perfsweep",
-        overrides=list(hc.overrides.task),
+        overrides=[o for o in hc.overrides.task if not o.startswith("resume=")],  # the same job, resumed
         job_num=hc.job.num if multirun else 0,
         n_jobs=int(os.environ.get(launcher.ENV_N_JOBS, 1)) if multirun else 1,
-        command=shlex.join(["perfsweep", *sys.argv[1:]]),
+        command=command,
     )
-    _, status = launcher.run_job(spec)
-    if not multirun:
-        summary.finish_sweep(launcher.db_url(run_cfg, launch_dir), sweep_dir)
-        if status != "ok" and not run_cfg.allow_failures:
-            print(f"perfsweep: {launcher.not_ok_line([status])}; exit code 1 (allow_failures=true exits 0)",
-                  file=sys.stderr)
-            sys.exit(1)
+    if multirun:
+        return launcher.run_job(spec)[1]
+    url = launcher.db_url(run_cfg, launch_dir)
+    try:
+        run_id, status = launcher.run_job(spec)
+    except KeyboardInterrupt:
+        summary.finish_sweep(url, sweep_dir, make_report=False, status="interrupted")
+        raise
+    summary.finish_sweep(url, sweep_dir)
+    if run_id is None:
+        print(f"perfsweep: the result could not be written to {url} and is kept in "
+              f"{spec.job_dir / importer.RESULT_FILE}; import with: perfsweep import {spec.job_dir} --db {url}",
+              file=sys.stderr)
+        sys.exit(1)
+    if status != "ok" and not run_cfg.allow_failures:
+        print(f"perfsweep: {launcher.not_ok_line([status])}; exit code 1 (allow_failures=true exits 0)",
+              file=sys.stderr)
+        sys.exit(1)
     return status
 
 
@@ -61,17 +83,42 @@ SUBCOMMANDS = {
     "trace": "perfsweep.trace",  # read a torch.profiler Chrome trace
     "query": "perfsweep.query",  # one read-only SQL query
     "upgrade": "perfsweep.upgrade",  # bring an older database to the current schema
+    "import": "perfsweep.importer",  # store results a job kept on disk when the database refused
+    "resume": "perfsweep.resume",  # rerun the grid points of a sweep that have no ok run
 }
 
 
+def _refuse_cfg_with_multirun(argv: list[str]) -> None:
+    """Hydra answers ``-m --cfg job`` with a traceback; a sweep has many configs, --cfg shows one."""
+    from hydra._internal.utils import get_args_parser
+
+    args, _ = get_args_parser().parse_known_args(argv)
+    if args.multirun and (args.cfg or args.info):
+        flag = "--cfg" if args.cfg else "--info"
+        print(f"perfsweep: -m cannot be combined with {flag} (a sweep has one config per grid point); "
+              f"drop -m and give one value per key to see that grid point's config", file=sys.stderr)
+        sys.exit(2)
+
+
 def main() -> None:
-    """``perfsweep report|trace|query|upgrade ...`` run those commands; anything else is a sweep."""
+    """``perfsweep report|trace|query|upgrade|import|resume ...`` run those commands; anything else is a sweep."""
     if len(sys.argv) > 1 and sys.argv[1] in SUBCOMMANDS:
         import importlib
 
         sys.exit(importlib.import_module(SUBCOMMANDS[sys.argv[1]]).main(sys.argv[2:]))
+    _refuse_cfg_with_multirun(sys.argv[1:])
+    # Let Hydra's composition errors reach us as exceptions (instead of its multi-line report)
+    # so that they are answered in one line like every other mistake; HYDRA_FULL_ERROR=1 set by
+    # the user still shows the whole traceback.
+    full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         hydra_main()
+    except preflight.COMPOSE_ERRORS as exc:
+        if full_error:
+            raise
+        print(f"perfsweep: {preflight.error_line(exc)}; {preflight.NO_JOB}", file=sys.stderr)
+        sys.exit(2)
     except KeyboardInterrupt:
         # The sweeper has printed the summary of the jobs that finished; they are stored.
         print("perfsweep: interrupted; finished jobs are in the database", file=sys.stderr)

@@ -231,6 +231,9 @@ class PerfsweepConfig:
     """A job still running after this many seconds is killed and stored as status=timeout."""
     name: str | None = None
     """Label for the sweep in the database (``sweeps.name``); default: the config name."""
+    resume: bool = False
+    """Multirun only: run just the grid points of the sweep in ``hydra.sweep.dir`` that have no
+    ``ok`` run yet, into the same sweep (``perfsweep resume SWEEP_ID`` sets both for you)."""
     allow_failures: bool = False
     """Exit 0 even when some jobs failed, ran out of memory or timed out (default: exit 1, after
     the summary, so scripts notice); their rows are stored either way."""
@@ -294,9 +297,9 @@ def register_configs() -> None:
         # folders. Cached, so every job of a sweep (Hydra copies the cache) sees the same value.
         OmegaConf.register_new_resolver("uid", lambda: uuid.uuid4().hex[:6], use_cache=True)
     cs = ConfigStore.instance()
+    # The presets in conf/model and conf/data are typed by PerfsweepConfig.model/.data, so the
+    # schemas need no entry of their own in those groups (where --help would list them as presets).
     cs.store(name="perfsweep_schema", node=PerfsweepConfig)
-    cs.store(group="model", name="model_schema", node=ModelConfig)
-    cs.store(group="data", name="data_schema", node=DataConfig)
 
 
 def to_run_config(cfg: DictConfig | dict) -> PerfsweepConfig:

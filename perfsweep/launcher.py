@@ -8,22 +8,27 @@ of memory, is killed or overruns its time is a result with a status, never a los
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import multiprocessing as mp
 import os
 import signal
+import socket
 import sys
 import time
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from perfsweep import data as data_mod
-from perfsweep import runner, store
+from perfsweep import importer, runner, store
 from perfsweep.config import GRID_AXES, PerfsweepConfig, to_plain_dict
+from perfsweep.names import HEARTBEAT_INTERVAL_S
 from perfsweep.store import utcnow
 
 log = logging.getLogger(__name__)
@@ -64,9 +69,13 @@ def db_url(cfg: PerfsweepConfig, launch_dir: str | Path) -> str:
     return cfg.db.url or store.default_url(launch_dir)
 
 
+NOT_MEASURED: tuple[str, ...] = ("db", "name", "timeout_s", "allow_failures", "resume")
+"""Config keys that say where results go or how the sweep behaves, not what is measured."""
+
+
 def config_hash(config: dict[str, Any]) -> str:
     """Identity of what was measured: the config minus where results go and how they are labelled."""
-    keep = {k: v for k, v in config.items() if k not in ("db", "name", "timeout_s", "allow_failures")}
+    keep = {k: v for k, v in config.items() if k not in NOT_MEASURED}
     return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()
 
 
@@ -115,12 +124,32 @@ def _fmt_s(s: float) -> str:
     return f"{s:.0f}s" if s < 90 else f"{s / 60:.1f}min"
 
 
+class Heartbeat:
+    """Stamps the running row every names.HEARTBEAT_INTERVAL_S; a failed stamp is only logged."""
+
+    def __init__(self, engine: Any, run_id: int | None, sweep_id: int) -> None:
+        self.engine, self.run_id, self.sweep_id = engine, run_id, sweep_id
+        self.last = time.monotonic()
+
+    def __call__(self) -> None:
+        if self.run_id is None or time.monotonic() - self.last < HEARTBEAT_INTERVAL_S:
+            return
+        self.last = time.monotonic()
+        try:
+            store.heartbeat(self.engine, self.run_id, self.sweep_id)
+        except Exception as exc:  # noqa: BLE001 - a busy database must not stop the job
+            log.debug("heartbeat not written: %s", exc)
+
+
 def _run_in_child(
-    spec: JobSpec, config: dict[str, Any], token_data: data_mod.TokenData, progress: ProgressLine
-) -> tuple[str, str | None, dict[str, Any]]:
+    spec: JobSpec, config: dict[str, Any], token_data: data_mod.TokenData, progress: ProgressLine,
+    beat: Callable[[], None],
+) -> tuple[str, str | None, dict[str, Any], datetime]:
     """Run the job (``config`` is its plain-dict config) in a spawned process.
 
-    Returns (status, error, result fields).
+    Returns (status, error, result fields, when the outcome was known). The timeout clock starts
+    when the job reports ``ready`` (interpreter started, torch imported), so a slow start-up is
+    not charged to the job; start-up itself gets ``timeout_s`` of its own.
     """
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # keep the profiler's C++ start/stop lines off the terminal
     ctx = mp.get_context("spawn")
@@ -136,6 +165,7 @@ def _run_in_child(
     outcome: tuple[str, str | None, dict[str, Any]] | None = None
     try:
         while outcome is None:
+            beat()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 outcome = (
@@ -149,7 +179,9 @@ def _run_in_child(
                     msg = parent_conn.recv()
                 except EOFError:  # child died without reporting
                     break
-                if msg[0] == "progress":
+                if msg[0] == "ready":
+                    deadline = time.monotonic() + spec.cfg.timeout_s
+                elif msg[0] == "progress":
                     progress.update(*msg[1:])
                 elif msg[0] == "result":
                     outcome = ("ok", None, msg[1])
@@ -160,6 +192,7 @@ def _run_in_child(
             elif not proc.is_alive() and not parent_conn.poll():
                 break
     finally:
+        decided = utcnow()  # a timeout's stored duration ends at the deadline, not after the kill
         # A job that reported is shutting down by itself (DataLoader workers, etc.): give it time.
         reported = outcome is not None and outcome[0] != "timeout"
         _stop(proc, grace_s=10 if reported else 0)
@@ -172,7 +205,7 @@ def _run_in_child(
             outcome = ("failed", f"job process killed by {name}{hint}", {})
         else:
             outcome = ("failed", f"job process exited with code {code} without reporting a result", {})
-    return outcome
+    return (*outcome, decided)
 
 
 def _stop(proc: Any, grace_s: float) -> None:
@@ -186,28 +219,32 @@ def _stop(proc: Any, grace_s: float) -> None:
         proc.join()
 
 
+def sweep_fields(spec: JobSpec) -> dict[str, Any]:
+    """What the sweep's row records besides its folder and name (also kept in result.json)."""
+    return {
+        "command": spec.command,
+        "n_jobs": spec.n_jobs,
+        "hostname": socket.gethostname(),
+        "launch_dir": str(Path(spec.launch_dir).resolve()),
+    }
+
+
 def run_job(spec: JobSpec) -> tuple[int | None, str]:
-    """Run one grid point and store it; returns (run id, status). Never raises for a job failure."""
+    """Run one grid point and store it; returns (run id, status). Never raises for a job failure.
+
+    The row is written ``running`` before the job starts and completed at the end, so a sweep
+    killed midway leaves rows the next command marks ``interrupted``. Ctrl-C marks it at once.
+    """
     cfg = spec.cfg
     url = db_url(cfg, spec.launch_dir)
     engine = store.connect(url)
-    sweep_id = store.get_or_create_sweep(
-        engine, spec.sweep_dir, spec.sweep_name, command=spec.command, n_jobs=spec.n_jobs,
-        hostname=os.uname().nodename,
-    )
+    fields_of_sweep = sweep_fields(spec)
+    sweep_id = store.get_or_create_sweep(engine, spec.sweep_dir, spec.sweep_name, **fields_of_sweep)
     progress = ProgressLine(spec)
     progress.header()
     started = utcnow()
     spec.job_dir.mkdir(parents=True, exist_ok=True)
     config = to_plain_dict(cfg)
-    try:
-        token_data = data_mod.prepare(cfg.data, cfg.seed)
-    except Exception as exc:  # noqa: BLE001 - a data problem is this job's result
-        status, error, fields = "failed", f"preparing data failed: {type(exc).__name__}: {exc}", {}
-    else:
-        status, error, fields = _run_in_child(spec, config, token_data, progress)
-    finished = utcnow()
-
     row: dict[str, Any] = {k: config[k] for k in GRID_AXES}
     row.update(
         sweep_id=sweep_id,
@@ -218,35 +255,62 @@ def run_job(spec: JobSpec) -> tuple[int | None, str]:
         data_name=cfg.data.name,
         config_json=config,
         config_hash=config_hash(config),
+        started_at=started,
+        job_dir=str(spec.job_dir.resolve()),
+        hostname=socket.gethostname(),
+        pid=os.getpid(),
+        run_uid=uuid.uuid4().hex,
+    )
+    run_id = _begin(engine, row)
+    try:
+        try:
+            token_data = data_mod.prepare(cfg.data, cfg.seed)
+        except Exception as exc:  # noqa: BLE001 - a data problem is this job's result
+            status, error, fields, finished = "failed", f"preparing data failed: {type(exc).__name__}: {exc}", {}, utcnow()
+        else:
+            status, error, fields, finished = _run_in_child(
+                spec, config, token_data, progress, Heartbeat(engine, run_id, sweep_id))
+    except BaseException as exc:  # Ctrl-C or SystemExit in the launcher: the job was stopped
+        if run_id is not None:
+            with contextlib.suppress(Exception):
+                store.save_run(engine, {**row, "status": "interrupted", "finished_at": utcnow(),
+                                        "error": f"interrupted ({type(exc).__name__}) before the job finished"}, run_id)
+        engine.dispose()
+        raise
+    row.update(
         status=status,
         error=error,
-        started_at=started,
         finished_at=finished,
         duration_s=(finished - started).total_seconds(),
-        job_dir=str(spec.job_dir.resolve()),
     )
     row.update(fields)
-    run_id = _save(engine, row, spec.job_dir)
+    saved_id = _save(engine, row, run_id, spec, fields_of_sweep)
     progress.done(status, row.get("tokens_per_s"))
     if error:
         print(f"  {status}: {error.splitlines()[0]}", file=sys.stderr, flush=True)
     engine.dispose()
-    return run_id, status
+    return saved_id, status
 
 
-def _save(engine: Any, row: dict[str, Any], job_dir: Path) -> int | None:
-    """Store the run; if the database refuses, keep the result as JSON in the job folder."""
+def _begin(engine: Any, row: dict[str, Any]) -> int | None:
+    """The job's ``running`` row; if the database refuses, the job still runs (result kept on disk)."""
     try:
-        return store.save_run(engine, row)
-    except Exception as exc:
-        path = job_dir / "result.json"
-        path.write_text(json.dumps(row, default=_json_default, indent=1))
-        log.error("could not write the run to the database (%s); its result is kept in %s", exc, path)
-        print(f"  database write failed ({exc}); result kept in {path}", file=sys.stderr)
+        return store.begin_run(engine, row)
+    except Exception as exc:  # noqa: BLE001
+        log.warning("could not write the running row (%s); the job runs and its result is kept on disk", exc)
         return None
 
 
-def _json_default(o: Any) -> Any:
-    if isinstance(o, datetime):
-        return o.astimezone(timezone.utc).isoformat()
-    return str(o)
+def _save(engine: Any, row: dict[str, Any], run_id: int | None, spec: JobSpec,
+          fields_of_sweep: dict[str, Any]) -> int | None:
+    """Store the run; if the database refuses, keep the whole result as result.json for `perfsweep import`."""
+    try:
+        return store.save_run(engine, row, run_id=run_id)
+    except Exception as exc:
+        path = spec.job_dir / importer.RESULT_FILE
+        sweep = {"sweep_dir": spec.sweep_dir, "name": spec.sweep_name, **fields_of_sweep}
+        importer.write_result_file(path, sweep, row)
+        first = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        log.error("could not write the run to the database (%s); its result is kept in %s", exc, path)
+        print(f"  database write failed ({first}); result kept in {path}", file=sys.stderr)
+        return None

@@ -41,3 +41,22 @@ BOTTLENECK_RULE = (
 """The rule as stored in ``runs.bottleneck_rule``, so old rows say which thresholds judged them."""
 
 BOTTLENECKS: tuple[str, ...] = ("gpu", "host", "data")
+
+# --- run and sweep lifecycle ---------------------------------------------------------------
+
+RUN_STATUSES: tuple[str, ...] = ("running", "ok", "failed", "oom", "timeout", "interrupted")
+"""``runs.status``. A row is written ``running`` when its job starts and gets its outcome at the
+end; ``interrupted`` means the job's process went away without one (Ctrl-C, kill -9, a lost node)."""
+
+FINAL_STATUSES: tuple[str, ...] = ("ok", "failed", "oom", "timeout")
+"""Statuses of a job that ran to an outcome; ``perfsweep import`` never overwrites these."""
+
+SWEEP_STATUSES: tuple[str, ...] = ("running", "done", "interrupted")
+"""``sweeps.status``: ``done`` once the summary ran, whatever the jobs' outcomes."""
+
+HEARTBEAT_INTERVAL_S = 5.0
+"""How often a job's launcher stamps ``runs.heartbeat_at`` (and its sweep's) with the database clock."""
+
+HEARTBEAT_STALE_S = 120.0
+"""A ``running`` row whose heartbeat is older than this (database clock) is ``interrupted``: the
+rule that covers jobs on other hosts, whose processes this host cannot see."""

@@ -266,6 +266,7 @@ def job_main(cfg_dict: dict[str, Any], token_data: data_mod.TokenData, job_dir: 
         os.dup2(log_file.fileno(), 1)
         os.dup2(log_file.fileno(), 2)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    conn.send(("ready",))  # interpreter and imports are up: the job's timeout clock starts now
 
     def progress(phase: str, step: int, total: int, ms: float, loss: float) -> None:
         conn.send(("progress", phase, step, total, ms, loss))

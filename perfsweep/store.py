@@ -12,11 +12,13 @@ single short transaction, so a crash between jobs cannot leave half a run behind
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -33,17 +35,21 @@ from sqlalchemy import (
     TypeDecorator,
     create_engine,
     event,
+    func,
     inspect,
     select,
     text,
+    update,
 )
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
 
+from perfsweep.names import FINAL_STATUSES, HEARTBEAT_STALE_S, RUN_STATUSES
+
 log = logging.getLogger(__name__)
 
-STATUSES = ("ok", "failed", "oom", "timeout")
+STATUSES = RUN_STATUSES  # kept for code that imported it from here
 
 
 def utcnow() -> datetime:
@@ -81,6 +87,13 @@ class Sweep(Base):
     n_jobs: Mapped[int | None] = mapped_column(Integer)
     hostname: Mapped[str | None] = mapped_column(String(255))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # lifecycle (names.SWEEP_STATUSES): running from the first write until the summary, or
+    # interrupted when its process is found gone; launch_dir and command let `resume` rerun it
+    status: Mapped[str | None] = mapped_column(String(16))
+    launch_dir: Mapped[str | None] = mapped_column(String(1000))
+    pid: Mapped[int | None] = mapped_column(Integer)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
     runs: Mapped[list[Run]] = relationship(back_populates="sweep")
 
@@ -111,6 +124,12 @@ class Run(Base):
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     duration_s: Mapped[float | None] = mapped_column(Float)
     job_dir: Mapped[str | None] = mapped_column(String(1000))
+    run_uid: Mapped[str | None] = mapped_column(String(32), unique=True, index=True)
+    """Random id given when the job starts; `perfsweep import` uses it to store a result once."""
+    pid: Mapped[int | None] = mapped_column(Integer)
+    """The launching process that watches the job (on ``hostname``), for finding dead jobs."""
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    """Database clock, stamped every names.HEARTBEAT_INTERVAL_S while the job runs."""
     # environment
     hostname: Mapped[str | None] = mapped_column(String(255))
     device_type: Mapped[str | None] = mapped_column(String(16))
@@ -326,12 +345,14 @@ def head_revision() -> str:
 
 
 def connect(url: str) -> Engine:
-    """Open the database at ``url`` and bring its schema to the current revision."""
+    """Open the database at ``url`` for writing: bring its schema to the current revision and
+    mark the runs of jobs whose process is gone ``interrupted`` (see :func:`mark_interrupted`)."""
     if url.startswith("sqlite:///"):
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     engine = make_engine(url)
     with _migrate_lock:
         upgrade(engine)
+    mark_interrupted(engine)
     return engine
 
 
@@ -382,8 +403,101 @@ def get_or_create_sweep(engine: Engine, sweep_dir: str, name: str, **fields: Any
     raise RuntimeError(f"could not create or find the sweep row for {sweep_dir}")
 
 
-def save_run(engine: Engine, result: dict[str, Any]) -> int:
-    """Write one finished job (run row plus its steps, stages, ops, artifacts) in one transaction."""
+def start_sweep(engine: Engine, sweep_dir: str, name: str, **fields: Any) -> int:
+    """Find or create the sweep's row and mark it ``running`` by this process (a real write)."""
+    sweep_id = get_or_create_sweep(engine, sweep_dir, name, **fields)
+    with session(engine) as s:
+        s.execute(update(Sweep).where(Sweep.id == sweep_id).values(
+            status="running", pid=os.getpid(), hostname=fields.get("hostname") or socket.gethostname(),
+            heartbeat_at=func.now(), finished_at=None,
+        ))
+    return sweep_id
+
+
+def end_sweep(engine: Engine, sweep_id: int, status: str) -> None:
+    """Mark the sweep ``done`` or ``interrupted`` with its end time (database clock)."""
+    with session(engine) as s:
+        s.execute(update(Sweep).where(Sweep.id == sweep_id).values(status=status, finished_at=func.now()))
+
+
+def begin_run(engine: Engine, row: dict[str, Any]) -> int:
+    """Insert the job's row as ``running`` before it starts, so a killed sweep leaves a trace."""
+    with session(engine) as s:
+        run = Run(**row, status="running", heartbeat_at=func.now())
+        s.add(run)
+        s.flush()
+        return run.id
+
+
+def heartbeat(engine: Engine, run_id: int, sweep_id: int) -> None:
+    """Stamp the running job and its sweep with the database's clock (hosts' clocks may differ)."""
+    with session(engine) as s:
+        s.execute(update(Run).where(Run.id == run_id, Run.status == "running").values(heartbeat_at=func.now()))
+        s.execute(update(Sweep).where(Sweep.id == sweep_id).values(heartbeat_at=func.now()))
+
+
+def _process_gone(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, owned by someone else
+        return False
+    return False
+
+
+def _db_now(s: Session) -> datetime:
+    value = s.scalar(select(func.now()))
+    if isinstance(value, str):  # SQLite's CURRENT_TIMESTAMP: 'YYYY-MM-DD HH:MM:SS' in UTC
+        value = datetime.fromisoformat(value)
+    assert isinstance(value, datetime)
+    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+
+
+def mark_interrupted(engine: Engine) -> int:
+    """Rows left ``running`` by a process that is gone become ``interrupted``; returns how many.
+
+    Gone means: on this host, its pid no longer exists; on any host, its heartbeat is older than
+    names.HEARTBEAT_STALE_S by the database's clock. Their sweeps are marked interrupted with an
+    end time. Finished rows are never touched.
+    """
+    host = socket.gethostname()
+    with session(engine) as s:
+        now = _db_now(s)
+        stale = now - timedelta(seconds=HEARTBEAT_STALE_S)
+
+        def dead(row_host: str | None, pid: int | None, beat: datetime | None) -> bool:
+            return (row_host == host and _process_gone(pid)) or (beat is not None and beat < stale)
+
+        runs = s.execute(select(Run.id, Run.sweep_id, Run.hostname, Run.pid, Run.heartbeat_at)
+                         .where(Run.status == "running")).all()
+        gone_runs = [r for r in runs if dead(r.hostname, r.pid, r.heartbeat_at)]
+        for r in gone_runs:
+            s.execute(update(Run).where(Run.id == r.id, Run.status == "running").values(
+                status="interrupted", finished_at=r.heartbeat_at or now,
+                error="interrupted: the job's process went away before it reported (killed, Ctrl-C or lost host); "
+                      "perfsweep resume reruns it",
+            ))
+        sweeps = s.execute(select(Sweep.id, Sweep.hostname, Sweep.pid, Sweep.heartbeat_at)
+                           .where(Sweep.status == "running")).all()
+        live_runs = {r.sweep_id for r in runs if r not in gone_runs}
+        for sw in sweeps:
+            if sw.id not in live_runs and dead(sw.hostname, sw.pid, sw.heartbeat_at):
+                s.execute(update(Sweep).where(Sweep.id == sw.id, Sweep.status == "running").values(
+                    status="interrupted", finished_at=sw.heartbeat_at or now))
+    if gone_runs:
+        log.warning("marked %d run(s) interrupted: their processes are gone", len(gone_runs))
+    return len(gone_runs)
+
+
+def save_run(engine: Engine, result: dict[str, Any], run_id: int | None = None) -> int:
+    """Write one finished job (run row plus its steps, stages, ops, artifacts) in one transaction.
+
+    With ``run_id`` the job's ``running`` (or ``interrupted``) row gets the outcome in place; a
+    row that already holds a final status is never overwritten, the result is added beside it.
+    """
     result = dict(result)
     children = {
         "steps": (Step, result.pop("steps", []) or []),
@@ -400,13 +514,27 @@ def save_run(engine: Engine, result: dict[str, Any]) -> int:
         extra = {k for row in rows for k in row} - set(cls.__table__.columns.keys())
         if extra:
             raise ValueError(f"{attr} rows have fields that {cls.__tablename__} does not: {sorted(extra)}")
-    for key in ("started_at", "finished_at"):
+    for key in ("started_at", "finished_at", "heartbeat_at"):
         if isinstance(result.get(key), str):
             result[key] = datetime.fromisoformat(result[key])
     with session(engine) as s:
-        run = Run(**result)
+        run = s.get(Run, run_id) if run_id is not None else None
+        if run is not None and run.status not in FINAL_STATUSES:
+            for key, value in result.items():
+                if key != "id":
+                    setattr(run, key, value)
+        else:
+            result.pop("id", None)
+            run = Run(**result)
+            s.add(run)
         for attr, (cls, rows) in children.items():
             getattr(run, attr).extend(cls(**row) for row in rows)
-        s.add(run)
         s.flush()
         return run.id
+
+
+def json_default(o: Any) -> Any:
+    """JSON for what a result row holds besides plain values (datetimes as ISO 8601 UTC)."""
+    if isinstance(o, datetime):
+        return o.astimezone(timezone.utc).isoformat()
+    return str(o)

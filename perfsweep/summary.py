@@ -70,17 +70,20 @@ def format_summary(df: pd.DataFrame) -> str:
     return out.to_string(index=False)
 
 
-def finish_sweep(url: str, sweep_dir: str, make_report: bool = True) -> None:
-    """Print the summary of the sweep at ``sweep_dir`` from the database, then build its report."""
+def finish_sweep(url: str, sweep_dir: str, make_report: bool = True, status: str = "done") -> None:
+    """Mark the sweep at ``sweep_dir`` ``status`` (done or interrupted), print its summary from the
+    database, then build its report."""
     engine = store.connect(url)
     try:
         sweep_id = sweep_id_for(engine, sweep_dir)
         if sweep_id is None:
-            print(f"perfsweep: no runs of {sweep_dir} in {url}", file=sys.stderr)
+            print(f"perfsweep: no sweep {sweep_dir} in {url}", file=sys.stderr)
             return
+        store.end_sweep(engine, sweep_id, status)
         fill_compile_payback(engine, sweep_id)
         df = summary_frame(engine, sweep_id)
-        print(f"\nSweep {sweep_id} ({len(df)} job{'s' if len(df) != 1 else ''}, {int((df['status'] == 'ok').sum())} ok)")
+        n_ok = int((df["status"] == "ok").sum())
+        print(f"\nSweep {sweep_id} ({len(df)} run{'s' if len(df) != 1 else ''}, {n_ok} ok)")
         print(format_summary(df))
         where = engine.url.render_as_string(hide_password=True)
         print(f"\nResults: {where} (sweep_id={sweep_id})")
@@ -101,4 +104,5 @@ def _report(engine: Engine, sweep_id: int) -> None:
         print(f"Report:  {out / 'report.md'}")
     except Exception as exc:  # a plotting problem must not hide the results
         log.exception("report failed")
-        print(f"perfsweep: report failed ({exc}); results are safe in the database", file=sys.stderr)
+        print(f"perfsweep: report failed ({exc}); the runs are stored (sweep_id={sweep_id}); "
+              f"retry with: perfsweep report --sweep {sweep_id}", file=sys.stderr)

@@ -1,17 +1,23 @@
 """perfsweep's Hydra sweeper: Hydra's basic grid sweeper plus three things a benchmark needs.
 
-1. Every grid point is composed and range-checked before the first job starts, so a bad
-   value stops the sweep with one line instead of failing job 7 of 8.
-2. Jobs learn the sweep's size and start time (for "3/8" and the time left).
+1. Every grid point is composed and checked (perfsweep.preflight: values, device, data, a
+   database write) before the first job starts, so a mistake stops the sweep with one line
+   and exit code 2 instead of failing job 7 of 8.
+2. Jobs learn the sweep's size and start time (for "3/8" and the time left); with
+   ``resume=true`` only the grid points without an ``ok`` run are launched, keeping their
+   numbers and folders.
 3. When all jobs are done, ok or not, the summary table and the report are produced from the
    database. Hydra's on_multirun_end callback is skipped when a job fails; this is not.
-4. The exit code says whether every job finished ok: 1 if not (after the summary), unless
-   ``allow_failures=true``.
+4. The exit code says whether every job finished ok and was stored: 1 if not (after the
+   summary), unless ``allow_failures=true``; a result the database refused is named with the
+   ``perfsweep import`` command that stores it later.
 """
 
 # No `from __future__ import annotations` here: Hydra's plugin scan executes this module
 # before it is in sys.modules, and dataclasses cannot resolve string annotations then.
 import os
+import shlex
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -21,7 +27,6 @@ from typing import Any
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
 
@@ -37,50 +42,94 @@ ConfigStore.instance().store(group="hydra/sweeper", name="perfsweep", node=Perfs
 
 class PerfsweepSweeper(BasicSweeper):
     def sweep(self, arguments: list[str]) -> Any:
-        from perfsweep import launcher, store, summary
-        from perfsweep.config import ConfigError, to_run_config
+        from perfsweep import importer, launcher, preflight, summary
+        from perfsweep.config import ConfigError, to_plain_dict, to_run_config
 
-        assert self.hydra_context is not None and self.config is not None
+        assert self.hydra_context is not None and self.config is not None and self.launcher is not None
         params = self._parse_config() + list(arguments)
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         jobs = [job for batch in self.split_arguments(parser.parse_overrides(params), None) for job in batch]
-        run_cfg = None
+        run_cfgs = []
         for i, job in enumerate(jobs):
             try:
                 job_cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(job))
-                run_cfg = to_run_config(OmegaConf.masked_copy(job_cfg, [k for k in job_cfg if k != "hydra"]))
-            except (ConfigError, HydraException) as exc:
-                print(f"perfsweep: {_one_line(exc)} [grid point {i + 1}/{len(jobs)}: {' '.join(job)}]; no job was started",
-                      file=sys.stderr)
-                sys.exit(2)
-        url = launcher.db_url(run_cfg, self.config.hydra.runtime.cwd) if run_cfg else None
-        if url is not None:
-            try:  # a wrong db.url or a server that is down stops the sweep before any job runs
-                store.connect(url).dispose()
-            except Exception as exc:  # noqa: BLE001 - any driver error; its first line says what
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                print(f"perfsweep: cannot open db.url={url!r}: {first}; no job was started", file=sys.stderr)
-                sys.exit(2)
-        sweep_dir = str(Path(self.config.hydra.sweep.dir).resolve())
-        _claim(Path(sweep_dir))
+                run_cfgs.append(to_run_config(OmegaConf.masked_copy(job_cfg, [k for k in job_cfg if k != "hydra"])))
+            except preflight.COMPOSE_ERRORS as exc:
+                _refuse(f"{preflight.error_line(exc)} [grid point {i + 1}/{len(jobs)}: {' '.join(job)}]")
+        first = run_cfgs[0]
+        try:
+            preflight.check_all(run_cfgs)
+        except ConfigError as exc:
+            _refuse(str(exc))
+        launch_dir = Path(self.config.hydra.runtime.cwd).resolve()
+        sweep_dir = Path(self.config.hydra.sweep.dir).resolve()
+        created = _claim(sweep_dir, resume=first.resume)
+        url = launcher.db_url(first, launch_dir)
+        try:
+            reservation = preflight.reserve_sweep(
+                url, str(sweep_dir), first.name or self.config.hydra.job.config_name or "perfsweep",
+                command=shlex.join(["perfsweep", *sys.argv[1:]]), n_jobs=len(jobs),
+                hostname=socket.gethostname(), launch_dir=str(launch_dir),
+            )
+        except ConfigError as exc:
+            _unclaim(sweep_dir, created)
+            _refuse(str(exc))
+        todo = list(range(len(jobs)))
+        if first.resume:
+            done = preflight.done_grid_points(url, reservation.sweep_id)
+            hashes = [launcher.config_hash(to_plain_dict(c)) for c in run_cfgs]
+            todo = [i for i in todo if (i, hashes[i]) not in done]
+            print(f"perfsweep: resuming sweep {reservation.sweep_id}: {len(jobs) - len(todo)} of {len(jobs)} "
+                  f"grid points already ok, {len(todo)} to run", file=sys.stderr)
         os.environ[launcher.ENV_N_JOBS] = str(len(jobs))
         os.environ[launcher.ENV_SWEEP_START] = str(time.time())
-        n = f"{len(jobs)} job{'s' if len(jobs) != 1 else ''}"
-        print(f"perfsweep: {n}, one process each; job folders under {sweep_dir}", file=sys.stderr)
+        print(f"perfsweep: {_jobs(len(todo))}, one process each; job folders under {sweep_dir}", file=sys.stderr)
+        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        returns: list[Any] = []
+        end = "interrupted"
         try:
-            returns = super().sweep(arguments)
+            for start, batch in _contiguous(todo, jobs):
+                self.validate_batch_is_legal(batch)
+                returns.append(self.launcher.launch(batch, initial_job_idx=start))
+            end = "done"
         finally:
-            if url is not None:
-                try:
-                    summary.finish_sweep(url, sweep_dir)
-                except Exception as exc:  # noqa: BLE001 - never hide the jobs' own outcome
-                    print(f"perfsweep: could not print the summary from {url}: {exc}", file=sys.stderr)
+            try:
+                summary.finish_sweep(url, str(sweep_dir), status=end)
+            except Exception as exc:  # noqa: BLE001 - never hide the jobs' own outcome
+                print(f"perfsweep: could not print the summary from {url}: {exc}", file=sys.stderr)
         statuses = [_status(r) for batch in returns for r in batch]
-        if any(s != "ok" for s in statuses) and not (run_cfg is not None and run_cfg.allow_failures):
+        unsaved = importer.pending_files(url, str(sweep_dir))
+        if unsaved:
+            print(f"perfsweep: {len(unsaved)} result{'s' if len(unsaved) != 1 else ''} could not be written to "
+                  f"{url} and {'are' if len(unsaved) != 1 else 'is'} kept as result.json in the job folder; "
+                  f"import with: perfsweep import {sweep_dir} --db {url}", file=sys.stderr)
+            sys.exit(1)
+        if any(s != "ok" for s in statuses) and not first.allow_failures:
             print(f"perfsweep: {launcher.not_ok_line(statuses)}; exit code 1 (allow_failures=true exits 0)",
                   file=sys.stderr)
             sys.exit(1)
         return returns
+
+
+def _jobs(n: int) -> str:
+    return f"{n} job{'s' if n != 1 else ''}"
+
+
+def _refuse(message: str) -> None:
+    """Bad input: one line, exit code 2, before any job process exists."""
+    print(f"perfsweep: {message}; no job was started", file=sys.stderr)
+    sys.exit(2)
+
+
+def _contiguous(todo: list[int], jobs: list[Any]) -> list[tuple[int, list[Any]]]:
+    """Runs of consecutive grid-point numbers, each launched as one batch keeping its numbers."""
+    out: list[tuple[int, list[Any]]] = []
+    for i in todo:
+        if out and out[-1][0] + len(out[-1][1]) == i:
+            out[-1][1].append(jobs[i])
+        else:
+            out.append((i, [jobs[i]]))
+    return out
 
 
 def _status(job_return: Any) -> str:
@@ -91,31 +140,41 @@ def _status(job_return: Any) -> str:
         return "failed"
 
 
-def _claim(sweep_dir: Path) -> None:
+MARKER = ".perfsweep-sweep"
+
+
+def _claim(sweep_dir: Path, resume: bool) -> list[Path]:
     """Make ``sweep_dir`` this sweep's own, atomically, or stop before any job starts.
 
     The sweep folder is the sweep's identity: its rows are keyed by it and its jobs' folders and
     artifacts live in it. The default folder name carries a random part, so concurrent sweeps
     never meet; a folder set by hand (``hydra.sweep.dir=...``) that another sweep already used
-    is refused rather than shared.
+    is refused rather than shared, unless ``resume=true`` asks to continue the sweep in it.
+    Returns the folders it created (removed again if the database then refuses the sweep).
     """
+    marker = sweep_dir / MARKER
+    if resume:
+        if not marker.is_file():
+            _refuse(f"resume=true: hydra.sweep.dir={sweep_dir} holds no perfsweep sweep ({MARKER} not found); "
+                    "name the folder of the sweep to resume, or use: perfsweep resume SWEEP_ID")
+        return []
+    created = [p for p in (sweep_dir, *sweep_dir.parents) if not p.exists()]
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    marker = sweep_dir / ".perfsweep-sweep"
     try:
         fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
-        print(f"perfsweep: hydra.sweep.dir={sweep_dir} already holds another sweep ({marker.name} exists); "
-              "give each sweep its own folder (the default one is unique); no job was started", file=sys.stderr)
-        sys.exit(2)
+        _refuse(f"hydra.sweep.dir={sweep_dir} already holds another sweep ({MARKER} exists); give each sweep its "
+                "own folder (the default one is unique), or add resume=true to continue that sweep")
     with os.fdopen(fd, "w") as fh:
-        fh.write(f"pid={os.getpid()} host={os.uname().nodename} started={time.time():.0f}\n")
+        fh.write(f"pid={os.getpid()} host={socket.gethostname()} started={time.time():.0f}\n")
+    return created
 
 
-def _one_line(exc: BaseException) -> str:
-    """Hydra's composition errors put the reason in the cause and the key on a later line."""
-    parts = [str(exc)]
-    if exc.__cause__ is not None:
-        parts.append(str(exc.__cause__))
-    lines = [ln.strip() for p in parts for ln in p.splitlines() if ln.strip()]
-    lines = [ln for ln in lines if not ln.startswith(("object_type=", "full_key:", "reference_type="))]
-    return ": ".join(dict.fromkeys(lines))
+def _unclaim(sweep_dir: Path, created: list[Path]) -> None:
+    """Undo :func:`_claim` when the sweep is refused before any job: no marker, no empty folders."""
+    (sweep_dir / MARKER).unlink(missing_ok=True)
+    for p in created:  # deepest first
+        try:
+            p.rmdir()
+        except OSError:
+            break

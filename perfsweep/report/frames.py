@@ -32,7 +32,6 @@ BOOL_AXES: tuple[str, ...] = ("amp", "ckpt", "compile")
 
 SHORT_NAMES: dict[str, str] = {"model_name": "model", "data_name": "data", "sweep_id": "sweep"}
 
-FAILED_STATUSES: tuple[str, ...] = ("failed", "oom", "timeout")
 
 
 # --------------------------------------------------------------------------------------------
@@ -497,7 +496,7 @@ def _empty_grid(seqs: list[Any], batches: list[Any]) -> pd.DataFrame:
     )
 
 
-_STATUS_RANK = {"ok": 0, "oom": 1, "failed": 2, "timeout": 3}
+_STATUS_RANK = {"ok": 0, "oom": 1, "failed": 2, "timeout": 3, "interrupted": 4, "running": 5}
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,150 @@
+"""``perfsweep import PATH... [--db URL]``: results a job kept on disk, written into a database.
+
+When a job's database write fails (the server went down, the disk filled, the file became
+read-only) the launcher keeps the whole result, steps and profiler tables included, as
+``result.json`` in the job's folder. This command writes such files into any database later.
+Importing is idempotent: every result carries the run's ``run_uid``, a result already stored
+with a final status is skipped, and a row the job left ``running`` or ``interrupted`` is
+completed in place, so importing twice adds nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.engine import Engine
+
+from perfsweep import store
+from perfsweep.cli import OneLineParser
+from perfsweep.names import FINAL_STATUSES
+
+log = logging.getLogger(__name__)
+
+RESULT_FILE = "result.json"
+FORMAT = "perfsweep-result/1"
+
+
+def write_result_file(path: Path, sweep: dict[str, Any], run: dict[str, Any]) -> None:
+    """Keep a job's result on disk in the form :func:`import_file` reads (atomic: write, rename)."""
+    from perfsweep.store import json_default
+
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps({"format": FORMAT, "sweep": sweep, "run": run}, default=json_default, indent=1))
+    tmp.replace(path)
+
+
+def result_files(paths: list[str]) -> list[Path]:
+    """``result.json`` files named directly or found under job and sweep folders, sorted."""
+    found: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_file():
+            found.append(p)
+        elif p.is_dir():
+            found.extend(sorted(p.rglob(RESULT_FILE)))
+        else:
+            raise FileNotFoundError(f"{p}: no such file or folder")
+    return found
+
+
+def read_result(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: not a perfsweep result ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise ValueError(f"{path}: not a perfsweep result (no format={FORMAT!r})")
+    return doc["sweep"], doc["run"]
+
+
+def import_file(engine: Engine, path: Path) -> str:
+    """Write one result file; returns 'imported', 'completed' or 'already stored'."""
+    sweep, run = read_result(path)
+    run = dict(run)
+    run.pop("id", None)
+    run["sweep_id"] = store.get_or_create_sweep(
+        engine, sweep["sweep_dir"], sweep["name"],
+        **{k: sweep.get(k) for k in ("command", "n_jobs", "hostname", "launch_dir")},
+    )
+    with store.session(engine) as s:
+        existing = s.scalar(select(store.Run).where(store.Run.run_uid == run["run_uid"]))
+        if existing is not None and existing.status in FINAL_STATUSES:
+            return "already stored"
+        run_id = existing.id if existing is not None else None
+    store.save_run(engine, run, run_id=run_id)
+    return "completed" if run_id is not None else "imported"
+
+
+def pending_files(url: str, sweep_dir: str) -> list[Path]:
+    """Result files under ``sweep_dir`` whose run is not stored with a final status in ``url``.
+
+    Every file counts as pending when the database cannot even be read.
+    """
+    files = sorted(Path(sweep_dir).rglob(RESULT_FILE))
+    if not files:
+        return []
+    try:
+        engine = store.connect(url)
+    except Exception:  # noqa: BLE001 - unreachable: nothing is stored
+        return files
+    uids: dict[str, Path] = {}
+    for f in files:
+        try:
+            uids[read_result(f)[1]["run_uid"]] = f
+        except (ValueError, KeyError):
+            continue
+    try:
+        with store.session(engine) as s:
+            stored = set(s.scalars(select(store.Run.run_uid).where(
+                store.Run.run_uid.in_(list(uids)), store.Run.status.in_(FINAL_STATUSES))))
+    except Exception:  # noqa: BLE001
+        return files
+    finally:
+        engine.dispose()
+    return [f for uid, f in uids.items() if uid not in stored]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = OneLineParser(prog="perfsweep import", description=__doc__.splitlines()[0])
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="result.json files, job folders or sweep folders")
+    parser.add_argument("--db", default=None, help="SQLAlchemy URL or SQLite file (default: ./results.db)")
+    args = parser.parse_args(argv)
+    from perfsweep.report.load import DEFAULT_DB, db_url
+
+    try:
+        files = result_files(args.paths)
+    except FileNotFoundError as exc:
+        print(f"perfsweep import: {exc}", file=sys.stderr)
+        return 2
+    if not files:
+        print(f"perfsweep import: no {RESULT_FILE} under {' '.join(args.paths)}; nothing to import", file=sys.stderr)
+        return 2
+    url = db_url(args.db or DEFAULT_DB)
+    try:
+        engine = store.connect(url)
+    except Exception as exc:  # noqa: BLE001 - the driver's first line says what
+        print(f"perfsweep import: cannot open --db {url}: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+    counts: dict[str, int] = {}
+    try:
+        for f in files:
+            try:
+                outcome = import_file(engine, f)
+            except ValueError as exc:
+                print(f"perfsweep import: {exc}", file=sys.stderr)
+                return 2
+            counts[outcome] = counts.get(outcome, 0) + 1
+            log.info("%s: %s", f, outcome)
+    finally:
+        engine.dispose()
+    summary = ", ".join(f"{n} {what}" for what, n in counts.items())
+    print(f"{len(files)} result file{'s' if len(files) != 1 else ''}: {summary} ({url})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""``perfsweep resume SWEEP_ID [--db URL]``: finish a sweep that was interrupted or had failures.
+
+Reruns, into the same sweep id and the same job folders, only the grid points that have no
+``ok`` run: failed, out of memory, timed out, interrupted or never started. It runs the sweep's
+own command again from the folder it was launched in, with ``hydra.sweep.dir`` pointing at
+the sweep's folder and ``resume=true``; the sweeper then skips every grid point already done.
+Earlier failed and interrupted rows stay in the database as history.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+
+from sqlalchemy import select
+
+from perfsweep import store
+from perfsweep.cli import OneLineParser
+from perfsweep.report.load import DEFAULT_DB, ReportError, existing_db_url
+
+
+def _quoted(value: str) -> str:
+    """A Hydra override value in single quotes, so paths and URLs with = : @ or spaces pass intact."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def command_for(sweep: store.Sweep, db_url: str | None = None) -> list[str]:
+    """The argv that resumes ``sweep``: its own overrides, its folder, ``resume=true``; with
+    ``db_url``, results go there whatever database the original command named."""
+    words = shlex.split(sweep.command or "")
+    if not words or words[0] != "perfsweep":
+        raise ValueError(f"sweep {sweep.id} has no stored perfsweep command; it cannot be resumed")
+    if "-m" not in words and "--multirun" not in words:
+        raise ValueError(f"sweep {sweep.id} was a single run ({sweep.command}); run that command again instead")
+    drop = ("hydra.sweep.dir=", "resume=", *(("db.url=",) if db_url else ()))
+    keep = [w for w in words[1:] if not w.startswith(drop)]
+    extra = [f"db.url={_quoted(db_url)}"] if db_url else []
+    return [sys.executable, "-m", "perfsweep", *keep, f"hydra.sweep.dir={_quoted(sweep.sweep_dir)}", "resume=true",
+            *extra]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = OneLineParser(prog="perfsweep resume", description=__doc__.splitlines()[0])
+    parser.add_argument("sweep_id", type=int, metavar="SWEEP_ID", help="the sweep's id (sweeps.id)")
+    parser.add_argument("--db", default=DEFAULT_DB, help="SQLAlchemy URL or SQLite file (default: ./results.db)")
+    args = parser.parse_args(argv)
+    try:
+        url = existing_db_url(args.db)
+        engine = store.connect(url)  # marks runs of dead processes interrupted first
+    except ReportError as exc:
+        print(f"perfsweep resume: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - the driver's first line says what
+        print(f"perfsweep resume: cannot open --db {args.db}: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+    try:
+        with store.session(engine) as s:
+            sweep = s.scalar(select(store.Sweep).where(store.Sweep.id == args.sweep_id))
+    finally:
+        engine.dispose()
+    if sweep is None:
+        print(f"perfsweep resume: no sweep {args.sweep_id} in {url}; list them with: "
+              f"perfsweep query 'select id, name, status, created_at from sweeps' --db {args.db}", file=sys.stderr)
+        return 2
+    if sweep.status == "running":
+        print(f"perfsweep resume: sweep {sweep.id} is still running (pid {sweep.pid} on {sweep.hostname}); "
+              "wait for it or stop it first", file=sys.stderr)
+        return 2
+    launch_dir = sweep.launch_dir or os.getcwd()
+    if not os.path.isdir(launch_dir):
+        print(f"perfsweep resume: sweep {sweep.id} was launched in {launch_dir}, which no longer exists",
+              file=sys.stderr)
+        return 2
+    try:  # the database named here, even when the sweep's command used the default one
+        cmd = command_for(sweep, db_url=None if url == store.default_url(launch_dir) else url)
+    except ValueError as exc:
+        print(f"perfsweep resume: {exc}", file=sys.stderr)
+        return 2
+    print(f"perfsweep resume: sweep {sweep.id} in {launch_dir}: {' '.join(cmd[2:])}", file=sys.stderr)
+    return subprocess.call(cmd, cwd=launch_dir)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
