@@ -19,8 +19,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from perfsweep import importer, launcher, preflight, summary
+from perfsweep import preflight
 from perfsweep.config import ConfigError, register_configs, to_run_config
+
+# torch, pandas and SQLAlchemy are imported inside hydra_main: a typo, --help or a subcommand
+# answers in about a second instead of paying for torch first.
 
 register_configs()
 log = logging.getLogger("perfsweep")
@@ -28,6 +31,8 @@ log = logging.getLogger("perfsweep")
 
 @hydra.main(version_base="1.3", config_path="pkg://perfsweep.conf", config_name="config")
 def hydra_main(cfg: DictConfig) -> str:
+    from perfsweep import importer, launcher, summary
+
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
     launch_dir = Path(hc.runtime.cwd)

@@ -372,7 +372,8 @@ def upgrade(engine: Engine) -> None:
                 command.upgrade(cfg, "head")
             return
         except (OperationalError, IntegrityError) as exc:  # another job migrating at the same time
-            if attempt == 4:
+            racing = isinstance(exc, IntegrityError) or any(w in str(exc) for w in ("locked", "already exists"))
+            if attempt == 4 or not racing:  # e.g. 'unable to open database file': retrying cannot help
                 raise
             log.debug("schema upgrade raced with another process (%s); retrying", exc)
             time.sleep(0.5 * (attempt + 1))

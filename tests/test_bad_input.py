@@ -1,0 +1,138 @@
+"""Every mistake is answered before any job starts: one line on stderr naming the key and the
+value, exit code 2, nothing written to the database, in a plain run and in a multirun alike."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sqlite3
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from perfsweep import store
+from tests.util import TINY, run_perfsweep
+
+
+def counts(db: Path) -> tuple[int, int]:
+    con = sqlite3.connect(f"file:{db}?immutable=1", uri=True)  # creates no -wal/-shm files
+    try:
+        return con.execute("SELECT count(*) FROM sweeps").fetchone()[0], con.execute("SELECT count(*) FROM runs").fetchone()[0]
+    finally:
+        con.close()
+
+
+@pytest.fixture
+def seeded_db(tmp_path: Path) -> Path:
+    """A results.db that already holds one sweep and one run, to show that nothing is added."""
+    db = tmp_path / "results.db"
+    engine = store.connect(f"sqlite:///{db}")
+    sid = store.get_or_create_sweep(engine, "/earlier/sweep", "earlier")
+    store.save_run(engine, {
+        "sweep_id": sid, "amp": False, "ckpt": False, "batch": 4, "seq_len": 32, "compile": False, "workers": 0,
+        "amp_dtype": "bf16", "model_name": "tiny", "data_name": "synthetic", "config_json": {}, "config_hash": "x",
+        "status": "ok", "tokens_per_s": 1.0,
+    })
+    engine.dispose()
+    return db
+
+
+@contextlib.contextmanager
+def read_only(path: Path) -> Iterator[None]:
+    """Make ``path`` unwritable for this user: chmod, or for root (whom chmod does not stop) the
+    immutable attribute; skip where neither works."""
+    if os.geteuid() != 0:
+        mode = path.stat().st_mode
+        path.chmod(0o555 if path.is_dir() else 0o444)
+        try:
+            yield
+        finally:
+            path.chmod(mode)
+        return
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode:
+        pytest.skip("running as root and chattr +i is not permitted here: cannot make a file read-only for root")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+# (overrides, text that must appear in the one line). Each case is also run with -m and a grid.
+CASES = {
+    "device_cuda_without_cuda": (["device=cuda"], "device='cuda'"),
+    "fp16_without_cuda": (["amp=true", "amp_dtype=fp16"], "amp_dtype='fp16'"),
+    "data_path_missing": (["data=textfile", "data.path={tmp}/no/such/file.txt"], "data.path='{tmp}/no/such/file.txt'"),
+    "data_path_empty_file": (["data=textfile", "data.path={tmp}/empty.txt"], "data.path='{tmp}/empty.txt'"),
+    "data_path_empty_folder": (["data=textfile", "data.path={tmp}/nodocs"], "data.path='{tmp}/nodocs'"),
+    "data_shorter_than_a_batch": (["data=textfile", "data.path={tmp}/short.txt"], "data.path='{tmp}/short.txt'"),
+    "synthetic_shorter_than_a_batch": (["data.synthetic_tokens=100"], "data.synthetic_tokens=100"),
+    "model_preset_typo": (["model=tinny"], "model=tinny"),
+    "data_preset_typo": (["data=synthetc"], "data=synthetc"),
+    "not_a_bool": (["amp=maybe"], "amp=maybe"),
+    "db_url_unparsable": (["db.url=bogus"], "db.url='bogus'"),
+    "db_file_read_only": (["db.url=sqlite:///{tmp}/results.db"], "db.url='sqlite:///{tmp}/results.db'"),
+    "db_folder_read_only": (["db.url=sqlite:///{tmp}/ro/results.db"], "db.url='sqlite:///{tmp}/ro/results.db'"),
+}
+HINTS = {  # what is allowed or what to do, beyond naming key and value
+    "device_cuda_without_cuda": "device=cpu",
+    "model_preset_typo": "did you mean model=tiny?",
+    "data_preset_typo": "did you mean data=synthetic?",
+    "data_shorter_than_a_batch": "fewer than one batch",
+    "not_a_bool": "not a valid bool",
+    "db_file_read_only": "readonly",
+    "db_folder_read_only": "writable",
+}
+
+
+@pytest.mark.parametrize("mode", ["run", "multirun"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_mistake_is_one_line_exit_2_and_writes_nothing(case: str, mode: str, tmp_path: Path, seeded_db: Path):
+    if case in ("device_cuda_without_cuda", "fp16_without_cuda") and torch.cuda.is_available():
+        pytest.skip("CUDA is available here, so this is valid input")
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "short.txt").write_text("a few words only")
+    (tmp_path / "nodocs").mkdir()
+    (tmp_path / "ro").mkdir()
+    shutil.copy(seeded_db, tmp_path / "ro" / "results.db")
+    overrides = [o.format(tmp=tmp_path) for o in CASES[case][0]]
+    needle = CASES[case][1].format(tmp=tmp_path)
+    base = [o for o in TINY if not any(o.startswith(k.split("=")[0] + "=") for k in overrides)]
+    args = [*base, *overrides] if mode == "run" else ["-m", "steps.measure=2,3", *base, *overrides]
+    guard: contextlib.AbstractContextManager = contextlib.nullcontext()
+    if case == "db_file_read_only":
+        guard = read_only(seeded_db)
+    elif case == "db_folder_read_only":
+        guard = read_only(tmp_path / "ro")
+    before = counts(seeded_db), counts(tmp_path / "ro" / "results.db")
+    with guard:
+        res = run_perfsweep(args, tmp_path, timeout=180)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert len(lines) == 1, res.stderr[-2000:]
+    assert lines[0].startswith("perfsweep: ") and needle in lines[0] and "no job was started" in lines[0], lines[0]
+    if case in HINTS:
+        assert HINTS[case] in lines[0], lines[0]
+    assert (counts(seeded_db), counts(tmp_path / "ro" / "results.db")) == before
+    assert not list(tmp_path.glob("multirun/*/*/0_*")), "a job folder was created"
+
+
+def test_resume_needs_a_multirun_and_a_sweep_folder(tmp_path: Path):
+    res = run_perfsweep([*TINY, "resume=true"], tmp_path)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "resume=true" in res.stderr
+    res = run_perfsweep(["-m", *TINY, "resume=true", f"hydra.sweep.dir={tmp_path}/nothing-here"], tmp_path)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and ".perfsweep-sweep not found" in res.stderr
+    assert not (tmp_path / "results.db").exists()
+
+
+def test_help_lists_presets_only_and_cfg_with_multirun_is_one_line(tmp_path: Path):
+    res = run_perfsweep(["--help"], tmp_path)
+    assert res.returncode == 0
+    choices = [ln for ln in res.stdout.splitlines() if ln.startswith(("model: ", "data: "))]
+    assert sorted(choices) == ["data: stdlib, synthetic, textfile", "model: gpt2_small, minigpt_seed, small, tiny"]
+    res = run_perfsweep(["-m", "--cfg", "job", "amp=true,false"], tmp_path)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.strip().splitlines() == [res.stderr.strip()] and "--cfg" in res.stderr
