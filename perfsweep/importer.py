@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         engine = store.connect(url)
     except Exception as exc:  # noqa: BLE001 - the driver's first line says what
-        print(f"perfsweep import: cannot open --db {url}: {str(exc).splitlines()[0]}", file=sys.stderr)
+        print(f"perfsweep import: cannot open --db {url}: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
         return 2
     counts: dict[str, int] = {}
     try:
@@ -137,13 +137,18 @@ def main(argv: list[str] | None = None) -> int:
             except ValueError as exc:
                 print(f"perfsweep import: {exc}", file=sys.stderr)
                 return 2
+            except Exception as exc:  # noqa: BLE001 - the database refused; the file stays for a retry
+                first = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+                print(f"perfsweep import: {f}: the database refused the write ({first}); the file is kept",
+                      file=sys.stderr)
+                outcome = "not stored"
             counts[outcome] = counts.get(outcome, 0) + 1
             log.info("%s: %s", f, outcome)
     finally:
         engine.dispose()
     summary = ", ".join(f"{n} {what}" for what, n in counts.items())
     print(f"{len(files)} result file{'s' if len(files) != 1 else ''}: {summary} ({url})")
-    return 0
+    return 1 if "not stored" in counts else 0
 
 
 if __name__ == "__main__":

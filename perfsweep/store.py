@@ -352,7 +352,10 @@ def connect(url: str) -> Engine:
     engine = make_engine(url)
     with _migrate_lock:
         upgrade(engine)
-    mark_interrupted(engine)
+    try:
+        mark_interrupted(engine)
+    except Exception as exc:  # noqa: BLE001 - housekeeping must not stop a sweep or an import
+        log.warning("could not mark the runs of dead jobs interrupted: %s", exc)
     return engine
 
 

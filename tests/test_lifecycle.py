@@ -1,0 +1,211 @@
+"""A run's life in the database: running, then an outcome; interrupted when its process is gone;
+resumed until every grid point is ok once; kept on disk and imported when the database refuses.
+
+Real databases (a SQLite file, the test PostgreSQL server), real sweeps killed with real signals.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from perfsweep import importer, store
+from perfsweep.names import HEARTBEAT_STALE_S
+from tests.util import TINY, run_perfsweep
+
+pytest_plugins = ["tests.pg"]
+
+
+def rows(db: Path, sql: str) -> list[dict]:
+    con = sqlite3.connect(db)
+    con.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in con.execute(sql)]
+    finally:
+        con.close()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def engine(request: pytest.FixtureRequest, tmp_path: Path):
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'results.db'}"
+    else:
+        from tests.pg import new_database
+
+        url = new_database(request.getfixturevalue("pg_url"))
+    eng = store.connect(url)
+    yield eng
+    eng.dispose()
+
+
+def base_row(sweep_id: int, job_num: int, **extra) -> dict:
+    return {
+        "sweep_id": sweep_id, "job_num": job_num, "amp": False, "ckpt": False, "batch": 4, "seq_len": 32,
+        "compile": False, "workers": 0, "amp_dtype": "bf16", "model_name": "tiny", "data_name": "synthetic",
+        "config_json": {}, "config_hash": f"h{job_num}", "started_at": store.utcnow(), **extra,
+    }
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited and been reaped."""
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_running_rows_of_gone_processes_become_interrupted(engine):
+    here = socket.gethostname()
+    sweep_alive = store.start_sweep(engine, "/s/alive", "alive", hostname=here)
+    sweep_dead = store.start_sweep(engine, "/s/dead", "dead", hostname=here)
+    store.begin_run(engine, base_row(sweep_alive, 0, hostname=here, pid=os.getpid()))
+    store.begin_run(engine, base_row(sweep_alive, 1, hostname="elsewhere", pid=1))  # fresh heartbeat
+    dead = store.begin_run(engine, base_row(sweep_dead, 0, hostname=here, pid=dead_pid()))
+    stale = store.begin_run(engine, base_row(sweep_alive, 2, hostname="elsewhere", pid=1))
+    finished = store.save_run(engine, {**base_row(sweep_dead, 1, hostname=here, pid=dead_pid()), "status": "ok"})
+    with store.session(engine) as s:  # a heartbeat older than the stale limit, by the database's clock
+        run = s.get(store.Run, stale)
+        run.heartbeat_at = store._db_now(s) - timedelta(seconds=HEARTBEAT_STALE_S + 60)
+        s.execute(store.update(store.Sweep).where(store.Sweep.id == sweep_dead).values(pid=dead_pid()))
+
+    assert store.mark_interrupted(engine) == 2
+    with store.session(engine) as s:
+        status = dict(s.execute(select(store.Run.id, store.Run.status)).all())
+        sweeps = dict(s.execute(select(store.Sweep.id, store.Sweep.status)).all())
+        stale_run = s.get(store.Run, stale)
+    assert status[dead] == "interrupted" and status[stale] == "interrupted"
+    assert status[finished] == "ok"  # a finished row is never touched
+    assert sorted(status.values()) == ["interrupted", "interrupted", "ok", "running", "running"]
+    assert "perfsweep resume" in stale_run.error and stale_run.finished_at is not None
+    assert sweeps == {sweep_alive: "running", sweep_dead: "interrupted"}
+    assert store.mark_interrupted(engine) == 0  # idempotent
+
+
+def test_heartbeat_uses_the_database_clock(engine):
+    sid = store.start_sweep(engine, "/s/beat", "beat")
+    rid = store.begin_run(engine, base_row(sid, 0, hostname=socket.gethostname(), pid=os.getpid()))
+    with store.session(engine) as s:
+        s.get(store.Run, rid).heartbeat_at = store._db_now(s) - timedelta(hours=1)
+    store.heartbeat(engine, rid, sid)
+    with store.session(engine) as s:
+        beat = s.get(store.Run, rid).heartbeat_at
+        assert abs((store._db_now(s) - beat).total_seconds()) < 30
+
+
+def _wait_for(predicate, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return
+        except sqlite3.OperationalError:  # schema not created yet
+            pass
+        time.sleep(0.3)
+    raise AssertionError("condition not reached in time")
+
+
+def test_sweep_killed_with_sigkill_then_resumed(tmp_path: Path):
+    db = tmp_path / "results.db"
+    proc = subprocess.Popen(
+        # three grid points: the first is done, the second killed midway, the third never starts
+        [sys.executable, "-m", "perfsweep", "-m", "batch=2,3,4", *[o for o in TINY if not o.startswith("batch")]],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    try:
+        # after the first job is stored and while the second one runs
+        _wait_for(lambda: db.exists() and rows(db, "SELECT group_concat(status) AS s FROM runs")[0]["s"] == "ok,running")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the sweep and its running job, with no chance to clean up
+        proc.wait()
+    assert "running" in {r["status"] for r in rows(db, "SELECT status FROM runs")}
+
+    res = run_perfsweep(["resume", "1"], tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "already ok" in res.stderr
+    runs = rows(db, "SELECT job_num, status, config_hash FROM runs ORDER BY id")
+    ok = [r["job_num"] for r in runs if r["status"] == "ok"]
+    assert sorted(ok) == [0, 1, 2], runs  # every grid point done exactly once
+    assert [r["job_num"] for r in runs if r["status"] == "interrupted"] == [1]
+    assert "running" not in {r["status"] for r in runs}
+    assert {r["status"] for r in runs} <= {"ok", "interrupted"}
+    assert rows(db, "SELECT status FROM sweeps") == [{"status": "done"}]
+    assert rows(db, "PRAGMA integrity_check") == [{"integrity_check": "ok"}]
+    # a resumed job lands in its original folder, named by the grid point, not by resume=true
+    dirs = sorted(p.name for p in next((tmp_path / "multirun").glob("*/*")).iterdir() if p.is_dir())
+    assert [d.split("_")[0] for d in dirs if d[0].isdigit()] == ["0", "1", "2"]
+    assert not any("resume" in d for d in dirs)
+
+    res = run_perfsweep(["resume", "1"], tmp_path)  # nothing left: no job, no new row
+    assert res.returncode == 0 and "0 to run" in res.stderr
+    assert len(rows(db, "SELECT id FROM runs")) == len(runs)
+
+
+# A real SQLite database that refuses to record outcomes: the job's 'running' row goes in, the
+# final write is aborted by the database, as a full disk or a revoked permission would.
+REFUSE_OUTCOMES = """
+CREATE TRIGGER refuse_outcomes BEFORE UPDATE OF status ON runs WHEN NEW.status != 'running'
+BEGIN SELECT RAISE(ABORT, 'disk I/O error (test trigger)'); END;
+"""
+
+
+def test_failed_database_write_is_kept_and_imported_once(tmp_path: Path):
+    db = tmp_path / "results.db"
+    store.connect(f"sqlite:///{db}").dispose()
+    con = sqlite3.connect(db)
+    con.executescript(REFUSE_OUTCOMES)
+    con.close()
+
+    res = run_perfsweep(["-m", "amp=true,false", *TINY], tmp_path)
+    assert res.returncode == 1, res.stderr[-3000:]
+    last = res.stderr.strip().splitlines()[-1]
+    assert "2 results could not be written" in last and "perfsweep import" in last, last
+    files = sorted(tmp_path.glob("multirun/*/*/*/result.json"))
+    assert len(files) == 2
+    kept = json.loads(files[0].read_text())
+    assert kept["run"]["status"] == "ok" and kept["run"]["steps"] and kept["run"]["tokens_per_s"] > 0
+
+    sweep_dir = files[0].parent.parent
+    res = run_perfsweep(["import", str(sweep_dir), "--db", str(db)], tmp_path)
+    assert res.returncode == 1, res.stderr  # the database still refuses: said per file, nothing lost
+    assert res.stderr.count("database refused") == 2 and "test trigger" in res.stderr
+    assert all(f.exists() for f in files)
+    con = sqlite3.connect(db)
+    con.execute("DROP TRIGGER refuse_outcomes")
+    con.commit()
+    con.close()
+
+    res = run_perfsweep(["import", str(sweep_dir), "--db", str(db)], tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "2 completed" in res.stdout
+    runs = rows(db, "SELECT status, tokens_per_s, run_uid FROM runs ORDER BY job_num")
+    assert [r["status"] for r in runs] == ["ok", "ok"] and all(r["tokens_per_s"] > 0 for r in runs)
+    n_steps = rows(db, "SELECT count(*) AS n FROM steps")[0]["n"]
+    assert n_steps == sum(len(json.loads(f.read_text())["run"]["steps"]) for f in files)
+
+    res = run_perfsweep(["import", str(sweep_dir), "--db", str(db)], tmp_path)  # twice: nothing added
+    assert res.returncode == 0 and "2 already stored" in res.stdout
+    assert len(rows(db, "SELECT id FROM runs")) == 2
+    assert rows(db, "SELECT count(*) AS n FROM steps")[0]["n"] == n_steps
+
+    other = tmp_path / "other.db"  # into a database that never saw the sweep
+    for expected in ("2 imported", "2 already stored"):
+        res = run_perfsweep(["import", *map(str, files), "--db", str(other)], tmp_path)
+        assert res.returncode == 0 and expected in res.stdout, res.stdout + res.stderr
+    assert rows(other, "SELECT count(*) AS n FROM runs")[0]["n"] == 2
+    assert rows(other, "SELECT sweep_dir FROM sweeps") == [{"sweep_dir": str(sweep_dir)}]
+
+
+def test_import_refuses_what_is_not_a_result(tmp_path: Path):
+    (tmp_path / "result.json").write_text("{}")
+    assert importer.main([str(tmp_path / "nothing")]) == 2
+    assert importer.main([str(tmp_path), "--db", str(tmp_path / "r.db")]) == 2
