@@ -1,4 +1,4 @@
-"""Command-line plumbing shared by perfsweep's subcommands (trace, query)."""
+"""Command-line plumbing shared by perfsweep's commands: one-line usage errors, one-line causes."""
 
 from __future__ import annotations
 
@@ -17,3 +17,12 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         print(f"{self.prog}: {message}; see {self.prog} --help", file=sys.stderr)
         sys.exit(2)
+
+
+def first_line(exc: BaseException) -> str:
+    """A driver's or library's message, first line only (their later lines repeat SQL or paths).
+
+    SQLAlchemy wraps the driver's exception; its ``orig`` holds the driver's own words.
+    """
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -20,7 +20,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
 from perfsweep import store
-from perfsweep.cli import OneLineParser
+from perfsweep.cli import OneLineParser, first_line
 from perfsweep.names import FINAL_STATUSES
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         engine = store.connect(url)
     except Exception as exc:  # noqa: BLE001 - the driver's first line says what
-        print(f"perfsweep import: cannot open --db {url}: {str(exc).strip().splitlines()[0]}", file=sys.stderr)
+        print(f"perfsweep import: cannot open --db {url}: {first_line(exc)}", file=sys.stderr)
         return 2
     counts: dict[str, int] = {}
     try:
@@ -138,8 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"perfsweep import: {exc}", file=sys.stderr)
                 return 2
             except Exception as exc:  # noqa: BLE001 - the database refused; the file stays for a retry
-                first = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-                print(f"perfsweep import: {f}: the database refused the write ({first}); the file is kept",
+                print(f"perfsweep import: {f}: the database refused the write ({first_line(exc)}); the file is kept",
                       file=sys.stderr)
                 outcome = "not stored"
             counts[outcome] = counts.get(outcome, 0) + 1

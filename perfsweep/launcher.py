@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from typing import Any
 
 from perfsweep import data as data_mod
 from perfsweep import importer, runner, store
+from perfsweep.cli import first_line
 from perfsweep.config import GRID_AXES, PerfsweepConfig, to_plain_dict
 from perfsweep.names import HEARTBEAT_INTERVAL_S
 from perfsweep.store import utcnow
@@ -139,6 +141,35 @@ class Heartbeat:
             store.heartbeat(self.engine, self.run_id, self.sweep_id)
         except Exception as exc:  # noqa: BLE001 - a busy database must not stop the job
             log.debug("heartbeat not written: %s", exc)
+
+
+class SweepHeartbeat:
+    """While the sweep runs, a thread stamps its row every names.HEARTBEAT_INTERVAL_S, so a
+    sweep whose jobs wait in a cluster queue is not taken for dead by another host."""
+
+    def __init__(self, url: str, sweep_id: int) -> None:
+        self.url, self.sweep_id = url, sweep_id
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="perfsweep-sweep-heartbeat", daemon=True)
+
+    def _run(self) -> None:
+        engine = store.make_engine(self.url)
+        try:
+            while not self._stop.wait(HEARTBEAT_INTERVAL_S):
+                try:
+                    store.sweep_heartbeat(engine, self.sweep_id)
+                except Exception as exc:  # noqa: BLE001 - a busy database must not stop the sweep
+                    log.debug("sweep heartbeat not written: %s", exc)
+        finally:
+            engine.dispose()
+
+    def __enter__(self) -> SweepHeartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
 
 
 def _run_in_child(
@@ -310,7 +341,6 @@ def _save(engine: Any, row: dict[str, Any], run_id: int | None, spec: JobSpec,
         path = spec.job_dir / importer.RESULT_FILE
         sweep = {"sweep_dir": spec.sweep_dir, "name": spec.sweep_name, **fields_of_sweep}
         importer.write_result_file(path, sweep, row)
-        first = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
         log.error("could not write the run to the database (%s); its result is kept in %s", exc, path)
-        print(f"  database write failed ({first}); result kept in {path}", file=sys.stderr)
+        print(f"  database write failed ({first_line(exc)}); result kept in {path}", file=sys.stderr)
         return None

@@ -18,6 +18,7 @@ from typing import Any
 from hydra.errors import HydraException, MissingConfigException
 from omegaconf.errors import OmegaConfBaseException
 
+from perfsweep.cli import first_line
 from perfsweep.config import AmpDtype, ConfigError, DataKind, Device, PerfsweepConfig, to_plain_dict
 
 COMPOSE_ERRORS: tuple[type[BaseException], ...] = (ConfigError, HydraException, OmegaConfBaseException)
@@ -46,12 +47,6 @@ def error_line(exc: BaseException) -> str:
     lines = [ln.strip() for p in parts for ln in p.splitlines() if ln.strip()]
     lines = [ln for ln in lines if not ln.startswith(("object_type=", "full_key:", "reference_type=", "Set the environment"))]
     return ": ".join(dict.fromkeys(lines)) or type(exc).__name__
-
-
-def first_line(exc: BaseException) -> str:
-    """A driver's or library's message, first line only (their later lines repeat SQL or paths)."""
-    text = str(getattr(exc, "orig", None) or exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def check_device(cfgs: list[PerfsweepConfig]) -> None:

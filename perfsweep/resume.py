@@ -17,7 +17,7 @@ import sys
 from sqlalchemy import select
 
 from perfsweep import store
-from perfsweep.cli import OneLineParser
+from perfsweep.cli import OneLineParser, first_line
 from perfsweep.report.load import DEFAULT_DB, ReportError, existing_db_url
 
 
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"perfsweep resume: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # noqa: BLE001 - the driver's first line says what
-        print(f"perfsweep resume: cannot open --db {args.db}: {str(exc).splitlines()[0]}", file=sys.stderr)
+        print(f"perfsweep resume: cannot open --db {args.db}: {first_line(exc)}", file=sys.stderr)
         return 2
     try:
         with store.session(engine) as s:

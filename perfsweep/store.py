@@ -440,9 +440,13 @@ def heartbeat(engine: Engine, run_id: int, sweep_id: int) -> None:
         s.execute(update(Sweep).where(Sweep.id == sweep_id).values(heartbeat_at=func.now()))
 
 
-def _process_gone(pid: int | None) -> bool:
-    if pid is None:
-        return False
+def sweep_heartbeat(engine: Engine, sweep_id: int) -> None:
+    """Stamp the sweep alone: its sweeper is alive while its jobs wait in a queue (SLURM)."""
+    with session(engine) as s:
+        s.execute(update(Sweep).where(Sweep.id == sweep_id).values(heartbeat_at=func.now()))
+
+
+def _process_gone(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -463,8 +467,8 @@ def _db_now(s: Session) -> datetime:
 def mark_interrupted(engine: Engine) -> int:
     """Rows left ``running`` by a process that is gone become ``interrupted``; returns how many.
 
-    Gone means: on this host, its pid no longer exists; on any host, its heartbeat is older than
-    names.HEARTBEAT_STALE_S by the database's clock. Their sweeps are marked interrupted with an
+    Gone means: on this host, its pid no longer exists; on another host, its heartbeat is older
+    than names.HEARTBEAT_STALE_S by the database's clock. Their sweeps are marked interrupted with an
     end time. Finished rows are never touched.
     """
     host = socket.gethostname()
@@ -473,7 +477,9 @@ def mark_interrupted(engine: Engine) -> int:
         stale = now - timedelta(seconds=HEARTBEAT_STALE_S)
 
         def dead(row_host: str | None, pid: int | None, beat: datetime | None) -> bool:
-            return (row_host == host and _process_gone(pid)) or (beat is not None and beat < stale)
+            if row_host == host and pid is not None:  # this host can see the process: that decides
+                return _process_gone(pid)
+            return beat is not None and beat < stale
 
         runs = s.execute(select(Run.id, Run.sweep_id, Run.hostname, Run.pid, Run.heartbeat_at)
                          .where(Run.status == "running")).all()

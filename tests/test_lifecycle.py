@@ -22,29 +22,15 @@ from sqlalchemy import select
 
 from perfsweep import importer, store
 from perfsweep.names import HEARTBEAT_STALE_S
-from tests.util import TINY, run_perfsweep
+from tests.util import TINY, new_db_url, run_perfsweep
+from tests.util import sqlite_rows as rows
 
 pytest_plugins = ["tests.pg"]
 
 
-def rows(db: Path, sql: str) -> list[dict]:
-    con = sqlite3.connect(db)
-    con.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in con.execute(sql)]
-    finally:
-        con.close()
-
-
 @pytest.fixture(params=["sqlite", "postgres"])
 def engine(request: pytest.FixtureRequest, tmp_path: Path):
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'results.db'}"
-    else:
-        from tests.pg import new_database
-
-        url = new_database(request.getfixturevalue("pg_url"))
-    eng = store.connect(url)
+    eng = store.connect(new_db_url(request, tmp_path))
     yield eng
     eng.dispose()
 

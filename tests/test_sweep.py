@@ -8,15 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.util import TINY, run_perfsweep
-
-
-def rows(db: Path, sql: str) -> list[dict]:
-    con = sqlite3.connect(db)
-    con.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in con.execute(sql)]
-    finally:
-        con.close()
+from tests.util import sqlite_rows as rows
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +101,7 @@ def test_failures_are_results_and_the_sweep_goes_on(tmp_path: Path):
     tiny = [o for o in TINY if not o.startswith("steps.measure")]
     res = run_perfsweep(
         ["-m", "steps.measure=3,100000000", "compile_backend=eager,no_such_backend", "compile=true",
-         "timeout_s=20", *tiny], tmp_path
+         "timeout_s=12", *tiny], tmp_path
     )
     # exit 1 after the summary: some jobs did not finish ok
     assert res.returncode == 1, res.stderr[-2000:]
@@ -121,13 +113,23 @@ def test_failures_are_results_and_the_sweep_goes_on(tmp_path: Path):
     assert status == ["ok", "failed", "timeout", "failed"], [(r["status"], r["error"]) for r in runs]
     assert runs[0]["tokens_per_s"] > 0
     assert "no_such_backend" in runs[1]["error"]
-    assert "timeout_s=20" in runs[2]["error"]
+    assert "timeout_s=12" in runs[2]["error"]
     # the stored time of a timed-out job ends at its deadline (start-up excluded), not after the kill
-    assert 20 <= runs[2]["duration_s"] < 20 + 15, runs[2]["duration_s"]
+    assert 12 <= runs[2]["duration_s"] < 12 + 10, runs[2]["duration_s"]
     assert all(r["tokens_per_s"] is None for r in runs[1:])
     assert "(4 runs, 1 ok)" in res.stdout
     sweep = rows(tmp_path / "results.db", "SELECT status, finished_at FROM sweeps")
     assert sweep[0]["status"] == "done" and sweep[0]["finished_at"]
+
+
+def test_every_job_failing_exits_1_after_the_summary(tmp_path: Path):
+    res = run_perfsweep(["-m", "compile=true", "compile_backend=no_such_a,no_such_b", *TINY], tmp_path)
+    assert res.returncode == 1, res.stderr[-2000:]
+    assert res.stderr.strip().splitlines()[-1].startswith("perfsweep: 2 of 2 jobs did not finish ok (2 failed)")
+    assert "(2 runs, 0 ok)" in res.stdout  # the summary was printed first
+    assert [r["status"] for r in rows(tmp_path / "results.db", "SELECT status FROM runs")] == ["failed", "failed"]
+    res = run_perfsweep(["-m", "compile=true", "compile_backend=no_such_a", "allow_failures=true", *TINY], tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
 
 
 def test_single_run_without_multirun(tmp_path: Path):
@@ -225,28 +227,27 @@ def test_cpu_out_of_memory_is_status_oom(tmp_path: Path):
 
 @pytest.mark.slow
 def test_compile_caches_are_isolated_per_job_unless_shared(tmp_path: Path):
-    """Identical compiled jobs: isolated ones both compile cold; a shared cache warms the second.
+    """Three identical compiled jobs: shared (cold), isolated, shared again.
 
     Inductor's default cache is pointed at an empty folder of this test, so the only cache a
-    job can hit is one an earlier job of this sweep wrote.
+    job can hit is one an earlier job of this sweep wrote: the isolated job compiles cold although
+    the first job has just filled the user's cache, and the third job finds that cache warm.
     """
     env_cache = tmp_path / "user-inductor-cache"
     res = run_perfsweep(
-        ["-m", "seed=0,1", "compile_cache=shared,isolated", "compile=true", "device=cpu",
+        ["-m", "compile_cache=shared,isolated,shared", "compile=true", "device=cpu",
          *[o for o in TINY if not o.startswith("profile.")], "profile.enabled=false"],
         tmp_path, env={"TORCHINDUCTOR_CACHE_DIR": str(env_cache)},
     )
     assert res.returncode == 0, res.stderr[-3000:]
     runs = rows(tmp_path / "results.db", "SELECT job_num, compile_cache, compile_cache_hits, compile_time_ms, "
                 "status, job_dir FROM runs ORDER BY job_num")
-    assert [(r["compile_cache"], r["status"]) for r in runs] == [
-        ("shared", "ok"), ("isolated", "ok"), ("shared", "ok"), ("isolated", "ok")]
-    isolated = [r for r in runs if r["compile_cache"] == "isolated"]
-    assert [r["compile_cache_hits"] for r in isolated] == [0, 0]  # both cold
-    assert runs[0]["compile_cache_hits"] == 0 and runs[2]["compile_cache_hits"] > 0  # warmed by job 1
-    assert runs[2]["compile_time_ms"] < 0.5 * min(r["compile_time_ms"] for r in isolated)
-    for r in isolated:  # the private cache is removed with the job
-        assert not (Path(r["job_dir"]) / "compile_cache").exists()
+    assert [(r["compile_cache"], r["status"]) for r in runs] == [("shared", "ok"), ("isolated", "ok"), ("shared", "ok")]
+    first, isolated, warm = runs
+    assert first["compile_cache_hits"] == 0 and isolated["compile_cache_hits"] == 0  # both cold
+    assert warm["compile_cache_hits"] > 0  # warmed by the first job
+    assert warm["compile_time_ms"] < 0.5 * min(first["compile_time_ms"], isolated["compile_time_ms"])
+    assert not (Path(isolated["job_dir"]) / "compile_cache").exists()  # the private cache goes with the job
     assert any(env_cache.iterdir())  # shared jobs used the user's cache
 
 

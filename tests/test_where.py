@@ -15,18 +15,13 @@ from sqlalchemy import text
 from perfsweep import store
 from perfsweep.report.load import ReportError, load_runs
 from perfsweep.report.where import WhereError, parse_where
+from tests.util import new_db_url
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def two_sweeps(request: pytest.FixtureRequest, tmp_path: Path):
     """(engine, first sweep id, second sweep id): two runs in each sweep."""
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'results.db'}"
-    else:
-        from tests.pg import new_database
-
-        url = new_database(request.getfixturevalue("pg_url"))
-    engine = store.connect(url)
+    engine = store.connect(new_db_url(request, tmp_path))
     ids = []
     for name in ("mine", "theirs"):
         sid = store.get_or_create_sweep(engine, f"/sweeps/{name}", name)

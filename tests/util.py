@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,3 +37,23 @@ def run_perfsweep(args: list[str], cwd: Path, timeout: float = 600,
         timeout=timeout,
         env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
     )
+
+
+def sqlite_rows(db: Path, sql: str) -> list[dict]:
+    """Rows of ``sql`` on the SQLite file ``db`` as dicts, through the sqlite3 module, not perfsweep."""
+    con = sqlite3.connect(db)
+    con.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in con.execute(sql)]
+    finally:
+        con.close()
+
+
+def new_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """For a fixture parametrised with "sqlite"/"postgres": a SQLite file in ``tmp_path`` or a new
+    database on the session's test PostgreSQL server."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'results.db'}"
+    from tests.pg import new_database  # imported here so pytest_plugins loads tests.pg first
+
+    return new_database(request.getfixturevalue("pg_url"))

@@ -88,9 +88,10 @@ class PerfsweepSweeper(BasicSweeper):
         returns: list[Any] = []
         end = "interrupted"
         try:
-            for start, batch in _contiguous(todo, jobs):
-                self.validate_batch_is_legal(batch)
-                returns.append(self.launcher.launch(batch, initial_job_idx=start))
+            with launcher.SweepHeartbeat(url, reservation.sweep_id):
+                for start, batch in _contiguous(todo, jobs):
+                    self.validate_batch_is_legal(batch)
+                    returns.append(self.launcher.launch(batch, initial_job_idx=start))
             end = "done"
         finally:
             try:
