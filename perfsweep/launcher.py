@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -225,8 +225,9 @@ def _run_in_child(
     finally:
         decided = utcnow()  # a timeout's stored duration ends at the deadline, not after the kill
         # A job that reported is shutting down by itself (DataLoader workers, etc.): give it time.
+        # After Ctrl-C the job got the same SIGINT from the terminal and is unwinding: a moment.
         reported = outcome is not None and outcome[0] != "timeout"
-        _stop(proc, grace_s=10 if reported else 0)
+        _stop(proc, grace_s=10 if reported else 0 if outcome is not None else 2)
         parent_conn.close()
     if outcome is None:
         code = proc.exitcode
@@ -240,10 +241,18 @@ def _run_in_child(
 
 
 def _stop(proc: Any, grace_s: float) -> None:
-    """Wait up to ``grace_s`` for the process to exit, then terminate, then kill."""
+    """Wait up to ``grace_s`` for the process to exit; then SIGINT, SIGTERM, SIGKILL in turn.
+
+    SIGINT first: the job unwinds as from Ctrl-C, so its DataLoader shuts its workers down and
+    their semaphores are released; a plain SIGTERM left them behind and Python's resource
+    tracker warned about "leaked semaphore objects" at exit.
+    """
     proc.join(timeout=grace_s)
-    if proc.is_alive():
-        proc.terminate()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        if not proc.is_alive():
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, sig)
         proc.join(timeout=5)
     if proc.is_alive():
         proc.kill()
@@ -303,9 +312,13 @@ def run_job(spec: JobSpec) -> tuple[int | None, str]:
                 spec, config, token_data, progress, Heartbeat(engine, run_id, sweep_id))
     except BaseException as exc:  # Ctrl-C or SystemExit in the launcher: the job was stopped
         if run_id is not None:
-            with contextlib.suppress(Exception):
-                store.save_run(engine, {**row, "status": "interrupted", "finished_at": utcnow(),
-                                        "error": f"interrupted ({type(exc).__name__}) before the job finished"}, run_id)
+            try:
+                with _second_ctrl_c_waits():
+                    store.save_run(engine, {**row, "status": "interrupted", "finished_at": utcnow(),
+                                            "error": f"interrupted ({type(exc).__name__}) before the job finished"},
+                                   run_id)
+            except Exception as write_exc:  # noqa: BLE001 - the next command marks it from its pid
+                log.warning("could not mark the run interrupted: %s", write_exc)
         engine.dispose()
         raise
     row.update(
@@ -321,6 +334,22 @@ def run_job(spec: JobSpec) -> tuple[int | None, str]:
         print(f"  {status}: {error.splitlines()[0]}", file=sys.stderr, flush=True)
     engine.dispose()
     return saved_id, status
+
+
+@contextlib.contextmanager
+def _second_ctrl_c_waits() -> Iterator[None]:
+    """A second Ctrl-C during this short write is held until it is done, then raised."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: pending.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pending:
+        raise KeyboardInterrupt
 
 
 def _begin(engine: Any, row: dict[str, Any]) -> int | None:
