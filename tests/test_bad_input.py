@@ -4,18 +4,15 @@ value, exit code 2, nothing written to the database, in a plain run and in a mul
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import sqlite3
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
 from perfsweep import store
-from tests.util import TINY, run_perfsweep
+from tests.util import TINY, read_only, run_perfsweep
 
 
 def counts(db: Path) -> tuple[int, int]:
@@ -39,26 +36,6 @@ def seeded_db(tmp_path: Path) -> Path:
     })
     engine.dispose()
     return db
-
-
-@contextlib.contextmanager
-def read_only(path: Path) -> Iterator[None]:
-    """Make ``path`` unwritable for this user: chmod, or for root (whom chmod does not stop) the
-    immutable attribute; skip where neither works."""
-    if os.geteuid() != 0:
-        mode = path.stat().st_mode
-        path.chmod(0o555 if path.is_dir() else 0o444)
-        try:
-            yield
-        finally:
-            path.chmod(mode)
-        return
-    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode:
-        pytest.skip("running as root and chattr +i is not permitted here: cannot make a file read-only for root")
-    try:
-        yield
-    finally:
-        subprocess.run(["chattr", "-i", str(path)], check=True)
 
 
 # (overrides, text that must appear in the one line). Each case is also run with -m and a grid.

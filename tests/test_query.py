@@ -14,6 +14,7 @@ from sqlalchemy import text
 from perfsweep import store
 from perfsweep.query import QueryError, main, read_only_engine, run_query
 from tests.test_where import run_row
+from tests.util import read_only
 
 WRITES = [
     "DELETE FROM runs",
@@ -144,3 +145,23 @@ def test_report_reads_through_a_read_only_connection(db, tmp_path: Path):
     assert report_main(["--db", db, "--out", str(tmp_path / "r")]) == 0
     assert "2 runs" in (tmp_path / "r" / "report.md").read_text()
     assert snapshot(db) == before
+
+
+def test_query_and_report_on_read_only_media(tmp_path: Path):
+    """A results folder nobody may write to (a read-only mount, an archive): query and report work."""
+    folder = tmp_path / "archive"
+    folder.mkdir()
+    db = folder / "results.db"
+    engine = store.connect(f"sqlite:///{db}")
+    store.save_run(engine, run_row(store.get_or_create_sweep(engine, "/s", "s")))
+    engine.dispose()
+    before = _files(folder)
+    exe = Path(sys.executable).with_name("perfsweep")
+    with read_only(folder), read_only(db):
+        q = subprocess.run([str(exe), "query", "SELECT status FROM runs", "--db", str(db), "--format", "csv"],
+                           capture_output=True, text=True, timeout=120)
+        r = subprocess.run([str(exe), "report", "--db", str(db), "--out", str(tmp_path / "r")],
+                           capture_output=True, text=True, timeout=300)
+    assert q.returncode == 0 and q.stdout.split() == ["status", "ok"], q.stderr
+    assert r.returncode == 0 and (tmp_path / "r" / "report.md").is_file(), r.stderr
+    assert _files(folder) == before

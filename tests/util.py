@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -57,3 +60,23 @@ def new_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     from tests.pg import new_database  # imported here so pytest_plugins loads tests.pg first
 
     return new_database(request.getfixturevalue("pg_url"))
+
+
+@contextlib.contextmanager
+def read_only(path: Path) -> Iterator[None]:
+    """Make ``path`` unwritable for this user: chmod, or for root (whom chmod does not stop) the
+    immutable attribute; skip where neither works."""
+    if os.geteuid() != 0:
+        mode = path.stat().st_mode
+        path.chmod(0o555 if path.is_dir() else 0o444)
+        try:
+            yield
+        finally:
+            path.chmod(mode)
+        return
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode:
+        pytest.skip("running as root and chattr +i is not permitted here: cannot make a file read-only for root")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
