@@ -287,7 +287,11 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
 
 
 def _sqlite_begin(conn) -> None:
-    conn.exec_driver_sql("BEGIN")
+    # IMMEDIATE: take the write lock at the start, waiting (busy_timeout) for other writers. A
+    # deferred BEGIN that reads and then writes (save_run, mark_interrupted) fails at once with
+    # "database is locked" when another process wrote in between: WAL cannot upgrade a stale
+    # read snapshot, and SQLite does not wait in that case.
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def make_engine(url: str) -> Engine:
