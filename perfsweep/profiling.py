@@ -56,8 +56,9 @@ def device_total_us(evt: Any) -> float:
 def stage(name: str, nvtx: bool = False) -> Iterator[None]:
     """Annotate a stage for torch.profiler (and Nsight Systems when ``nvtx``).
 
-    Outside a profiler, record_function costs about a microsecond, so the timed steps carry
-    the same annotations as the profiled ones.
+    Outside a profiler a record_function range still costs ~8 us to enter and leave (measured:
+    benchmarks/bench_stage_labels.py, docs/benchmarks.md), so the runner labels only the steps
+    of the profiled window; the timed steps run unlabelled.
     """
     if nvtx:
         torch.cuda.nvtx.range_push(name)

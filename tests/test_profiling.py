@@ -103,3 +103,21 @@ def test_tensorboard_trace_handler(tmp_path: Path):
     tb = [a for a in result["artifacts"] if a["kind"] == "tensorboard_trace"]
     assert len(tb) == 1 and tb[0]["path"].endswith(".pt.trace.json") and tb[0]["bytes"] > 0
     assert any(a["kind"] == "trace" for a in result["artifacts"])  # the .json.gz is still written
+
+
+def test_only_profiled_steps_enter_the_stage_labels(tmp_path: Path):
+    """Timed steps run unlabelled (a record_function range costs ~8 us even with no profiler)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from perfsweep.runner import build
+
+    cfg = tiny_cfg(tmp_path)
+    trainer, _, _ = build(cfg, torch.device("cpu"), data.prepare(cfg.data))
+    seen = {}
+    for labelled in (False, True):
+        trainer.labelled = labelled
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            trainer.step()
+        seen[labelled] = {e.key for e in prof.key_averages()} & set(STAGES)
+    assert seen == {False: set(), True: set(STAGES)}
