@@ -78,3 +78,15 @@ def bottleneck_verdict(gpu_busy_ms: float | None, step_time_ms_median: float | N
         verdict = "host"
     return {"gpu_busy_ms": gpu_busy_ms, "gpu_busy_fraction": busy, "bottleneck": verdict,
             "bottleneck_rule": BOTTLENECK_RULE}
+
+
+def model_flops_utilisation(flops_per_token: float, tokens_per_s: float,
+                            peak_flops: float | None) -> dict[str, float | None]:
+    """``model_tflops_per_s`` (model FLOPs, not hardware FLOPs: recomputation is not counted)
+    and ``mfu``, its share of the device's dense peak in the run's compute dtype (None off GPU)."""
+    model_flops_per_s = flops_per_token * tokens_per_s
+    return {
+        "model_tflops_per_s": model_flops_per_s / 1e12,
+        "mfu": model_flops_per_s / peak_flops if peak_flops else None,
+        "mfu_peak_flops": peak_flops,
+    }

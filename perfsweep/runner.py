@@ -29,9 +29,9 @@ import torch
 from perfsweep import compile as compile_mod
 from perfsweep import data as data_mod
 from perfsweep.config import AmpDtype, Device, PerfsweepConfig, to_run_config
-from perfsweep.envinfo import environment, peak_bf16_flops
+from perfsweep.envinfo import compute_dtype, environment, peak_flops
 from perfsweep.memory import MemoryProbe, MemorySnapshot, persistent_bytes, step_alloc_peak_bytes
-from perfsweep.metrics import StepRecord, bottleneck_verdict, summarize
+from perfsweep.metrics import StepRecord, bottleneck_verdict, model_flops_utilisation, summarize
 from perfsweep.model import GPT
 from perfsweep.profiling import ProfiledWindow
 from perfsweep.profiling import stage as labelled_stage
@@ -224,9 +224,10 @@ def _train(
 
     summary = summarize(records, tokens_per_step, cfg.batch)
     result.update(summary)
-    result["model_tflops_per_s"] = result["flops_per_token"] * summary["tokens_per_s"] / 1e12
-    peak = peak_bf16_flops(result["device_name"]) if device.type == "cuda" else None
-    result["mfu"] = result["model_tflops_per_s"] * 1e12 / peak if peak else None
+    dtype = compute_dtype(cfg.amp, cfg.amp_dtype.value)
+    peak = peak_flops(result["device_name"], dtype) if device.type == "cuda" else None
+    result.update(model_flops_utilisation(result["flops_per_token"], summary["tokens_per_s"], peak))
+    result["mfu_compute_dtype"] = dtype
     if cfg.compile:
         result["compile_time_ms"] = max(0.0, records[0].step_time_ms - summary["step_time_ms_median"])
         result["compile_cache"] = cfg.compile_cache.value

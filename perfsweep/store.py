@@ -164,6 +164,11 @@ class Run(Base):
     flops_per_token: Mapped[float | None] = mapped_column(Float)
     model_tflops_per_s: Mapped[float | None] = mapped_column(Float)
     mfu: Mapped[float | None] = mapped_column(Float)
+    """model_tflops_per_s over mfu_peak_flops (CUDA devices in envinfo.PEAK_FLOPS; else null)."""
+    mfu_peak_flops: Mapped[float | None] = mapped_column(Float)
+    """The dense peak FLOP/s the MFU was taken against: the device's, in mfu_compute_dtype."""
+    mfu_compute_dtype: Mapped[str | None] = mapped_column(String(8))
+    """fp32, tf32, bf16 or fp16: what the run's matmuls executed in (autocast dtype or torch's TF32 setting)."""
     # bottleneck verdict (CUDA only; null on CPU, never guessed): see perfsweep.metrics.bottleneck
     gpu_busy_ms: Mapped[float | None] = mapped_column(Float)
     gpu_busy_fraction: Mapped[float | None] = mapped_column(Float)

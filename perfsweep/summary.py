@@ -43,7 +43,7 @@ def fill_compile_payback(engine: Engine, sweep_id: int) -> None:
 def summary_frame(engine: Engine, sweep_id: int) -> pd.DataFrame:
     cols = ", ".join(
         ["job_num", *GRID_AXES, "status", "tokens_per_s", "step_time_ms_median", "step_time_ms_p10",
-         "step_time_ms_p90", "peak_mem_bytes", "gpu_busy_fraction", "bottleneck", "error"]
+         "step_time_ms_p90", "peak_mem_bytes", "mfu", "gpu_busy_fraction", "bottleneck", "error"]
     )
     return pd.read_sql_query(
         f"SELECT {cols} FROM runs WHERE sweep_id = {int(sweep_id)} ORDER BY job_num, id", engine
@@ -63,6 +63,8 @@ def format_summary(df: pd.DataFrame) -> str:
         for m, lo, hi in zip(df["step_time_ms_median"], df["step_time_ms_p10"], df["step_time_ms_p90"], strict=True)
     ]
     out["peak mem MiB"] = df["peak_mem_bytes"].map(lambda v: f"{v / 2**20:,.1f}" if pd.notna(v) else "-")
+    if df["mfu"].notna().any():  # GPUs with a known peak (perfsweep.envinfo.PEAK_FLOPS)
+        out["MFU"] = df["mfu"].map(lambda v: f"{v:.1%}" if pd.notna(v) else "-")
     if df["bottleneck"].notna().any():  # GPU runs with a profiled window; never shown for CPU
         out["GPU busy"] = df["gpu_busy_fraction"].map(lambda v: f"{v:.0%}" if pd.notna(v) else "-")
         out["bound by"] = df["bottleneck"].fillna("-")

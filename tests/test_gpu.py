@@ -55,6 +55,11 @@ def test_cuda_memory_stage_device_time_and_kernels(tmp_path: Path):
     cats = {k["category"]: k for k in r["kernels"]}
     assert set(cats) <= set(KERNEL_CATEGORIES) and cats["gemm"]["ms_per_step"] > 0
     assert r["bottleneck"] in BOTTLENECKS and r["gpu_busy_fraction"] > 0 and r["gpu_busy_ms"] > 0
+    # MFU against the bf16 peak of this GPU when it is in the table, never above 1, else null
+    from perfsweep.envinfo import peak_flops
+
+    assert r["mfu_compute_dtype"] == "bf16" and r["mfu_peak_flops"] == peak_flops(r["device_name"], "bf16")
+    assert r["mfu"] is None if r["mfu_peak_flops"] is None else 0 < r["mfu"] <= 1.0
 
 
 def test_fp16_uses_grad_scaler_and_trains(tmp_path: Path):

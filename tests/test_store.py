@@ -160,6 +160,8 @@ def full_result(sweep_id: int, job_num: int = 3) -> dict[str, Any]:
         "flops_per_token": 7.46e8,
         "model_tflops_per_s": 15.09,
         "mfu": 0.015257836198179979,
+        "mfu_peak_flops": 989e12,
+        "mfu_compute_dtype": "bf16",
         "gpu_busy_ms": 8.53125,
         "gpu_busy_fraction": 0.3562836,
         "bottleneck": "host",

@@ -505,6 +505,11 @@ def results_table(runs: pd.DataFrame, limit: int = TOP_TABLE) -> tuple[str, str]
     if rows["peak_reserved_bytes"].notna().any():
         unit_r, fmt_r = md.mem_formatter(rows["peak_reserved_bytes"])
         out[f"reserved {unit_r}"] = rows["peak_reserved_bytes"].map(fmt_r)
+    if rows["mfu"].notna().any():
+        out["MFU"] = [
+            md.num(v, "{:.1%}") + (f" of {d}" if isinstance(d, str) else "")
+            for v, d in zip(rows["mfu"], rows["mfu_compute_dtype"], strict=True)
+        ]
     if rows["gpu_busy_fraction"].notna().any():
         out["GPU busy"] = rows["gpu_busy_fraction"].map(lambda v: md.num(v, "{:.0%}"))
         out["bottleneck"] = rows["bottleneck"].fillna("-")
