@@ -195,7 +195,11 @@ def kernel_rows(analysis: trace_mod.TraceAnalysis) -> list[dict[str, Any]]:
 
 
 def op_table(averages: Any, active_steps: int, top_n: int, on_cuda: bool) -> list[dict[str, Any]]:
-    """Top operators by self device time (CUDA only) and by self CPU time, per profiled step."""
+    """Top operators by self device time (CUDA only) and by self CPU time.
+
+    Times and the ``*_per_step`` columns are per profiled step; ``calls`` and ``flops`` are the
+    totals over the window's ``active_steps`` (their first meaning, kept for old queries).
+    """
     # key_averages names the step ranges "ProfilerStep*"
     ops = [a for a in averages if a.key not in STAGES and not a.key.startswith("ProfilerStep")]
     sorts: list[tuple[str, Any]] = [("self_cpu", lambda a: _us(a, "self_cpu_time_total"))]
@@ -212,11 +216,13 @@ def op_table(averages: Any, active_steps: int, top_n: int, on_cuda: bool) -> lis
                     "rank": rank,
                     "name": a.key,
                     "calls": int(a.count),
+                    "calls_per_step": a.count / active_steps,
                     "self_cpu_ms": _us(a, "self_cpu_time_total") / 1000.0 / active_steps,
                     "self_device_ms": self_device_us(a) / 1000.0 / active_steps if on_cuda else None,
                     "cpu_total_ms": _us(a, "cpu_time_total") / 1000.0 / active_steps,
                     "device_total_ms": device_total_us(a) / 1000.0 / active_steps if on_cuda else None,
                     "flops": int(flops) if flops else None,
+                    "flops_per_step": flops / active_steps if flops else None,
                 }
             )
     return rows

@@ -244,7 +244,11 @@ class Kernel(Base):
 
 
 class Op(Base):
-    """Top operators from the profiler's key_averages, per sort key; times are per profiled step."""
+    """Top operators from the profiler's key_averages, per sort key.
+
+    Times and ``*_per_step`` are per profiled step; ``calls`` and ``flops`` are totals over the
+    profiled window's ``profile.active`` steps.
+    """
 
     __tablename__ = "ops"
 
@@ -259,6 +263,8 @@ class Op(Base):
     cpu_total_ms: Mapped[float] = mapped_column(Float)
     device_total_ms: Mapped[float | None] = mapped_column(Float)
     flops: Mapped[int | None] = mapped_column(BigInteger)
+    calls_per_step: Mapped[float | None] = mapped_column(Float)
+    flops_per_step: Mapped[float | None] = mapped_column(Float)
 
 
 class Artifact(Base):

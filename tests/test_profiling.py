@@ -121,3 +121,23 @@ def test_only_profiled_steps_enter_the_stage_labels(tmp_path: Path):
             trainer.step()
         seen[labelled] = {e.key for e in prof.key_averages()} & set(STAGES)
     assert seen == {False: set(), True: set(STAGES)}
+
+
+def test_operator_calls_and_flops_per_step_match_the_model(tmp_path: Path):
+    """With two profiled steps, per-step columns are half the window totals, and the matmul
+    FLOPs of one step are exactly 6 x (Linear weights) x tokens: 2 forward, 4 backward."""
+    import torch
+
+    cfg = tiny_cfg(tmp_path, profile=ProfileConfig(wait=0, warmup=1, active=2, top_n=200))
+    result = train(cfg, data.prepare(cfg.data), tmp_path / "job", "ops", str(tmp_path))
+    ops = {o["name"]: o for o in result["ops"] if o["sort_by"] == "self_cpu"}
+    for o in ops.values():
+        assert o["calls_per_step"] == o["calls"] / 2
+        assert (o["flops_per_step"] is None) == (o["flops"] is None)
+    assert ops["aten::embedding"]["calls_per_step"] == 2  # token and position tables, once each
+    from perfsweep.model import GPT
+
+    model = GPT(cfg.model, 64)  # the vocabulary of tiny_cfg's synthetic data
+    linear_weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    matmul = sum(ops[k]["flops_per_step"] for k in ("aten::mm", "aten::addmm") if k in ops)
+    assert matmul == 6 * linear_weights * cfg.batch * cfg.seq_len

@@ -225,6 +225,8 @@ def full_result(sweep_id: int, job_num: int = 3) -> dict[str, Any]:
                 "cpu_total_ms": 2.25,
                 "device_total_ms": 30.125,
                 "flops": 2**52 + 1,
+                "calls_per_step": 240.0,
+                "flops_per_step": (2**52 + 1) / 2,
             },
             {
                 "sort_by": "self_cpu",
@@ -236,6 +238,8 @@ def full_result(sweep_id: int, job_num: int = 3) -> dict[str, Any]:
                 "cpu_total_ms": 0.8,
                 "device_total_ms": None,
                 "flops": None,
+                "calls_per_step": 3.5,
+                "flops_per_step": None,
             },
         ],
         "artifacts": [
@@ -629,3 +633,27 @@ def test_sqlite_wal_mode_and_busy_timeout(tmp_path, engines):
         assert plain.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     finally:
         plain.close()
+
+
+def test_upgrade_fills_per_step_operator_columns_of_old_rows(tmp_path: Path):
+    """The H100 database (schema 0001) upgraded: each old ops row gets calls and FLOPs per step,
+    its window totals divided by its run's profile.active; the totals themselves are unchanged."""
+    import shutil
+    import sqlite3
+
+    db = tmp_path / "old.db"
+    shutil.copy(Path(__file__).parent / "fixtures" / "h100" / "results-fp16-seed-snapshot-gpt2.db", db)
+    con = sqlite3.connect(db)
+    before = con.execute("SELECT id, calls, flops FROM ops ORDER BY id").fetchall()
+    con.close()
+    store.connect(f"sqlite:///{db}").dispose()
+    con = sqlite3.connect(db)
+    rows = con.execute("SELECT o.id, o.calls, o.flops, o.calls_per_step, o.flops_per_step, "
+                       "json_extract(r.config_json, '$.profile.active') FROM ops o JOIN runs r ON r.id = o.run_id "
+                       "ORDER BY o.id").fetchall()
+    con.close()
+    assert len(rows) == len(before) > 0
+    assert [r[:3] for r in rows] == before
+    for _, calls, flops, calls_per_step, flops_per_step, active in rows:
+        assert calls_per_step == pytest.approx(calls / active)
+        assert (flops_per_step is None) if flops is None else flops_per_step == pytest.approx(flops / active)
