@@ -38,17 +38,23 @@ def hydra_main(cfg: DictConfig) -> str:
     launch_dir = Path(hc.runtime.cwd)
     sweep_dir = str(Path(hc.sweep.dir if multirun else hc.run.dir).resolve())
     command = shlex.join(["perfsweep", *sys.argv[1:]])
+    claimed = False
     try:
         run_cfg = to_run_config(cfg)
         if not multirun:  # the sweeper has checked every grid point of a multirun already
             if run_cfg.resume:
                 raise ConfigError("invalid config: resume=true: only a multirun sweep can be resumed; "
                                   "use perfsweep resume SWEEP_ID")
+            preflight.claim_folder(Path(sweep_dir), "hydra.run.dir")
+            claimed = True
             preflight.check_all([run_cfg])
             preflight.reserve_sweep(launcher.db_url(run_cfg, launch_dir), sweep_dir,
                                     run_cfg.name or hc.job.config_name or "perfsweep", command=command, n_jobs=1,
                                     hostname=socket.gethostname(), launch_dir=str(launch_dir.resolve()))
     except ConfigError as exc:
+        if not multirun and (claimed or not (Path(sweep_dir) / preflight.MARKER).exists()):
+            (Path(sweep_dir) / preflight.MARKER).unlink(missing_ok=True)
+            preflight.remove_refused_run_folder(Path(sweep_dir))  # only Hydra's own files: no trace left
         print(f"perfsweep: {exc}; {preflight.NO_JOB}", file=sys.stderr)
         sys.exit(2)
     spec = launcher.JobSpec(

@@ -13,10 +13,11 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.engine import Engine
 
 from perfsweep import store
@@ -70,6 +71,9 @@ def import_file(engine: Engine, path: Path) -> str:
         engine, sweep["sweep_dir"], sweep["name"],
         **{k: sweep.get(k) for k in ("command", "n_jobs", "hostname", "launch_dir")},
     )
+    with store.session(engine) as s:  # a sweep that exists only through imported results has ended
+        s.execute(update(store.Sweep).where(store.Sweep.id == run["sweep_id"], store.Sweep.status.is_(None))
+                  .values(status="done", finished_at=_when(run.get("finished_at"))))
     with store.session(engine) as s:
         existing = s.scalar(select(store.Run).where(store.Run.run_uid == run["run_uid"]))
         if existing is not None and existing.status in FINAL_STATUSES:
@@ -77,6 +81,10 @@ def import_file(engine: Engine, path: Path) -> str:
         run_id = existing.id if existing is not None else None
     store.save_run(engine, run, run_id=run_id)
     return "completed" if run_id is not None else "imported"
+
+
+def _when(value: Any) -> datetime | None:
+    return datetime.fromisoformat(value) if isinstance(value, str) else value
 
 
 def pending_files(url: str, sweep_dir: str) -> list[Path]:

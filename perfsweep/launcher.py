@@ -370,6 +370,6 @@ def _save(engine: Any, row: dict[str, Any], run_id: int | None, spec: JobSpec,
         path = spec.job_dir / importer.RESULT_FILE
         sweep = {"sweep_dir": spec.sweep_dir, "name": spec.sweep_name, **fields_of_sweep}
         importer.write_result_file(path, sweep, row)
-        log.error("could not write the run to the database (%s); its result is kept in %s", exc, path)
+        log.debug("database write failed", exc_info=True)  # the whole driver message, for --verbose
         print(f"  database write failed ({first_line(exc)}); result kept in {path}", file=sys.stderr)
         return None

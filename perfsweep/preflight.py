@@ -10,16 +10,38 @@ point call the same functions, so ``-m`` and a plain run answer a mistake the sa
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import difflib
 import json
+import os
+import re
+import socket
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hydra.errors import HydraException, MissingConfigException
 from omegaconf.errors import OmegaConfBaseException
 
 from perfsweep.cli import first_line
-from perfsweep.config import AmpDtype, ConfigError, DataKind, Device, PerfsweepConfig, to_plain_dict
+from perfsweep.config import (
+    AmpDtype,
+    ConfigError,
+    DataConfig,
+    DataKind,
+    DbConfig,
+    Device,
+    ModelConfig,
+    PerfsweepConfig,
+    ProfileConfig,
+    StepsConfig,
+    to_plain_dict,
+)
+
+_NESTED: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "steps": StepsConfig,
+                            "profile": ProfileConfig, "db": DbConfig}
 
 COMPOSE_ERRORS: tuple[type[BaseException], ...] = (ConfigError, HydraException, OmegaConfBaseException)
 """What composing and validating a grid point can raise for bad input (anything else is a bug)."""
@@ -41,12 +63,35 @@ def error_line(exc: BaseException) -> str:
         hint = f"did you mean {group}={close[0]}? " if close else ""
         key = group or "config name (-cn)"
         return f"{key}={name}: no such preset; {hint}choices: {', '.join(choices)}"
+    unknown = re.search(r"Key '([\w.]+)' (?:not in|is not in) '(\w+)'", f"{exc} {exc.__cause__}")
+    override = re.search(r"override '([\w.]+)'", str(exc))
+    if unknown is not None:
+        key = override.group(1) if override else unknown.group(1)
+        close = difflib.get_close_matches(key, config_keys(), n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        return f"{key}: no such key; {hint}python -m perfsweep --help lists them"
     parts = [str(exc)]
     if exc.__cause__ is not None:
         parts.append(str(exc.__cause__))
     lines = [ln.strip() for p in parts for ln in p.splitlines() if ln.strip()]
     lines = [ln for ln in lines if not ln.startswith(("object_type=", "full_key:", "reference_type=", "Set the environment"))]
     return ": ".join(dict.fromkeys(lines)) or type(exc).__name__
+
+
+def config_keys() -> list[str]:
+    """Every settable key, dotted (``batch``, ``model.n_layers``, ``profile.active``...)."""
+    out: list[str] = []
+
+    def walk(cls: type, prefix: str) -> None:
+        for f in dataclasses.fields(cls):
+            sub = _NESTED.get(f.name) if not prefix else None
+            if sub is not None:
+                walk(sub, f"{f.name}.")
+            else:
+                out.append(prefix + f.name)
+
+    walk(PerfsweepConfig, "")
+    return out
 
 
 def check_device(cfgs: list[PerfsweepConfig]) -> None:
@@ -124,9 +169,15 @@ def reserve_sweep(url: str, sweep_dir: str, name: str, **fields: Any) -> Reserva
     """
     from perfsweep import store
 
+    if url.startswith("sqlite") and url.split("?")[0].rstrip("/") in ("sqlite:", "sqlite:/") or ":memory:" in url:
+        raise ConfigError(f"invalid config: db.url={url!r}: an in-memory SQLite database dies with each job's "
+                          "process; give a file, e.g. db.url=sqlite:///results.db")
     hint = "; a SQLite file and its folder must be writable" if url.startswith("sqlite") else ""
     try:
         engine = store.connect(url)
+    except ModuleNotFoundError as exc:
+        raise ConfigError(f"cannot open db.url={url!r}: its driver is not installed ({exc}); install it, or name "
+                          "an installed one in the URL, e.g. postgresql+psycopg2://...") from None
     except Exception as exc:  # noqa: BLE001 - any driver error; its first line says what
         raise ConfigError(f"cannot open db.url={url!r}: {first_line(exc)}{hint}") from None
     try:
@@ -144,8 +195,9 @@ def check_all(cfgs: list[PerfsweepConfig]) -> None:
     check_data(cfgs)
 
 
-def done_grid_points(url: str, sweep_id: int) -> set[tuple[int, str]]:
-    """(job_num, config_hash) of the grid points of a sweep that already have an ``ok`` run."""
+def done_grid_points(url: str, sweep_dir: str) -> set[tuple[int, str]]:
+    """(job_num, config_hash) of the grid points of the sweep in ``sweep_dir`` that have an
+    ``ok`` run (empty when the database holds no such sweep). Reads only."""
     from sqlalchemy import select
 
     from perfsweep import store
@@ -154,7 +206,64 @@ def done_grid_points(url: str, sweep_id: int) -> set[tuple[int, str]]:
     try:
         with store.session(engine) as s:
             rows = s.execute(select(store.Run.job_num, store.Run.config_hash)
-                             .where(store.Run.sweep_id == sweep_id, store.Run.status == "ok")).all()
+                             .join(store.Sweep, store.Sweep.id == store.Run.sweep_id)
+                             .where(store.Sweep.sweep_dir == sweep_dir, store.Run.status == "ok")).all()
     finally:
         engine.dispose()
     return {(int(j), h) for j, h in rows if j is not None}
+
+
+MARKER = ".perfsweep-sweep"
+"""The file that makes a folder one sweep's (or one plain run's) own."""
+
+
+def claim_folder(folder: Path, key: str, resume: bool = False) -> list[Path]:
+    """Make ``folder`` this sweep's own, atomically, or raise before any job starts.
+
+    The folder is the sweep's identity: its rows are keyed by it and its jobs' folders and
+    artifacts live in it. The default folder names carry a random part, so concurrent sweeps
+    never meet; a folder set by hand (``key``: ``hydra.sweep.dir`` or ``hydra.run.dir``) that
+    another sweep already used is refused rather than shared, unless ``resume=true`` asks to
+    continue the sweep in it. Returns the folders it created, for :func:`unclaim_folder`.
+    """
+    marker = folder / MARKER
+    if resume:
+        if not marker.is_file():
+            raise ConfigError(f"resume=true: {key}={folder} holds no perfsweep sweep ({MARKER} not found); "
+                              "name the folder of the sweep to resume, or use: perfsweep resume SWEEP_ID")
+        return []
+    created = [p for p in (folder, *folder.parents) if not p.exists()]
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        raise ConfigError(f"{key}={folder} already holds another sweep ({MARKER} exists); give each sweep its "
+                          "own folder (the default one is unique), or with -m add resume=true to continue it") from None
+    with os.fdopen(fd, "w") as fh:
+        fh.write(f"pid={os.getpid()} host={socket.gethostname()} started={time.time():.0f}\n")
+    return created
+
+
+def unclaim_folder(folder: Path, created: list[Path]) -> None:
+    """Undo :func:`claim_folder` when the sweep is refused before any job: no marker, no empty folders."""
+    (folder / MARKER).unlink(missing_ok=True)
+    for p in created:  # deepest first
+        try:
+            p.rmdir()
+        except OSError:
+            break
+
+
+HYDRA_RUN_FILES = frozenset({".hydra", "__main__.log"})
+"""What Hydra writes into a plain run's folder before perfsweep's code runs."""
+
+
+def remove_refused_run_folder(folder: Path) -> None:
+    """A plain run refused before its job leaves no folder behind: Hydra created it, with only
+    its own files in it; anything else in it (an earlier run's) keeps it."""
+    import shutil
+
+    if folder.is_dir() and {p.name for p in folder.iterdir()} <= HYDRA_RUN_FILES:
+        shutil.rmtree(folder, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            folder.parent.rmdir()  # the date folder, when this run was its only one

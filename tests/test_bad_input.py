@@ -53,6 +53,8 @@ CASES = {
     "db_url_unparsable": (["db.url=bogus"], "db.url='bogus'"),
     "db_file_read_only": (["db.url=sqlite:///{tmp}/results.db"], "db.url='sqlite:///{tmp}/results.db'"),
     "db_folder_read_only": (["db.url=sqlite:///{tmp}/ro/results.db"], "db.url='sqlite:///{tmp}/ro/results.db'"),
+    "db_in_memory": (["db.url=sqlite:///"], "db.url='sqlite:///'"),
+    "key_typo": (["bach=4"], "bach"),
 }
 HINTS = {  # what is allowed or what to do, beyond naming key and value
     "device_cuda_without_cuda": "device=cpu",
@@ -62,6 +64,7 @@ HINTS = {  # what is allowed or what to do, beyond naming key and value
     "not_a_bool": "not a valid bool",
     "db_file_read_only": "readonly",
     "db_folder_read_only": "writable",
+    "key_typo": "did you mean batch?",
 }
 
 
@@ -95,6 +98,7 @@ def test_mistake_is_one_line_exit_2_and_writes_nothing(case: str, mode: str, tmp
         assert HINTS[case] in lines[0], lines[0]
     assert (counts(seeded_db), counts(tmp_path / "ro" / "results.db")) == before
     assert not list(tmp_path.glob("multirun/*/*/0_*")), "a job folder was created"
+    assert not list(tmp_path.glob("outputs/*/*")), "a plain run's folder was left behind"
 
 
 def test_resume_needs_a_multirun_and_a_sweep_folder(tmp_path: Path):
@@ -113,3 +117,14 @@ def test_help_lists_presets_only_and_cfg_with_multirun_is_one_line(tmp_path: Pat
     res = run_perfsweep(["-m", "--cfg", "job", "amp=true,false"], tmp_path)
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert res.stderr.strip().splitlines() == [res.stderr.strip()] and "--cfg" in res.stderr
+
+
+def test_a_plain_run_does_not_reuse_another_runs_folder(tmp_path: Path):
+    first = run_perfsweep([*TINY, "profile.enabled=false", f"hydra.run.dir={tmp_path}/mine"], tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    before = counts(tmp_path / "results.db")
+    again = run_perfsweep([*TINY, "profile.enabled=false", f"hydra.run.dir={tmp_path}/mine"], tmp_path)
+    assert again.returncode == 2 and again.stderr.count("\n") == 1, again.stderr
+    assert "hydra.run.dir=" in again.stderr and "already holds another sweep" in again.stderr
+    assert counts(tmp_path / "results.db") == before
+    assert (tmp_path / "mine" / ".hydra").is_dir()  # the first run's folder is kept as it was

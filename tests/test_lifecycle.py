@@ -131,9 +131,11 @@ def test_sweep_killed_with_sigkill_then_resumed(tmp_path: Path):
     assert [d.split("_")[0] for d in dirs if d[0].isdigit()] == ["0", "1", "2"]
     assert not any("resume" in d for d in dirs)
 
-    res = run_perfsweep(["resume", "1"], tmp_path)  # nothing left: no job, no new row
+    ended = rows(db, "SELECT finished_at FROM sweeps")
+    res = run_perfsweep(["resume", "1"], tmp_path)  # nothing left: no job, no new row, nothing rewritten
     assert res.returncode == 0 and "0 to run" in res.stderr
     assert len(rows(db, "SELECT id FROM runs")) == len(runs)
+    assert rows(db, "SELECT finished_at FROM sweeps") == ended
 
 
 # A real SQLite database that refuses to record outcomes: the job's 'running' row goes in, the
@@ -155,6 +157,7 @@ def test_failed_database_write_is_kept_and_imported_once(tmp_path: Path):
     assert res.returncode == 1, res.stderr[-3000:]
     last = res.stderr.strip().splitlines()[-1]
     assert "2 results could not be written" in last and "perfsweep import" in last, last
+    assert "[SQL:" not in res.stdout + res.stderr  # the driver's first line, not SQLAlchemy's dump
     files = sorted(tmp_path.glob("multirun/*/*/*/result.json"))
     assert len(files) == 2
     kept = json.loads(files[0].read_text())
@@ -188,7 +191,8 @@ def test_failed_database_write_is_kept_and_imported_once(tmp_path: Path):
         res = run_perfsweep(["import", *map(str, files), "--db", str(other)], tmp_path)
         assert res.returncode == 0 and expected in res.stdout, res.stdout + res.stderr
     assert rows(other, "SELECT count(*) AS n FROM runs")[0]["n"] == 2
-    assert rows(other, "SELECT sweep_dir FROM sweeps") == [{"sweep_dir": str(sweep_dir)}]
+    swept = rows(other, "SELECT sweep_dir, status, finished_at FROM sweeps")
+    assert [(r["sweep_dir"], r["status"]) for r in swept] == [(str(sweep_dir), "done")] and swept[0]["finished_at"]
 
 
 def test_import_refuses_what_is_not_a_result(tmp_path: Path):

@@ -63,8 +63,21 @@ class PerfsweepSweeper(BasicSweeper):
             _refuse(str(exc))
         launch_dir = Path(self.config.hydra.runtime.cwd).resolve()
         sweep_dir = Path(self.config.hydra.sweep.dir).resolve()
-        created = _claim(sweep_dir, resume=first.resume)
         url = launcher.db_url(first, launch_dir)
+        try:
+            created = preflight.claim_folder(sweep_dir, "hydra.sweep.dir", resume=first.resume)
+        except ConfigError as exc:
+            _refuse(str(exc))
+        hashes = [launcher.config_hash(to_plain_dict(c)) for c in run_cfgs]
+        if first.resume:
+            done = preflight.done_grid_points(url, str(sweep_dir))
+            todo = [i for i in range(len(jobs)) if (i, hashes[i]) not in done]
+            print(f"perfsweep: resuming the sweep in {sweep_dir}: {len(jobs) - len(todo)} of {len(jobs)} "
+                  f"grid points already ok, {len(todo)} to run", file=sys.stderr)
+            if not todo:  # nothing to do: leave the sweep, its times and its report as they are
+                return []
+        else:
+            todo = list(range(len(jobs)))
         try:
             reservation = preflight.reserve_sweep(
                 url, str(sweep_dir), first.name or self.config.hydra.job.config_name or "perfsweep",
@@ -72,15 +85,8 @@ class PerfsweepSweeper(BasicSweeper):
                 hostname=socket.gethostname(), launch_dir=str(launch_dir),
             )
         except ConfigError as exc:
-            _unclaim(sweep_dir, created)
+            preflight.unclaim_folder(sweep_dir, created)
             _refuse(str(exc))
-        todo = list(range(len(jobs)))
-        if first.resume:
-            done = preflight.done_grid_points(url, reservation.sweep_id)
-            hashes = [launcher.config_hash(to_plain_dict(c)) for c in run_cfgs]
-            todo = [i for i in todo if (i, hashes[i]) not in done]
-            print(f"perfsweep: resuming sweep {reservation.sweep_id}: {len(jobs) - len(todo)} of {len(jobs)} "
-                  f"grid points already ok, {len(todo)} to run", file=sys.stderr)
         os.environ[launcher.ENV_N_JOBS] = str(len(jobs))
         os.environ[launcher.ENV_SWEEP_START] = str(time.time())
         print(f"perfsweep: {_jobs(len(todo))}, one process each; job folders under {sweep_dir}", file=sys.stderr)
@@ -139,43 +145,3 @@ def _status(job_return: Any) -> str:
         return str(job_return.return_value)
     except Exception:  # noqa: BLE001 - Hydra re-raises the job's exception here
         return "failed"
-
-
-MARKER = ".perfsweep-sweep"
-
-
-def _claim(sweep_dir: Path, resume: bool) -> list[Path]:
-    """Make ``sweep_dir`` this sweep's own, atomically, or stop before any job starts.
-
-    The sweep folder is the sweep's identity: its rows are keyed by it and its jobs' folders and
-    artifacts live in it. The default folder name carries a random part, so concurrent sweeps
-    never meet; a folder set by hand (``hydra.sweep.dir=...``) that another sweep already used
-    is refused rather than shared, unless ``resume=true`` asks to continue the sweep in it.
-    Returns the folders it created (removed again if the database then refuses the sweep).
-    """
-    marker = sweep_dir / MARKER
-    if resume:
-        if not marker.is_file():
-            _refuse(f"resume=true: hydra.sweep.dir={sweep_dir} holds no perfsweep sweep ({MARKER} not found); "
-                    "name the folder of the sweep to resume, or use: perfsweep resume SWEEP_ID")
-        return []
-    created = [p for p in (sweep_dir, *sweep_dir.parents) if not p.exists()]
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        _refuse(f"hydra.sweep.dir={sweep_dir} already holds another sweep ({MARKER} exists); give each sweep its "
-                "own folder (the default one is unique), or add resume=true to continue that sweep")
-    with os.fdopen(fd, "w") as fh:
-        fh.write(f"pid={os.getpid()} host={socket.gethostname()} started={time.time():.0f}\n")
-    return created
-
-
-def _unclaim(sweep_dir: Path, created: list[Path]) -> None:
-    """Undo :func:`_claim` when the sweep is refused before any job: no marker, no empty folders."""
-    (sweep_dir / MARKER).unlink(missing_ok=True)
-    for p in created:  # deepest first
-        try:
-            p.rmdir()
-        except OSError:
-            break
