@@ -65,11 +65,12 @@ def error_line(exc: BaseException) -> str:
         return f"{key}={name}: no such preset; {hint}choices: {', '.join(choices)}"
     unknown = re.search(r"Key '([\w.]+)' (?:not in|is not in) '(\w+)'", f"{exc} {exc.__cause__}")
     override = re.search(r"override '([\w.]+)'", str(exc))
+    typed = re.search(r"use \+(\S+)", str(exc))  # Hydra's own advice quotes key=value as typed
     if unknown is not None:
         key = override.group(1) if override else unknown.group(1)
         close = difflib.get_close_matches(key, config_keys(), n=1)
         hint = f"did you mean {close[0]}? " if close else ""
-        return f"{key}: no such key; {hint}python -m perfsweep --help lists them"
+        return f"{typed.group(1) if typed else key}: no such key; {hint}python -m perfsweep --help lists them"
     parts = [str(exc)]
     if exc.__cause__ is not None:
         parts.append(str(exc.__cause__))
@@ -202,7 +203,10 @@ def done_grid_points(url: str, sweep_dir: str) -> set[tuple[int, str]]:
 
     from perfsweep import store
 
-    engine = store.connect(url)
+    try:
+        engine = store.connect(url)
+    except Exception as exc:  # noqa: BLE001 - any driver error; its first line says what
+        raise ConfigError(f"cannot open db.url={url!r}: {first_line(exc)}") from None
     try:
         with store.session(engine) as s:
             rows = s.execute(select(store.Run.job_num, store.Run.config_hash)

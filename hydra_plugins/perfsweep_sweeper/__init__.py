@@ -70,7 +70,10 @@ class PerfsweepSweeper(BasicSweeper):
             _refuse(str(exc))
         hashes = [launcher.config_hash(to_plain_dict(c)) for c in run_cfgs]
         if first.resume:
-            done = preflight.done_grid_points(url, str(sweep_dir))
+            try:
+                done = preflight.done_grid_points(url, str(sweep_dir))
+            except ConfigError as exc:
+                _refuse(str(exc))
             todo = [i for i in range(len(jobs)) if (i, hashes[i]) not in done]
             print(f"perfsweep: resuming the sweep in {sweep_dir}: {len(jobs) - len(todo)} of {len(jobs)} "
                   f"grid points already ok, {len(todo)} to run", file=sys.stderr)
