@@ -27,22 +27,40 @@ def main() -> int:
         t0 = time.perf_counter()
         subprocess.run(
             [sys.executable, "-m", "perfsweep", "-m", "amp=true,false", "ckpt=true,false"],
-            cwd=tmp, env=env, check=True, stdout=subprocess.DEVNULL,
+            cwd=tmp,
+            env=env,
+            check=True,
+            stdout=subprocess.DEVNULL,
         )
         wall = time.perf_counter() - t0
         engine = sa.create_engine(f"sqlite:///{Path(tmp) / 'results.db'}")
         df = pd.read_sql_query(
             "SELECT amp, ckpt, status, tokens_per_s, step_time_ms_median, step_time_ms_p10,"
-            " step_time_ms_p90, peak_mem_bytes, device_name, torch_version, cpu_count FROM runs", engine
+            " step_time_ms_p90, peak_mem_bytes, device_name, torch_version, cpu_count FROM runs",
+            engine,
         )
         engine.dispose()
     env_row = df.iloc[0]
-    print(f"date: {datetime.now(timezone.utc):%Y-%m-%d}  machine: {env_row['device_name']}, "
-          f"{env_row['cpu_count']} cores, torch {env_row['torch_version']}")
+    print(
+        f"date: {datetime.now(timezone.utc):%Y-%m-%d}  machine: {env_row['device_name']}, "
+        f"{env_row['cpu_count']} cores, torch {env_row['torch_version']}"
+    )
     print(f"cold-start wall time: {wall:.1f} s ({'meets' if wall < 180 else 'MISSES'} the < 180 s target)")
     df["peak_mem_MiB"] = df["peak_mem_bytes"] / 2**20
-    print(df[["amp", "ckpt", "status", "tokens_per_s", "step_time_ms_median", "step_time_ms_p10",
-              "step_time_ms_p90", "peak_mem_MiB"]].to_string(index=False, float_format=lambda v: f"{v:,.1f}"))
+    print(
+        df[
+            [
+                "amp",
+                "ckpt",
+                "status",
+                "tokens_per_s",
+                "step_time_ms_median",
+                "step_time_ms_p10",
+                "step_time_ms_p90",
+                "peak_mem_MiB",
+            ]
+        ].to_string(index=False, float_format=lambda v: f"{v:,.1f}")
+    )
     mem = {(r.amp, r.ckpt): r.peak_mem_bytes for r in df.itertuples()}
     ok = all(mem[(a, 1)] < mem[(a, 0)] for a in (0, 1))
     for a in (0, 1):

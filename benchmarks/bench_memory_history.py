@@ -37,8 +37,15 @@ def main() -> int:
         print("bench_memory_history: needs a CUDA device; torch sees none", file=sys.stderr)
         return 2
     register_configs()
-    base = ["model=minigpt_seed", "device=cuda", "amp=true", "amp_dtype=fp16", "batch=2", "seq_len=1024",
-            "data.vocab_limit=10000"]
+    base = [
+        "model=minigpt_seed",
+        "device=cuda",
+        "amp=true",
+        "amp_dtype=fp16",
+        "batch=2",
+        "seq_len=1024",
+        "data.vocab_limit=10000",
+    ]
     with initialize_config_module(version_base="1.3", config_module="perfsweep.conf"):
         cfg = to_run_config(compose(config_name="config", overrides=[*base, *args.overrides]))
     device = resolve_device(cfg.device)
@@ -48,15 +55,17 @@ def main() -> int:
         trainer.step()
     times: dict[str, list[float]] = {"off": [], "on": []}
     for r in range(args.rounds):
-        for mode in (("off", "on") if r % 2 == 0 else ("on", "off")):
+        for mode in ("off", "on") if r % 2 == 0 else ("on", "off"):
             if mode == "on":
                 snap.resume()
             times[mode] += [trainer.step()[0] for _ in range(args.steps)]
             if mode == "on":
                 snap.pause()
     med = {m: statistics.median(v) for m, v in times.items()}
-    print(f"# {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {torch.cuda.get_device_name(device)}, "
-          f"torch {torch.__version__}, overrides: {' '.join(args.overrides) or '(none)'}")
+    print(
+        f"# {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {torch.cuda.get_device_name(device)}, "
+        f"torch {torch.__version__}, overrides: {' '.join(args.overrides) or '(none)'}"
+    )
     for m, v in times.items():
         q = statistics.quantiles(v, n=10)
         print(f"history {m:>3}: step ms median {med[m]:.2f} (p10 {q[0]:.2f}, p90 {q[-1]:.2f}), {len(v)} steps")

@@ -36,15 +36,18 @@ def main() -> int:
         engine = sa.create_engine(f"sqlite:///{Path(tmp) / 'results.db'}")
         df = pd.read_sql_query(
             "SELECT json_extract(config_json, '$.profile.enabled') AS profiled, status, tokens_per_s,"
-            " step_time_ms_p10, step_time_ms_p90, device_name FROM runs", engine
+            " step_time_ms_p10, step_time_ms_p90, device_name FROM runs",
+            engine,
         )
         engine.dispose()
     assert (df["status"] == "ok").all(), df
     on = df[df["profiled"] == 1]["tokens_per_s"].tolist()
     off = df[df["profiled"] == 0]["tokens_per_s"].tolist()
     ratio = statistics.median(on) / statistics.median(off)
-    print(f"date: {datetime.now(timezone.utc):%Y-%m-%d}  machine: {df['device_name'].iloc[0]}, "
-          f"{platform.node()}  overrides: {' '.join(args.overrides)}")
+    print(
+        f"date: {datetime.now(timezone.utc):%Y-%m-%d}  machine: {df['device_name'].iloc[0]}, "
+        f"{platform.node()}  overrides: {' '.join(args.overrides)}"
+    )
     print(f"profiling on : tokens/s {', '.join(f'{v:,.0f}' for v in on)} (median {statistics.median(on):,.0f})")
     print(f"profiling off: tokens/s {', '.join(f'{v:,.0f}' for v in off)} (median {statistics.median(off):,.0f})")
     print(f"ratio on/off: {ratio:.3f} ({'meets' if ratio >= 0.98 else 'MISSES'} the >= 0.98 target)")

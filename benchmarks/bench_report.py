@@ -49,9 +49,7 @@ MODELS = {  # name: (n_params, d_model, n_layers)
 
 
 def grid() -> list[dict[str, Any]]:
-    points = itertools.product(
-        [True, False], [True, False], [True, False], BATCHES, SEQ_LENS, WORKERS, list(MODELS)
-    )
+    points = itertools.product([True, False], [True, False], [True, False], BATCHES, SEQ_LENS, WORKERS, list(MODELS))
     keys = ("amp", "ckpt", "compile", "batch", "seq_len", "workers", "model_name")
     return [dict(zip(keys, p, strict=True)) for p in points]
 
@@ -62,24 +60,10 @@ def synth_run(
     n_params, d_model, n_layers = MODELS[cfg["model_name"]]
     tokens = cfg["batch"] * cfg["seq_len"]
     flops_per_token = 6 * n_params + 12 * n_layers * d_model * cfg["seq_len"]
-    speed = (
-        400e12
-        * (1.9 if cfg["amp"] else 1.0)
-        * (0.75 if cfg["ckpt"] else 1.0)
-        * (1.2 if cfg["compile"] else 1.0)
-    )
+    speed = 400e12 * (1.9 if cfg["amp"] else 1.0) * (0.75 if cfg["ckpt"] else 1.0) * (1.2 if cfg["compile"] else 1.0)
     util = tokens / (tokens + 4096)  # small steps cannot fill the GPU
-    step_ms = (
-        1000 * tokens * flops_per_token / (speed * util) + 3.0 + (0.0 if cfg["workers"] else 1.5)
-    )
-    act = (
-        tokens
-        * d_model
-        * n_layers
-        * 34
-        * (0.5 if cfg["amp"] else 1.0)
-        * (0.15 if cfg["ckpt"] else 1.0)
-    )
+    step_ms = 1000 * tokens * flops_per_token / (speed * util) + 3.0 + (0.0 if cfg["workers"] else 1.5)
+    act = tokens * d_model * n_layers * 34 * (0.5 if cfg["amp"] else 1.0) * (0.15 if cfg["ckpt"] else 1.0)
     allocated = int(n_params * 16 + act)
     started = t0 + timedelta(seconds=20 * job)
     row: dict[str, Any] = {
@@ -174,8 +158,14 @@ def synth_run(
         }
         for s in STAGES
     ]
-    kernel_shares = {"gemm": 0.55, "attention": 0.15, "elementwise/norm": 0.15, "reduction": 0.07,
-                     "optimizer": 0.06, "memcpy/memset": 0.02}
+    kernel_shares = {
+        "gemm": 0.55,
+        "attention": 0.15,
+        "elementwise/norm": 0.15,
+        "reduction": 0.07,
+        "optimizer": 0.06,
+        "memcpy/memset": 0.02,
+    }
     busy = row["gpu_busy_ms"]
     kernels = [
         {"run_id": rid, "category": c, "ms_per_step": busy * f, "kernels_per_step": 100.0 * f * n_layers}
@@ -224,9 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         default=3,
         help="time build_report this many times; best and median shown",
     )
-    p.add_argument(
-        "--keep", type=Path, help="write the database and report here instead of a temp folder"
-    )
+    p.add_argument("--keep", type=Path, help="write the database and report here instead of a temp folder")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
 
@@ -240,8 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         insert_s = time.perf_counter() - t
         with engine.connect() as conn:
             counts = {
-                tbl: conn.exec_driver_sql(f"SELECT count(*) FROM {tbl}").scalar()
-                for tbl in ("runs", "steps", "stages")
+                tbl: conn.exec_driver_sql(f"SELECT count(*) FROM {tbl}").scalar() for tbl in ("runs", "steps", "stages")
             }
         print(
             f"synthesised {counts['runs']:,} runs, {counts['steps']:,} steps, {counts['stages']:,} stages "
@@ -265,8 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"breakdown of one more build ({time.perf_counter() - t:.2f} s): loading {report.load_seconds:.2f} s; "
             + ", ".join(
-                f"{c.name} {c.seconds:.2f} s" if not c.skipped else f"{c.name} skipped"
-                for c in report.charts.values()
+                f"{c.name} {c.seconds:.2f} s" if not c.skipped else f"{c.name} skipped" for c in report.charts.values()
             )
         )
         engine.dispose()

@@ -48,8 +48,10 @@ def main() -> int:
         labels.append(_block(args.steps, stage))
         bare.append(_block(args.steps, lambda _n: null))
     lab, nul = statistics.median(labels), statistics.median(bare)
-    print(f"date: {datetime.now(timezone.utc):%Y-%m-%d}  machine: {cpu_name()}, {platform.node()}  "
-          f"torch {torch.__version__}  {args.rounds} rounds x {args.steps} steps")
+    print(
+        f"date: {datetime.now(timezone.utc):%Y-%m-%d}  machine: {cpu_name()}, {platform.node()}  "
+        f"torch {torch.__version__}  {args.rounds} rounds x {args.steps} steps"
+    )
     print(f"record_function x{len(STAGES)} per step: median {lab:.2f} us (rounds {min(labels):.2f}-{max(labels):.2f})")
     print(f"no-op context x{len(STAGES)} per step:    median {nul:.2f} us (rounds {min(bare):.2f}-{max(bare):.2f})")
     print(f"labels cost {lab - nul:.2f} us per step, {(lab - nul) / len(STAGES):.2f} us per range, outside a profiler")

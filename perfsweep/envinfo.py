@@ -24,14 +24,14 @@ def cpu_name() -> str:
 def git_commit(path: str | Path) -> str | None:
     """HEAD of the git checkout at ``path`` (the launch directory), with -dirty if modified."""
     try:
-        head = subprocess.run(
-            ["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
-        )
+        head = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
         if head.returncode != 0:
             return None
         dirty = subprocess.run(
             ["git", "-C", str(path), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, timeout=5,
+            capture_output=True,
+            text=True,
+            timeout=5,
         )
         return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):

@@ -68,12 +68,17 @@ def import_file(engine: Engine, path: Path) -> str:
     run = dict(run)
     run.pop("id", None)
     run["sweep_id"] = store.get_or_create_sweep(
-        engine, sweep["sweep_dir"], sweep["name"],
+        engine,
+        sweep["sweep_dir"],
+        sweep["name"],
         **{k: sweep.get(k) for k in ("command", "n_jobs", "hostname", "launch_dir")},
     )
     with store.session(engine) as s:  # a sweep that exists only through imported results has ended
-        s.execute(update(store.Sweep).where(store.Sweep.id == run["sweep_id"], store.Sweep.status.is_(None))
-                  .values(status="done", finished_at=_when(run.get("finished_at"))))
+        s.execute(
+            update(store.Sweep)
+            .where(store.Sweep.id == run["sweep_id"], store.Sweep.status.is_(None))
+            .values(status="done", finished_at=_when(run.get("finished_at")))
+        )
     with store.session(engine) as s:
         existing = s.scalar(select(store.Run).where(store.Run.run_uid == run["run_uid"]))
         if existing is not None and existing.status in FINAL_STATUSES:
@@ -107,8 +112,13 @@ def pending_files(url: str, sweep_dir: str) -> list[Path]:
             continue
     try:
         with store.session(engine) as s:
-            stored = set(s.scalars(select(store.Run.run_uid).where(
-                store.Run.run_uid.in_(list(uids)), store.Run.status.in_(FINAL_STATUSES))))
+            stored = set(
+                s.scalars(
+                    select(store.Run.run_uid).where(
+                        store.Run.run_uid.in_(list(uids)), store.Run.status.in_(FINAL_STATUSES)
+                    )
+                )
+            )
     except Exception:  # noqa: BLE001
         return files
     finally:
@@ -146,8 +156,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"perfsweep import: {exc}", file=sys.stderr)
                 return 2
             except Exception as exc:  # noqa: BLE001 - the database refused; the file stays for a retry
-                print(f"perfsweep import: {f}: the database refused the write ({first_line(exc)}); the file is kept",
-                      file=sys.stderr)
+                print(
+                    f"perfsweep import: {f}: the database refused the write ({first_line(exc)}); the file is kept",
+                    file=sys.stderr,
+                )
                 outcome = "not stored"
             counts[outcome] = counts.get(outcome, 0) + 1
             log.info("%s: %s", f, outcome)

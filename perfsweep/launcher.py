@@ -173,7 +173,10 @@ class SweepHeartbeat:
 
 
 def _run_in_child(
-    spec: JobSpec, config: dict[str, Any], token_data: data_mod.TokenData, progress: ProgressLine,
+    spec: JobSpec,
+    config: dict[str, Any],
+    token_data: data_mod.TokenData,
+    progress: ProgressLine,
     beat: Callable[[], None],
 ) -> tuple[str, str | None, dict[str, Any], datetime]:
     """Run the job (``config`` is its plain-dict config) in a spawned process.
@@ -306,17 +309,30 @@ def run_job(spec: JobSpec) -> tuple[int | None, str]:
         try:
             token_data = data_mod.prepare(cfg.data, cfg.seed)
         except Exception as exc:  # noqa: BLE001 - a data problem is this job's result
-            status, error, fields, finished = "failed", f"preparing data failed: {type(exc).__name__}: {exc}", {}, utcnow()
+            status, error, fields, finished = (
+                "failed",
+                f"preparing data failed: {type(exc).__name__}: {exc}",
+                {},
+                utcnow(),
+            )
         else:
             status, error, fields, finished = _run_in_child(
-                spec, config, token_data, progress, Heartbeat(engine, run_id, sweep_id))
+                spec, config, token_data, progress, Heartbeat(engine, run_id, sweep_id)
+            )
     except BaseException as exc:  # Ctrl-C or SystemExit in the launcher: the job was stopped
         if run_id is not None:
             try:
                 with _second_ctrl_c_waits():
-                    store.save_run(engine, {**row, "status": "interrupted", "finished_at": utcnow(),
-                                            "error": f"interrupted ({type(exc).__name__}) before the job finished"},
-                                   run_id)
+                    store.save_run(
+                        engine,
+                        {
+                            **row,
+                            "status": "interrupted",
+                            "finished_at": utcnow(),
+                            "error": f"interrupted ({type(exc).__name__}) before the job finished",
+                        },
+                        run_id,
+                    )
             except Exception as write_exc:  # noqa: BLE001 - the next command marks it from its pid
                 log.warning("could not mark the run interrupted: %s", write_exc)
         engine.dispose()
@@ -361,8 +377,9 @@ def _begin(engine: Any, row: dict[str, Any]) -> int | None:
         return None
 
 
-def _save(engine: Any, row: dict[str, Any], run_id: int | None, spec: JobSpec,
-          fields_of_sweep: dict[str, Any]) -> int | None:
+def _save(
+    engine: Any, row: dict[str, Any], run_id: int | None, spec: JobSpec, fields_of_sweep: dict[str, Any]
+) -> int | None:
     """Store the run; if the database refuses, keep the whole result as result.json for `perfsweep import`."""
     try:
         return store.save_run(engine, row, run_id=run_id)

@@ -112,10 +112,7 @@ def persistent_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -
     """Bytes that stay live between steps: parameters and optimizer state (gradients are freed)."""
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     state = sum(
-        v.numel() * v.element_size()
-        for st in optimizer.state.values()
-        for v in st.values()
-        if torch.is_tensor(v)
+        v.numel() * v.element_size() for st in optimizer.state.values() for v in st.values() if torch.is_tensor(v)
     )
     return params + state
 
@@ -178,9 +175,7 @@ class MemorySnapshot:
         torch._C._cuda_attach_out_of_memory_observer(on_oom)
 
     def resume(self) -> None:
-        torch.cuda.memory._record_memory_history(
-            max_entries=self.max_entries, context=self.CONTEXT, stacks="python"
-        )
+        torch.cuda.memory._record_memory_history(max_entries=self.max_entries, context=self.CONTEXT, stacks="python")
 
     def pause(self) -> None:
         """Stop recording while steps are timed; torch clears the event trace recorded so far."""

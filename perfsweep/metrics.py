@@ -59,8 +59,9 @@ def summarize(records: Sequence[StepRecord], tokens_per_step: int, samples_per_s
     }
 
 
-def bottleneck_verdict(gpu_busy_ms: float | None, step_time_ms_median: float | None,
-                       data_wait_fraction: float | None) -> dict[str, float | str | None]:
+def bottleneck_verdict(
+    gpu_busy_ms: float | None, step_time_ms_median: float | None, data_wait_fraction: float | None
+) -> dict[str, float | str | None]:
     """``gpu_busy_fraction`` and the ``bottleneck`` verdict of a run, by :data:`BOTTLENECK_RULE`.
 
     Busy time comes from the profiled steps, the step time from the measured (unprofiled) ones,
@@ -76,12 +77,17 @@ def bottleneck_verdict(gpu_busy_ms: float | None, step_time_ms_median: float | N
         verdict = "gpu"
     else:
         verdict = "host"
-    return {"gpu_busy_ms": gpu_busy_ms, "gpu_busy_fraction": busy, "bottleneck": verdict,
-            "bottleneck_rule": BOTTLENECK_RULE}
+    return {
+        "gpu_busy_ms": gpu_busy_ms,
+        "gpu_busy_fraction": busy,
+        "bottleneck": verdict,
+        "bottleneck_rule": BOTTLENECK_RULE,
+    }
 
 
-def model_flops_utilisation(flops_per_token: float, tokens_per_s: float,
-                            peak_flops: float | None) -> dict[str, float | None]:
+def model_flops_utilisation(
+    flops_per_token: float, tokens_per_s: float, peak_flops: float | None
+) -> dict[str, float | None]:
     """``model_tflops_per_s`` (model FLOPs, not hardware FLOPs: recomputation is not counted)
     and ``mfu``, its share of the device's dense peak in the run's compute dtype (None off GPU)."""
     model_flops_per_s = flops_per_token * tokens_per_s

@@ -40,8 +40,13 @@ from perfsweep.config import (
     to_plain_dict,
 )
 
-_NESTED: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "steps": StepsConfig,
-                            "profile": ProfileConfig, "db": DbConfig}
+_NESTED: dict[str, type] = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "steps": StepsConfig,
+    "profile": ProfileConfig,
+    "db": DbConfig,
+}
 
 COMPOSE_ERRORS: tuple[type[BaseException], ...] = (ConfigError, HydraException, OmegaConfBaseException)
 """What composing and validating a grid point can raise for bad input (anything else is a bug)."""
@@ -75,7 +80,9 @@ def error_line(exc: BaseException) -> str:
     if exc.__cause__ is not None:
         parts.append(str(exc.__cause__))
     lines = [ln.strip() for p in parts for ln in p.splitlines() if ln.strip()]
-    lines = [ln for ln in lines if not ln.startswith(("object_type=", "full_key:", "reference_type=", "Set the environment"))]
+    lines = [
+        ln for ln in lines if not ln.startswith(("object_type=", "full_key:", "reference_type=", "Set the environment"))
+    ]
     return ": ".join(dict.fromkeys(lines)) or type(exc).__name__
 
 
@@ -171,14 +178,18 @@ def reserve_sweep(url: str, sweep_dir: str, name: str, **fields: Any) -> Reserva
     from perfsweep import store
 
     if url.startswith("sqlite") and url.split("?")[0].rstrip("/") in ("sqlite:", "sqlite:/") or ":memory:" in url:
-        raise ConfigError(f"invalid config: db.url={url!r}: an in-memory SQLite database dies with each job's "
-                          "process; give a file, e.g. db.url=sqlite:///results.db")
+        raise ConfigError(
+            f"invalid config: db.url={url!r}: an in-memory SQLite database dies with each job's "
+            "process; give a file, e.g. db.url=sqlite:///results.db"
+        )
     hint = "; a SQLite file and its folder must be writable" if url.startswith("sqlite") else ""
     try:
         engine = store.connect(url)
     except ModuleNotFoundError as exc:
-        raise ConfigError(f"cannot open db.url={url!r}: its driver is not installed ({exc}); install it, or name "
-                          "an installed one in the URL, e.g. postgresql+psycopg2://...") from None
+        raise ConfigError(
+            f"cannot open db.url={url!r}: its driver is not installed ({exc}); install it, or name "
+            "an installed one in the URL, e.g. postgresql+psycopg2://..."
+        ) from None
     except Exception as exc:  # noqa: BLE001 - any driver error; its first line says what
         raise ConfigError(f"cannot open db.url={url!r}: {first_line(exc)}{hint}") from None
     try:
@@ -209,9 +220,11 @@ def done_grid_points(url: str, sweep_dir: str) -> set[tuple[int, str]]:
         raise ConfigError(f"cannot open db.url={url!r}: {first_line(exc)}") from None
     try:
         with store.session(engine) as s:
-            rows = s.execute(select(store.Run.job_num, store.Run.config_hash)
-                             .join(store.Sweep, store.Sweep.id == store.Run.sweep_id)
-                             .where(store.Sweep.sweep_dir == sweep_dir, store.Run.status == "ok")).all()
+            rows = s.execute(
+                select(store.Run.job_num, store.Run.config_hash)
+                .join(store.Sweep, store.Sweep.id == store.Run.sweep_id)
+                .where(store.Sweep.sweep_dir == sweep_dir, store.Run.status == "ok")
+            ).all()
     finally:
         engine.dispose()
     return {(int(j), h) for j, h in rows if j is not None}
@@ -233,16 +246,20 @@ def claim_folder(folder: Path, key: str, resume: bool = False) -> list[Path]:
     marker = folder / MARKER
     if resume:
         if not marker.is_file():
-            raise ConfigError(f"resume=true: {key}={folder} holds no perfsweep sweep ({MARKER} not found); "
-                              "name the folder of the sweep to resume, or use: perfsweep resume SWEEP_ID")
+            raise ConfigError(
+                f"resume=true: {key}={folder} holds no perfsweep sweep ({MARKER} not found); "
+                "name the folder of the sweep to resume, or use: perfsweep resume SWEEP_ID"
+            )
         return []
     created = [p for p in (folder, *folder.parents) if not p.exists()]
     folder.mkdir(parents=True, exist_ok=True)
     try:
         fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
-        raise ConfigError(f"{key}={folder} already holds another sweep ({MARKER} exists); give each sweep its "
-                          "own folder (the default one is unique), or with -m add resume=true to continue it") from None
+        raise ConfigError(
+            f"{key}={folder} already holds another sweep ({MARKER} exists); give each sweep its "
+            "own folder (the default one is unique), or with -m add resume=true to continue it"
+        ) from None
     with os.fdopen(fd, "w") as fh:
         fh.write(f"pid={os.getpid()} host={socket.gethostname()} started={time.time():.0f}\n")
     return created

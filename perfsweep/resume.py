@@ -37,8 +37,15 @@ def command_for(sweep: store.Sweep, db_url: str | None = None) -> list[str]:
     drop = ("hydra.sweep.dir=", "resume=", *(("db.url=",) if db_url else ()))
     keep = [w for w in words[1:] if not w.startswith(drop)]
     extra = [f"db.url={_quoted(db_url)}"] if db_url else []
-    return [sys.executable, "-m", "perfsweep", *keep, f"hydra.sweep.dir={_quoted(sweep.sweep_dir)}", "resume=true",
-            *extra]
+    return [
+        sys.executable,
+        "-m",
+        "perfsweep",
+        *keep,
+        f"hydra.sweep.dir={_quoted(sweep.sweep_dir)}",
+        "resume=true",
+        *extra,
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,17 +68,24 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         engine.dispose()
     if sweep is None:
-        print(f"perfsweep resume: no sweep {args.sweep_id} in {url}; list them with: "
-              f"perfsweep query 'select id, name, status, created_at from sweeps' --db {args.db}", file=sys.stderr)
+        print(
+            f"perfsweep resume: no sweep {args.sweep_id} in {url}; list them with: "
+            f"perfsweep query 'select id, name, status, created_at from sweeps' --db {args.db}",
+            file=sys.stderr,
+        )
         return 2
     if sweep.status == "running":
-        print(f"perfsweep resume: sweep {sweep.id} is still running (pid {sweep.pid} on {sweep.hostname}); "
-              "wait for it or stop it first", file=sys.stderr)
+        print(
+            f"perfsweep resume: sweep {sweep.id} is still running (pid {sweep.pid} on {sweep.hostname}); "
+            "wait for it or stop it first",
+            file=sys.stderr,
+        )
         return 2
     launch_dir = sweep.launch_dir or os.getcwd()
     if not os.path.isdir(launch_dir):
-        print(f"perfsweep resume: sweep {sweep.id} was launched in {launch_dir}, which no longer exists",
-              file=sys.stderr)
+        print(
+            f"perfsweep resume: sweep {sweep.id} was launched in {launch_dir}, which no longer exists", file=sys.stderr
+        )
         return 2
     try:  # the database named here, even when the sweep's command used the default one
         cmd = command_for(sweep, db_url=None if url == store.default_url(launch_dir) else url)

@@ -124,7 +124,9 @@ def build(cfg: PerfsweepConfig, device: torch.device, token_data: data_mod.Token
     optimizer, fused = make_optimizer(raw, cfg)
     use_fp16 = cfg.amp and cfg.amp_dtype == AmpDtype.fp16
     if use_fp16 and device.type != "cuda":
-        raise ValueError(f"amp_dtype=fp16 with device={cfg.device.value} resolved to {device}: fp16 needs CUDA; use bf16")
+        raise ValueError(
+            f"amp_dtype=fp16 with device={cfg.device.value} resolved to {device}: fp16 needs CUDA; use bf16"
+        )
     scaler = torch.amp.GradScaler(device.type, enabled=use_fp16 and device.type == "cuda")
     amp_dtype = torch.float16 if use_fp16 else torch.bfloat16
 
@@ -269,8 +271,9 @@ def classify_error(exc: BaseException) -> str:
     return "failed"
 
 
-def job_main(cfg_dict: dict[str, Any], token_data: data_mod.TokenData, job_dir: str, label: str,
-             launch_dir: str, conn: Any) -> None:
+def job_main(
+    cfg_dict: dict[str, Any], token_data: data_mod.TokenData, job_dir: str, label: str, launch_dir: str, conn: Any
+) -> None:
     """Entry point of the spawned job process; every outcome goes back through ``conn``.
 
     The process's own stdout/stderr (C++ warnings, the profiler's start/stop lines) go to

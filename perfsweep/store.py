@@ -426,10 +426,17 @@ def start_sweep(engine: Engine, sweep_dir: str, name: str, **fields: Any) -> int
     """Find or create the sweep's row and mark it ``running`` by this process (a real write)."""
     sweep_id = get_or_create_sweep(engine, sweep_dir, name, **fields)
     with session(engine) as s:
-        s.execute(update(Sweep).where(Sweep.id == sweep_id).values(
-            status="running", pid=os.getpid(), hostname=fields.get("hostname") or socket.gethostname(),
-            heartbeat_at=func.now(), finished_at=None,
-        ))
+        s.execute(
+            update(Sweep)
+            .where(Sweep.id == sweep_id)
+            .values(
+                status="running",
+                pid=os.getpid(),
+                hostname=fields.get("hostname") or socket.gethostname(),
+                heartbeat_at=func.now(),
+                finished_at=None,
+            )
+        )
     return sweep_id
 
 
@@ -496,22 +503,32 @@ def mark_interrupted(engine: Engine) -> int:
                 return _process_gone(pid)
             return beat is not None and beat < stale
 
-        runs = s.execute(select(Run.id, Run.sweep_id, Run.hostname, Run.pid, Run.heartbeat_at)
-                         .where(Run.status == "running")).all()
+        runs = s.execute(
+            select(Run.id, Run.sweep_id, Run.hostname, Run.pid, Run.heartbeat_at).where(Run.status == "running")
+        ).all()
         gone_runs = [r for r in runs if dead(r.hostname, r.pid, r.heartbeat_at)]
         for r in gone_runs:
-            s.execute(update(Run).where(Run.id == r.id, Run.status == "running").values(
-                status="interrupted", finished_at=r.heartbeat_at or now,
-                error="interrupted: the job's process went away before it reported (killed, Ctrl-C or lost host); "
-                      "perfsweep resume reruns it",
-            ))
-        sweeps = s.execute(select(Sweep.id, Sweep.hostname, Sweep.pid, Sweep.heartbeat_at)
-                           .where(Sweep.status == "running")).all()
+            s.execute(
+                update(Run)
+                .where(Run.id == r.id, Run.status == "running")
+                .values(
+                    status="interrupted",
+                    finished_at=r.heartbeat_at or now,
+                    error="interrupted: the job's process went away before it reported (killed, Ctrl-C or lost host); "
+                    "perfsweep resume reruns it",
+                )
+            )
+        sweeps = s.execute(
+            select(Sweep.id, Sweep.hostname, Sweep.pid, Sweep.heartbeat_at).where(Sweep.status == "running")
+        ).all()
         live_runs = {r.sweep_id for r in runs if r not in gone_runs}
         for sw in sweeps:
             if sw.id not in live_runs and dead(sw.hostname, sw.pid, sw.heartbeat_at):
-                s.execute(update(Sweep).where(Sweep.id == sw.id, Sweep.status == "running").values(
-                    status="interrupted", finished_at=sw.heartbeat_at or now))
+                s.execute(
+                    update(Sweep)
+                    .where(Sweep.id == sw.id, Sweep.status == "running")
+                    .values(status="interrupted", finished_at=sw.heartbeat_at or now)
+                )
     if gone_runs:
         log.warning("marked %d run(s) interrupted: their processes are gone", len(gone_runs))
     return len(gone_runs)

@@ -28,8 +28,10 @@ def fill_compile_payback(engine: Engine, sweep_id: int) -> None:
     """
     with store.session(engine) as s:
         runs = s.scalars(select(store.Run).where(store.Run.sweep_id == sweep_id, store.Run.status == "ok")).all()
+
         def key(r: store.Run) -> tuple:
             return (r.amp, r.ckpt, r.batch, r.seq_len, r.workers, r.amp_dtype, r.model_name, r.data_name)
+
         eager = {key(r): r for r in runs if not r.compile}
         for r in runs:
             twin = eager.get(key(r))
@@ -42,12 +44,22 @@ def fill_compile_payback(engine: Engine, sweep_id: int) -> None:
 
 def summary_frame(engine: Engine, sweep_id: int) -> pd.DataFrame:
     cols = ", ".join(
-        ["job_num", *GRID_AXES, "status", "tokens_per_s", "step_time_ms_median", "step_time_ms_p10",
-         "step_time_ms_p90", "peak_mem_bytes", "mfu", "gpu_busy_fraction", "bottleneck", "error"]
+        [
+            "job_num",
+            *GRID_AXES,
+            "status",
+            "tokens_per_s",
+            "step_time_ms_median",
+            "step_time_ms_p10",
+            "step_time_ms_p90",
+            "peak_mem_bytes",
+            "mfu",
+            "gpu_busy_fraction",
+            "bottleneck",
+            "error",
+        ]
     )
-    return pd.read_sql_query(
-        f"SELECT {cols} FROM runs WHERE sweep_id = {int(sweep_id)} ORDER BY job_num, id", engine
-    )
+    return pd.read_sql_query(f"SELECT {cols} FROM runs WHERE sweep_id = {int(sweep_id)} ORDER BY job_num, id", engine)
 
 
 def format_summary(df: pd.DataFrame) -> str:
@@ -90,8 +102,10 @@ def finish_sweep(url: str, sweep_dir: str, make_report: bool = True, status: str
         where = engine.url.render_as_string(hide_password=True)
         print(f"\nResults: {where} (sweep_id={sweep_id})")
         if engine.url.get_backend_name() == "sqlite":
-            print(f"Query:   sqlite3 {engine.url.database} 'select amp, ckpt, tokens_per_s, peak_mem_bytes "
-                  f"from runs where sweep_id={sweep_id}'")
+            print(
+                f"Query:   sqlite3 {engine.url.database} 'select amp, ckpt, tokens_per_s, peak_mem_bytes "
+                f"from runs where sweep_id={sweep_id}'"
+            )
         if make_report:
             _report(engine, sweep_id)
     finally:
@@ -106,5 +120,8 @@ def _report(engine: Engine, sweep_id: int) -> None:
         print(f"Report:  {out / 'report.md'}")
     except Exception as exc:  # a plotting problem must not hide the results
         log.exception("report failed")
-        print(f"perfsweep: report failed ({exc}); the runs are stored (sweep_id={sweep_id}); "
-              f"retry with: perfsweep report --sweep {sweep_id}", file=sys.stderr)
+        print(
+            f"perfsweep: report failed ({exc}); the runs are stored (sweep_id={sweep_id}); "
+            f"retry with: perfsweep report --sweep {sweep_id}",
+            file=sys.stderr,
+        )

@@ -48,8 +48,11 @@ KERNEL_RULES: tuple[tuple[str, str], ...] = (
     ("gemm", r"gemm|nvjet|cublas|xmma|cutlass|wgmma|matmul|_mm_kernel|splitk"),
     ("elementwise/norm", r"layer_?norm|rms_?norm|batch_?norm|group_?norm|GammaBeta"),
     ("reduction", r"reduce|softmax|nll_loss|cross_entropy|cub::|argmax|argmin"),
-    ("elementwise/norm", r"elementwise|copy|fill|dropout|gelu|relu|silu|gather|scatter"
-                         r"|index|cat_?array|embedding|arange|philox|where|masked"),
+    (
+        "elementwise/norm",
+        r"elementwise|copy|fill|dropout|gelu|relu|silu|gather|scatter"
+        r"|index|cat_?array|embedding|arange|philox|where|masked",
+    ),
 )
 """How a kernel's name gives its category: the first rule whose regex matches (case-insensitive)
 wins; memcpy/memset are recognised by their event category, and what matches nothing is
@@ -141,8 +144,12 @@ class TraceAnalysis:
                 for c, s in self.categories.items()
             },
             "top_kernels": [
-                {"name": k.name, "category": k.category, "ms_per_step": k.ms_per_step,
-                 "calls_per_step": k.calls_per_step}
+                {
+                    "name": k.name,
+                    "category": k.category,
+                    "ms_per_step": k.ms_per_step,
+                    "calls_per_step": k.calls_per_step,
+                }
                 for k in self.top_kernels
             ],
         }
@@ -220,8 +227,9 @@ def _union_us(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def analyze(path: str | Path, stages: tuple[str, ...] | list[str] = STAGES, top_n: int = 15,
-            require_gpu: bool = True) -> TraceAnalysis:
+def analyze(
+    path: str | Path, stages: tuple[str, ...] | list[str] = STAGES, top_n: int = 15, require_gpu: bool = True
+) -> TraceAnalysis:
     """Analyse one Chrome trace. ``require_gpu``: a trace without GPU events is a TraceError."""
     events, meta, path = load_events(path)
     stage_set = set(stages)
@@ -322,9 +330,7 @@ def analyze(path: str | Path, stages: tuple[str, ...] | list[str] = STAGES, top_
         categories={
             c: CategoryStat(cat_us[c] / per_step, cat_n[c] / n_steps) for c in KERNEL_CATEGORIES if cat_n.get(c)
         },
-        top_kernels=[
-            KernelStat(name, kernel_category(name), us / per_step, n / n_steps) for name, (us, n) in top
-        ],
+        top_kernels=[KernelStat(name, kernel_category(name), us / per_step, n / n_steps) for name, (us, n) in top],
     )
 
 
@@ -387,11 +393,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("file", help="Chrome trace from torch.profiler (export_chrome_trace or perfsweep's job folder)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument(
-        "--stages", default=",".join(STAGES),
+        "--stages",
+        default=",".join(STAGES),
         help="comma-separated record_function range names to attribute GPU time to (default: %(default)s)",
     )
     parser.add_argument(
-        "--step-ms", type=float, default=None,
+        "--step-ms",
+        type=float,
+        default=None,
         help="measured (unprofiled) step time in ms; the busy fraction uses it instead of the "
         "profiler-slowed step (perfsweep stores it as runs.step_time_ms_median)",
     )
@@ -410,8 +419,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"perfsweep trace: {exc}", file=sys.stderr)
         return 2
     if not analysis.stage_calls:
-        print(f"perfsweep trace: none of the stage ranges {', '.join(stages)} is in the trace; all GPU time "
-              "is under (no stage). Name your record_function ranges with --stages.", file=sys.stderr)
+        print(
+            f"perfsweep trace: none of the stage ranges {', '.join(stages)} is in the trace; all GPU time "
+            "is under (no stage). Name your record_function ranges with --stages.",
+            file=sys.stderr,
+        )
     if args.json:
         print(json.dumps(analysis.to_json(args.step_ms), indent=2))
     else:

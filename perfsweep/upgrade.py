@@ -32,7 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # read-only file, server unreachable, not a database...
         print(f"perfsweep upgrade: --db {args.db}: cannot upgrade ({db_error_line(exc)})", file=sys.stderr)
         return 1
-    print(f"{args.db}: schema {before or '(new)'} -> {after}" if before != after else f"{args.db}: schema already at {after}")
+    print(
+        f"{args.db}: schema {before or '(new)'} -> {after}"
+        if before != after
+        else f"{args.db}: schema already at {after}"
+    )
     return 0
 
 

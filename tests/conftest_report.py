@@ -49,9 +49,7 @@ def run_sweep(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     if proc.returncode != 0:
-        raise AssertionError(
-            f"sweep {args} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-        )
+        raise AssertionError(f"sweep {args} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
 
 

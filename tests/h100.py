@@ -34,8 +34,14 @@ def build_h100_db(db: Path) -> str:
     url = f"sqlite:///{db}"
     engine = store.connect(url)
     try:
-        sid = store.get_or_create_sweep(engine, sweep["sweep_dir"], sweep["name"], command=sweep["command"],
-                                        n_jobs=sweep["n_jobs"], hostname=sweep["hostname"])
+        sid = store.get_or_create_sweep(
+            engine,
+            sweep["sweep_dir"],
+            sweep["name"],
+            command=sweep["command"],
+            n_jobs=sweep["n_jobs"],
+            hostname=sweep["hostname"],
+        )
         columns = set(store.Run.__table__.columns.keys()) - {"id"}
         for row in rows:
             result = {k: v for k, v in row.items() if k in columns}

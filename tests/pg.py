@@ -77,9 +77,7 @@ def _as_server_user(cmd: list[str]) -> list[str]:
 def _run(cmd: list[str], cwd: Path, what: str, log: Path | None = None) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
     env["LC_ALL"] = "C"
-    proc = subprocess.run(
-        _as_server_user(cmd), cwd=cwd, env=env, capture_output=True, text=True, timeout=120
-    )
+    proc = subprocess.run(_as_server_user(cmd), cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
     if proc.returncode != 0:
         detail = proc.stdout + proc.stderr
         if log is not None and log.exists():
@@ -122,9 +120,7 @@ def postgres_server(dbname: str = DEFAULT_DB) -> Iterator[str]:
             user = pwd.getpwnam(PG_USER)
         except KeyError:
             shutil.rmtree(root, ignore_errors=True)
-            raise RuntimeError(
-                f"running as root but there is no {PG_USER!r} OS user to run PostgreSQL as"
-            ) from None
+            raise RuntimeError(f"running as root but there is no {PG_USER!r} OS user to run PostgreSQL as") from None
         for path in (root, sockdir):
             os.chown(path, user.pw_uid, user.pw_gid)
     os.chmod(root, 0o700)

@@ -18,7 +18,9 @@ from tests.util import TINY, read_only, run_perfsweep
 def counts(db: Path) -> tuple[int, int]:
     con = sqlite3.connect(f"file:{db}?immutable=1", uri=True)  # creates no -wal/-shm files
     try:
-        return con.execute("SELECT count(*) FROM sweeps").fetchone()[0], con.execute("SELECT count(*) FROM runs").fetchone()[0]
+        return con.execute("SELECT count(*) FROM sweeps").fetchone()[0], con.execute(
+            "SELECT count(*) FROM runs"
+        ).fetchone()[0]
     finally:
         con.close()
 
@@ -29,11 +31,25 @@ def seeded_db(tmp_path: Path) -> Path:
     db = tmp_path / "results.db"
     engine = store.connect(f"sqlite:///{db}")
     sid = store.get_or_create_sweep(engine, "/earlier/sweep", "earlier")
-    store.save_run(engine, {
-        "sweep_id": sid, "amp": False, "ckpt": False, "batch": 4, "seq_len": 32, "compile": False, "workers": 0,
-        "amp_dtype": "bf16", "model_name": "tiny", "data_name": "synthetic", "config_json": {}, "config_hash": "x",
-        "status": "ok", "tokens_per_s": 1.0,
-    })
+    store.save_run(
+        engine,
+        {
+            "sweep_id": sid,
+            "amp": False,
+            "ckpt": False,
+            "batch": 4,
+            "seq_len": 32,
+            "compile": False,
+            "workers": 0,
+            "amp_dtype": "bf16",
+            "model_name": "tiny",
+            "data_name": "synthetic",
+            "config_json": {},
+            "config_hash": "x",
+            "status": "ok",
+            "tokens_per_s": 1.0,
+        },
+    )
     engine.dispose()
     return db
 

@@ -86,8 +86,14 @@ def test_missing_path_is_a_clear_error(tmp_path: Path):
 
 
 def test_windows_are_shifted_by_one_and_loader_batches(tmp_path: Path):
-    cfg = DataConfig(name="s", kind=DataKind.synthetic, synthetic_vocab=50, synthetic_tokens=1000,
-                     cache_dir=str(tmp_path), vocab_limit=None)
+    cfg = DataConfig(
+        name="s",
+        kind=DataKind.synthetic,
+        synthetic_vocab=50,
+        synthetic_tokens=1000,
+        cache_dir=str(tmp_path),
+        vocab_limit=None,
+    )
     td = data.prepare(cfg, seed=3)
     assert data.prepare(cfg, seed=3).tokens_path == td.tokens_path  # deterministic, cached
     ds = data.TokenWindows(td.tokens_path, seq_len=10)
@@ -104,8 +110,14 @@ def test_windows_are_shifted_by_one_and_loader_batches(tmp_path: Path):
 
 
 def test_loader_with_workers(tmp_path: Path):
-    cfg = DataConfig(name="s", kind=DataKind.synthetic, synthetic_vocab=50, synthetic_tokens=2000,
-                     cache_dir=str(tmp_path), vocab_limit=None)
+    cfg = DataConfig(
+        name="s",
+        kind=DataKind.synthetic,
+        synthetic_vocab=50,
+        synthetic_tokens=2000,
+        cache_dir=str(tmp_path),
+        vocab_limit=None,
+    )
     td = data.prepare(cfg)
     loader = data.make_loader(td, seq_len=8, batch=2, workers=2, seed=0, pin_memory=False)
     assert loader.persistent_workers
@@ -114,7 +126,13 @@ def test_loader_with_workers(tmp_path: Path):
 
 
 def test_batch_larger_than_corpus_is_refused(tmp_path: Path):
-    cfg = DataConfig(name="s", kind=DataKind.synthetic, synthetic_vocab=50, synthetic_tokens=100,
-                     cache_dir=str(tmp_path), vocab_limit=None)
+    cfg = DataConfig(
+        name="s",
+        kind=DataKind.synthetic,
+        synthetic_vocab=50,
+        synthetic_tokens=100,
+        cache_dir=str(tmp_path),
+        vocab_limit=None,
+    )
     with pytest.raises(ValueError, match="batch=64"):
         data.make_loader(data.prepare(cfg), seq_len=10, batch=64, workers=0, seed=0, pin_memory=False)

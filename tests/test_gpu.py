@@ -31,10 +31,20 @@ MODEL = ModelConfig(name="gpu-small", n_layers=4, n_heads=4, d_model=256, d_ff=1
 
 def cfg(tmp_path: Path, **kw) -> PerfsweepConfig:
     return PerfsweepConfig(
-        device=Device.cuda, batch=8, seq_len=256, model=MODEL,
-        data=DataConfig(name="syn", kind=DataKind.synthetic, synthetic_vocab=8192, synthetic_tokens=200_000,
-                        vocab_limit=None, cache_dir=str(tmp_path / "cache")),
-        steps=StepsConfig(warmup=3, measure=5), **kw,
+        device=Device.cuda,
+        batch=8,
+        seq_len=256,
+        model=MODEL,
+        data=DataConfig(
+            name="syn",
+            kind=DataKind.synthetic,
+            synthetic_vocab=8192,
+            synthetic_tokens=200_000,
+            vocab_limit=None,
+            cache_dir=str(tmp_path / "cache"),
+        ),
+        steps=StepsConfig(warmup=3, measure=5),
+        **kw,
     )
 
 
@@ -89,10 +99,24 @@ def test_spawned_cuda_sweep_stage_times_verdict_and_snapshot_with_checkpointing(
     With torch's default ``context="all"`` the ckpt=true job failed every step (torch 2.11, H100).
     """
     res = run_perfsweep(
-        ["-m", "ckpt=true,false", "device=cuda", "model=small", "model.dropout=0.1", "data=synthetic",
-         "data.synthetic_vocab=10000", "batch=8", "seq_len=256", "amp=true", "steps.warmup=3",
-         "steps.measure=5", "profile.wait=0", "profile.warmup=1", "profile.active=2",
-         "profile.memory_snapshot=true"],
+        [
+            "-m",
+            "ckpt=true,false",
+            "device=cuda",
+            "model=small",
+            "model.dropout=0.1",
+            "data=synthetic",
+            "data.synthetic_vocab=10000",
+            "batch=8",
+            "seq_len=256",
+            "amp=true",
+            "steps.warmup=3",
+            "steps.measure=5",
+            "profile.wait=0",
+            "profile.warmup=1",
+            "profile.active=2",
+            "profile.memory_snapshot=true",
+        ],
         tmp_path,
     )
     assert res.returncode == 0, res.stderr[-3000:]

@@ -37,9 +37,21 @@ def engine(request: pytest.FixtureRequest, tmp_path: Path):
 
 def base_row(sweep_id: int, job_num: int, **extra) -> dict:
     return {
-        "sweep_id": sweep_id, "job_num": job_num, "amp": False, "ckpt": False, "batch": 4, "seq_len": 32,
-        "compile": False, "workers": 0, "amp_dtype": "bf16", "model_name": "tiny", "data_name": "synthetic",
-        "config_json": {}, "config_hash": f"h{job_num}", "started_at": store.utcnow(), **extra,
+        "sweep_id": sweep_id,
+        "job_num": job_num,
+        "amp": False,
+        "ckpt": False,
+        "batch": 4,
+        "seq_len": 32,
+        "compile": False,
+        "workers": 0,
+        "amp_dtype": "bf16",
+        "model_name": "tiny",
+        "data_name": "synthetic",
+        "config_json": {},
+        "config_hash": f"h{job_num}",
+        "started_at": store.utcnow(),
+        **extra,
     }
 
 
@@ -105,11 +117,16 @@ def test_sweep_killed_with_sigkill_then_resumed(tmp_path: Path):
     proc = subprocess.Popen(
         # three grid points: the first is done, the second killed midway, the third never starts
         [sys.executable, "-m", "perfsweep", "-m", "batch=2,3,4", *[o for o in TINY if not o.startswith("batch")]],
-        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     try:
         # after the first job is stored and while the second one runs
-        _wait_for(lambda: db.exists() and rows(db, "SELECT group_concat(status) AS s FROM runs")[0]["s"] == "ok,running")
+        _wait_for(
+            lambda: db.exists() and rows(db, "SELECT group_concat(status) AS s FROM runs")[0]["s"] == "ok,running"
+        )
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the sweep and its running job, with no chance to clean up
         proc.wait()

@@ -81,8 +81,9 @@ def test_mfu_of_the_h100_runs_is_a_share_of_the_right_peak():
     from tests.h100 import H100
 
     con = sqlite3.connect(f"file:{H100 / 'results-fp16-seed-snapshot-gpt2.db'}?immutable=1", uri=True)
-    rows = con.execute("SELECT amp, amp_dtype, device_name, flops_per_token, tokens_per_s, mfu FROM runs "
-                       "WHERE status = 'ok'").fetchall()
+    rows = con.execute(
+        "SELECT amp, amp_dtype, device_name, flops_per_token, tokens_per_s, mfu FROM runs WHERE status = 'ok'"
+    ).fetchall()
     con.close()
     assert len(rows) >= 6
     for amp, amp_dtype, device, flops_per_token, tps, stored_mfu in rows:

@@ -16,15 +16,9 @@ NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "explore_results.
 
 
 def _kernel_or_skip() -> str:
-    pytest.importorskip(
-        "nbformat", reason="nbformat not installed (pip install perfsweep[notebook])"
-    )
-    pytest.importorskip(
-        "nbclient", reason="nbclient not installed (pip install perfsweep[notebook])"
-    )
-    pytest.importorskip(
-        "ipykernel", reason="ipykernel not installed (pip install perfsweep[notebook])"
-    )
+    pytest.importorskip("nbformat", reason="nbformat not installed (pip install perfsweep[notebook])")
+    pytest.importorskip("nbclient", reason="nbclient not installed (pip install perfsweep[notebook])")
+    pytest.importorskip("ipykernel", reason="ipykernel not installed (pip install perfsweep[notebook])")
     from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 
     try:
@@ -46,18 +40,14 @@ def test_notebook_runs_against_a_real_sweep(
     monkeypatch.setenv("PERFSWEEP_SWEEP", str(report_sweeps.amp_ckpt))
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    client = NotebookClient(
-        nb, timeout=180, kernel_name=kernel, resources={"metadata": {"path": str(tmp_path)}}
-    )
+    client = NotebookClient(nb, timeout=180, kernel_name=kernel, resources={"metadata": {"path": str(tmp_path)}})
     client.execute()  # raises CellExecutionError with the cell and traceback on any error
 
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
     images = [o for o in outputs if "image/png" in o.get("data", {})]
     assert len(images) >= 2, "expected the two charts as PNG outputs"
-    text = "\n".join(
-        str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", "")) for o in outputs
-    )
+    text = "\n".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", "")) for o in outputs)
     assert f"looking at sweep {report_sweeps.amp_ckpt}" in text
     assert "amp=1 ckpt=1" in text  # the runs table, labelled by the differing axes
     assert "backward" in text  # the stage JOIN

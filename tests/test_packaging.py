@@ -20,14 +20,27 @@ def _setuptools_major() -> int:
         return 0
 
 
-@pytest.mark.skipif(_setuptools_major() < 77, reason="building offline needs setuptools>=77 installed "
-                    "(the [test] extra brings it)")
+@pytest.mark.skipif(
+    _setuptools_major() < 77, reason="building offline needs setuptools>=77 installed (the [test] extra brings it)"
+)
 def test_wheel_ships_configs_migrations_and_plugin(tmp_path: Path):
     # --no-build-isolation: build with the installed setuptools, so no network is needed
     res = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path),
-         str(REPO)],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(REPO),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert res.returncode == 0, res.stderr[-2000:]
     (wheel,) = tmp_path.glob("perfsweep-*.whl")

@@ -26,10 +26,20 @@ TINY_MODEL = ModelConfig(name="tiny", n_layers=2, n_heads=2, d_model=32, d_ff=64
 
 def tiny_cfg(tmp_path: Path, **kw) -> PerfsweepConfig:
     return PerfsweepConfig(
-        batch=2, seq_len=16, model=TINY_MODEL, device=Device.cpu,  # asserts CPU semantics
-        data=DataConfig(name="syn", kind=DataKind.synthetic, synthetic_vocab=64, synthetic_tokens=5000,
-                        vocab_limit=None, cache_dir=str(tmp_path / "cache")),
-        steps=StepsConfig(warmup=1, measure=3), **kw,
+        batch=2,
+        seq_len=16,
+        model=TINY_MODEL,
+        device=Device.cpu,  # asserts CPU semantics
+        data=DataConfig(
+            name="syn",
+            kind=DataKind.synthetic,
+            synthetic_vocab=64,
+            synthetic_tokens=5000,
+            vocab_limit=None,
+            cache_dir=str(tmp_path / "cache"),
+        ),
+        steps=StepsConfig(warmup=1, measure=3),
+        **kw,
     )
 
 

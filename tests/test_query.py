@@ -95,8 +95,12 @@ def test_sqlite_file_is_untouched_by_a_query(tmp_path: Path):
     engine.dispose()
     files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in tmp_path.iterdir()}
     exe = Path(sys.executable).with_name("perfsweep")
-    proc = subprocess.run([str(exe), "query", "SELECT COUNT(*) AS n FROM runs", "--db", str(tmp_path / "results.db")],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [str(exe), "query", "SELECT COUNT(*) AS n FROM runs", "--db", str(tmp_path / "results.db")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0 and proc.stdout.split() == ["n", "1"], proc.stderr
     assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in tmp_path.iterdir()} == files
 
@@ -124,8 +128,10 @@ def test_report_never_writes_and_names_the_upgrade_command(tmp_path: Path, capsy
     before = _files(folder)
     assert report_main(["--db", str(db), "--out", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == (f"perfsweep report: --db {db}: schema revision 0001 is older than this perfsweep's "
-                   f"{store.head_revision()}; upgrade it first with: perfsweep upgrade --db {db}")
+    assert err == (
+        f"perfsweep report: --db {db}: schema revision 0001 is older than this perfsweep's "
+        f"{store.head_revision()}; upgrade it first with: perfsweep upgrade --db {db}"
+    )
     assert _files(folder) == before  # not a byte changed, no -wal/-shm created
 
     assert upgrade_main(["--db", str(db)]) == 0
@@ -158,10 +164,18 @@ def test_query_and_report_on_read_only_media(tmp_path: Path):
     before = _files(folder)
     exe = Path(sys.executable).with_name("perfsweep")
     with read_only(folder), read_only(db):
-        q = subprocess.run([str(exe), "query", "SELECT status FROM runs", "--db", str(db), "--format", "csv"],
-                           capture_output=True, text=True, timeout=120)
-        r = subprocess.run([str(exe), "report", "--db", str(db), "--out", str(tmp_path / "r")],
-                           capture_output=True, text=True, timeout=300)
+        q = subprocess.run(
+            [str(exe), "query", "SELECT status FROM runs", "--db", str(db), "--format", "csv"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        r = subprocess.run(
+            [str(exe), "report", "--db", str(db), "--out", str(tmp_path / "r")],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     assert q.returncode == 0 and q.stdout.split() == ["status", "ok"], q.stderr
     assert r.returncode == 0 and (tmp_path / "r" / "report.md").is_file(), r.stderr
     assert _files(folder) == before

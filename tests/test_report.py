@@ -122,11 +122,7 @@ def engine(tmp_path: Path) -> Any:
 
 def tokens_from_db(db: Path, sweep_id: int) -> dict[int, float]:
     with sqlite3.connect(db) as conn:
-        return dict(
-            conn.execute(
-                "SELECT id, tokens_per_s FROM runs WHERE sweep_id = ?", (sweep_id,)
-            ).fetchall()
-        )
+        return dict(conn.execute("SELECT id, tokens_per_s FROM runs WHERE sweep_id = ?", (sweep_id,)).fetchall())
 
 
 def bar_heights(fig: Any) -> list[float]:
@@ -139,9 +135,7 @@ def bar_heights(fig: Any) -> list[float]:
 
 
 @pytest.mark.slow
-def test_amp_ckpt_sweep_gets_its_charts_and_skips_the_rest(
-    report_sweeps: ReportSweeps, tmp_path: Path
-) -> None:
+def test_amp_ckpt_sweep_gets_its_charts_and_skips_the_rest(report_sweeps: ReportSweeps, tmp_path: Path) -> None:
     eng = store.connect(report_sweeps.url)
     out = build_report(eng, [report_sweeps.amp_ckpt], out_dir=tmp_path / "r")
     drawn = {p.stem for p in out.glob("*.png")}
@@ -191,24 +185,18 @@ def test_throughput_bars_are_the_stored_tokens_per_s(report_sweeps: ReportSweeps
     for rid, tps in zip(frame["id"], frame["tokens_per_s"], strict=True):
         assert tps == pytest.approx(stored[rid])
     # and the drawn bars, in frame order
-    np.testing.assert_allclose(
-        bar_heights(chart.figure), frame["tokens_per_s"].to_numpy(), rtol=1e-12
-    )
+    np.testing.assert_allclose(bar_heights(chart.figure), frame["tokens_per_s"].to_numpy(), rtol=1e-12)
     # speedup is relative to the default baseline: amp and ckpt off
     base = frame[frame["is_baseline"]]
     assert list(base["label"]) == ["amp=off ckpt=off"]
-    np.testing.assert_allclose(
-        frame["speedup"], frame["tokens_per_s"] / base["tokens_per_s"].iloc[0]
-    )
+    np.testing.assert_allclose(frame["speedup"], frame["tokens_per_s"] / base["tokens_per_s"].iloc[0])
 
 
 @pytest.mark.slow
 def test_sweep_end_already_wrote_the_report(report_sweeps: ReportSweeps) -> None:
     """perfsweep.summary calls build_report when a sweep ends: report/ lies in the sweep folder."""
     with sqlite3.connect(report_sweeps.db) as conn:
-        sweep_dir = conn.execute(
-            "SELECT sweep_dir FROM sweeps WHERE id = ?", (report_sweeps.batch_seq,)
-        ).fetchone()[0]
+        sweep_dir = conn.execute("SELECT sweep_dir FROM sweeps WHERE id = ?", (report_sweeps.batch_seq,)).fetchone()[0]
     report = Path(sweep_dir) / "report"
     assert (report / "report.md").is_file()
     assert (report / "heatmap.png").is_file() and (report / "scaling.png").is_file()
@@ -221,9 +209,7 @@ def test_cli_defaults_to_latest_sweep_and_its_folder(
     assert main(["--db", str(report_sweeps.db)]) == 0
     out = capsys.readouterr().out
     with sqlite3.connect(report_sweeps.db) as conn:
-        sweep_dir = conn.execute(
-            "SELECT sweep_dir FROM sweeps WHERE id = ?", (report_sweeps.batch_seq,)
-        ).fetchone()[0]
+        sweep_dir = conn.execute("SELECT sweep_dir FROM sweeps WHERE id = ?", (report_sweeps.batch_seq,)).fetchone()[0]
     assert out.strip() == f"Report: {Path(sweep_dir) / 'report' / 'report.md'}"
 
 
@@ -373,9 +359,7 @@ def test_failed_runs_are_marked_not_dropped(engine: Any, tmp_path: Path) -> None
                 peak_mem_bytes=batch * seq * 2**14,
             ),
         )
-    store.save_run(
-        engine, run_row(sid, next(job), batch=16, seq_len=64, workers=2, status="failed")
-    )
+    store.save_run(engine, run_row(sid, next(job), batch=16, seq_len=64, workers=2, status="failed"))
     rep = make_report(engine, [sid])
     pareto = rep.charts["pareto"].frame
     assert set(pareto.loc[~pareto["ok"], "status"]) == {"oom", "failed"}
@@ -399,18 +383,14 @@ def test_pareto_front(engine: Any, tmp_path: Path) -> None:
 def test_big_sweep_bar_charts_show_top_n_plus_baseline(engine: Any, tmp_path: Path) -> None:
     sid = new_sweep(engine, tmp_path / "sw")
     for job, (batch, seq) in enumerate(itertools.product(range(1, 11), (32, 64, 128, 256, 512))):
-        store.save_run(
-            engine, run_row(sid, job, batch=batch, seq_len=seq, tokens_per_s=float(batch * seq))
-        )
+        store.save_run(engine, run_row(sid, job, batch=batch, seq_len=seq, tokens_per_s=float(batch * seq)))
     rep = make_report(engine, [sid], top=10)
     frame = rep.charts["throughput"].frame
     assert len(frame) == 11 and frame["is_baseline"].sum() == 1
     assert "top 10 of 50 configs" in rep.shown_note
     best = frame[~frame["is_baseline"]]["tokens_per_s"]
     assert best.tolist() == sorted(best, reverse=True)
-    assert best.min() == pytest.approx(
-        sorted(b * s for b in range(1, 11) for s in (32, 64, 128, 256, 512))[-10]
-    )
+    assert best.min() == pytest.approx(sorted(b * s for b in range(1, 11) for s in (32, 64, 128, 256, 512))[-10])
 
 
 def test_labels_name_only_differing_axes() -> None:
@@ -528,9 +508,7 @@ def test_compare_flags_changes_within_noise(engine: Any, tmp_path: Path) -> None
     store.save_run(engine, run_row(new, 3, compile=True, status="oom"))
 
     runs = frames.prepare_runs(load_runs(engine, [new, ref]))
-    cmp = compare_frame(runs[runs["sweep_id"] == new], runs[runs["sweep_id"] == ref]).set_index(
-        "label"
-    )
+    cmp = compare_frame(runs[runs["sweep_id"] == new], runs[runs["sweep_id"] == ref]).set_index("label")
     assert cmp.loc["amp=off ckpt=off compile=off", "verdict"] == "within noise"
     assert cmp.loc["amp=off ckpt=off compile=off", "change_pct"] == pytest.approx(2.0)
     assert cmp.loc["amp=on ckpt=off compile=off", "verdict"] == "faster"
@@ -553,10 +531,7 @@ def test_cli_compare_by_name(engine: Any, tmp_path: Path, capsys: pytest.Capture
         store.save_run(engine, run_row(sid, 1, amp=True))
     db = tmp_path / "results.db"
     assert main(["--db", str(db), "--sweep", "after", "--vs", "before"]) == 0
-    assert (
-        capsys.readouterr().out.strip()
-        == f"Compare: {tmp_path / 'b' / f'compare_vs_{a}' / 'compare.md'}"
-    )
+    assert capsys.readouterr().out.strip() == f"Compare: {tmp_path / 'b' / f'compare_vs_{a}' / 'compare.md'}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -582,9 +557,7 @@ def test_cli_compare_by_name(engine: Any, tmp_path: Path, capsys: pytest.Capture
         (["--vs", "1"], "--vs 1: is the same sweep as --sweep (1)"),
     ],
 )
-def test_cli_errors(
-    engine: Any, tmp_path: Path, capsys: pytest.CaptureFixture, args: list[str], message: str
-) -> None:
+def test_cli_errors(engine: Any, tmp_path: Path, capsys: pytest.CaptureFixture, args: list[str], message: str) -> None:
     sid = new_sweep(engine, tmp_path / "sw")
     assert sid == 1
     store.save_run(engine, run_row(sid, 0))

@@ -79,10 +79,7 @@ def counts(engine) -> dict[str, int]:
 def snapshot(engine) -> dict[str, list[tuple]]:
     """Every row of every table, in id order."""
     with engine.connect() as conn:
-        return {
-            t: [tuple(r) for r in conn.execute(text(f"SELECT * FROM {t} ORDER BY id"))]
-            for t in ALL_TABLES
-        }
+        return {t: [tuple(r) for r in conn.execute(text(f"SELECT * FROM {t} ORDER BY id"))] for t in ALL_TABLES}
 
 
 def as_utc(value: datetime) -> datetime:
@@ -285,16 +282,12 @@ def test_connect_creates_all_tables_at_alembic_head(db_url, engines):
     insp = inspect(engine)
     assert set(insp.get_table_names()) == TABLES | {"alembic_version"}
     with engine.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == [
-            head_revision()
-        ]
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == [head_revision()]
         # the migrations build exactly what the models declare (a column added to a model
         # without a migration shows up here)
         assert compare_metadata(MigrationContext.configure(conn), store.Base.metadata) == []
     assert {c["name"] for c in insp.get_columns("runs")} == set(store.Run.__table__.columns.keys())
-    assert {"amp", "ckpt", "tokens_per_s", "peak_mem_bytes"} <= {
-        c["name"] for c in insp.get_columns("runs")
-    }
+    assert {"amp", "ckpt", "tokens_per_s", "peak_mem_bytes"} <= {c["name"] for c in insp.get_columns("runs")}
     assert counts(engine) == dict.fromkeys(ALL_TABLES, 0)
 
 
@@ -308,9 +301,7 @@ def test_connect_again_is_a_noop_and_keeps_rows(db_url, engines):
     second = engines(db_url)
     store.upgrade(second)  # and once more on the same engine
     with second.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == [
-            head_revision()
-        ]
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == [head_revision()]
     assert snapshot(second) == before
     assert counts(second)["runs"] == 1 and counts(second)["steps"] == 6
 
@@ -392,9 +383,7 @@ def test_concurrent_first_connects_on_an_empty_database(db_url, engines):
     engine = engines(db_url, migrate=False)
     assert set(inspect(engine).get_table_names()) == TABLES | {"alembic_version"}
     with engine.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == [
-            head_revision()
-        ]
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == [head_revision()]
 
 
 # ------------------------------------------------------------------------------------ sweeps
@@ -478,8 +467,7 @@ def test_save_run_round_trip(db_url, engines):
             got_rows = sorted(getattr(run, table), key=lambda row: row.id)
             assert [row.run_id for row in got_rows] == [rid] * len(result[table])
             assert [
-                {k: getattr(row, k) for k in want}
-                for row, want in zip(got_rows, result[table], strict=True)
+                {k: getattr(row, k) for k in want} for row, want in zip(got_rows, result[table], strict=True)
             ] == result[table], table
     assert counts(reader) == {
         "sweeps": 1,
@@ -547,12 +535,7 @@ def test_failed_save_rolls_back_everything(db_url, engines, breakage):
 
     rid = store.save_run(engine, full_result(sid))  # the engine is still usable afterwards
     with engine.connect() as conn:
-        assert (
-            conn.execute(
-                text("SELECT count(*) FROM steps WHERE run_id = :r"), {"r": rid}
-            ).scalar_one()
-            == 6
-        )
+        assert conn.execute(text("SELECT count(*) FROM steps WHERE run_id = :r"), {"r": rid}).scalar_one() == 6
     assert counts(engine)["runs"] == 2
 
 
@@ -584,9 +567,7 @@ def test_reopen_and_add_a_new_sweep_loses_nothing(db_url, engines):
         "artifacts": 6,
     }
     with Session(second) as s:
-        per_sweep = dict(
-            s.execute(select(store.Run.sweep_id, func.count()).group_by(store.Run.sweep_id)).all()
-        )
+        per_sweep = dict(s.execute(select(store.Run.sweep_id, func.count()).group_by(store.Run.sweep_id)).all())
     assert per_sweep == {old: 3, new: 1}
 
 
@@ -648,9 +629,11 @@ def test_upgrade_fills_per_step_operator_columns_of_old_rows(tmp_path: Path):
     con.close()
     store.connect(f"sqlite:///{db}").dispose()
     con = sqlite3.connect(db)
-    rows = con.execute("SELECT o.id, o.calls, o.flops, o.calls_per_step, o.flops_per_step, "
-                       "json_extract(r.config_json, '$.profile.active') FROM ops o JOIN runs r ON r.id = o.run_id "
-                       "ORDER BY o.id").fetchall()
+    rows = con.execute(
+        "SELECT o.id, o.calls, o.flops, o.calls_per_step, o.flops_per_step, "
+        "json_extract(r.config_json, '$.profile.active') FROM ops o JOIN runs r ON r.id = o.run_id "
+        "ORDER BY o.id"
+    ).fetchall()
     con.close()
     assert len(rows) == len(before) > 0
     assert [r[:3] for r in rows] == before

@@ -16,9 +16,17 @@ def default_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The README's default sweep (default model, stdlib corpus), with fewer steps."""
     cwd = tmp_path_factory.mktemp("default_sweep")
     res = run_perfsweep(
-        ["-m", "amp=true,false", "ckpt=true,false", "steps.warmup=2", "steps.measure=4",
-         "profile.wait=0", "profile.warmup=1", "profile.active=1",
-         "device=cpu"],  # the assertions below are CPU semantics (allocator accounting, no verdict)
+        [
+            "-m",
+            "amp=true,false",
+            "ckpt=true,false",
+            "steps.warmup=2",
+            "steps.measure=4",
+            "profile.wait=0",
+            "profile.warmup=1",
+            "profile.active=1",
+            "device=cpu",
+        ],  # the assertions below are CPU semantics (allocator accounting, no verdict)
         cwd,
     )
     assert res.returncode == 0, res.stderr[-3000:]
@@ -100,15 +108,25 @@ def test_failures_are_results_and_the_sweep_goes_on(tmp_path: Path):
     # name) and fails inside the job; a huge step count overruns the timeout.
     tiny = [o for o in TINY if not o.startswith("steps.measure")]
     res = run_perfsweep(
-        ["-m", "steps.measure=3,100000000", "compile_backend=eager,no_such_backend", "compile=true",
-         "timeout_s=12", *tiny], tmp_path
+        [
+            "-m",
+            "steps.measure=3,100000000",
+            "compile_backend=eager,no_such_backend",
+            "compile=true",
+            "timeout_s=12",
+            *tiny,
+        ],
+        tmp_path,
     )
     # exit 1 after the summary: some jobs did not finish ok
     assert res.returncode == 1, res.stderr[-2000:]
     assert res.stderr.strip().splitlines()[-1] == (
-        "perfsweep: 3 of 4 jobs did not finish ok (2 failed, 1 timeout); exit code 1 (allow_failures=true exits 0)")
-    runs = rows(tmp_path / "results.db", "SELECT measure_steps, status, error, tokens_per_s, duration_s, config_json "
-                "FROM runs ORDER BY job_num")
+        "perfsweep: 3 of 4 jobs did not finish ok (2 failed, 1 timeout); exit code 1 (allow_failures=true exits 0)"
+    )
+    runs = rows(
+        tmp_path / "results.db",
+        "SELECT measure_steps, status, error, tokens_per_s, duration_s, config_json FROM runs ORDER BY job_num",
+    )
     status = [r["status"] for r in runs]
     assert status == ["ok", "failed", "timeout", "failed"], [(r["status"], r["error"]) for r in runs]
     assert runs[0]["tokens_per_s"] > 0
@@ -180,8 +198,12 @@ def test_ctrl_c_keeps_finished_jobs_and_leaves_no_process(tmp_path: Path):
     proc = subprocess.Popen(
         # DataLoader workers in the job: stopping it must release their semaphores (no warning)
         [sys.executable, "-m", "perfsweep", "-m", "steps.measure=3,100000000", "workers=2", *tiny],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     db = tmp_path / "results.db"
     deadline = time.monotonic() + 120
@@ -201,6 +223,7 @@ def test_ctrl_c_keeps_finished_jobs_and_leaves_no_process(tmp_path: Path):
     # the job that was running when Ctrl-C came is stored as such, and so is the sweep
     assert [r["status"] for r in rows(db, "SELECT status FROM runs ORDER BY job_num")] == ["ok", "interrupted"]
     assert [r["status"] for r in rows(db, "SELECT status FROM sweeps")] == ["interrupted"]
+
     def group_alive() -> bool:
         try:
             os.killpg(proc.pid, 0)
@@ -237,13 +260,23 @@ def test_compile_caches_are_isolated_per_job_unless_shared(tmp_path: Path):
     """
     env_cache = tmp_path / "user-inductor-cache"
     res = run_perfsweep(
-        ["-m", "compile_cache=shared,isolated,shared", "compile=true", "device=cpu",
-         *[o for o in TINY if not o.startswith("profile.")], "profile.enabled=false"],
-        tmp_path, env={"TORCHINDUCTOR_CACHE_DIR": str(env_cache)},
+        [
+            "-m",
+            "compile_cache=shared,isolated,shared",
+            "compile=true",
+            "device=cpu",
+            *[o for o in TINY if not o.startswith("profile.")],
+            "profile.enabled=false",
+        ],
+        tmp_path,
+        env={"TORCHINDUCTOR_CACHE_DIR": str(env_cache)},
     )
     assert res.returncode == 0, res.stderr[-3000:]
-    runs = rows(tmp_path / "results.db", "SELECT job_num, compile_cache, compile_cache_hits, compile_time_ms, "
-                "status, job_dir FROM runs ORDER BY job_num")
+    runs = rows(
+        tmp_path / "results.db",
+        "SELECT job_num, compile_cache, compile_cache_hits, compile_time_ms, "
+        "status, job_dir FROM runs ORDER BY job_num",
+    )
     assert [(r["compile_cache"], r["status"]) for r in runs] == [("shared", "ok"), ("isolated", "ok"), ("shared", "ok")]
     first, isolated, warm = runs
     assert first["compile_cache_hits"] == 0 and isolated["compile_cache_hits"] == 0  # both cold
@@ -261,8 +294,14 @@ def test_two_sweeps_started_at_once_in_one_folder_stay_apart(tmp_path: Path):
 
     tiny = [o for o in TINY if not o.startswith("profile.")] + ["profile.enabled=false", "device=cpu"]
     procs = [
-        subprocess.Popen([sys.executable, "-m", "perfsweep", "-m", axis, *tiny], cwd=tmp_path, text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        subprocess.Popen(
+            [sys.executable, "-m", "perfsweep", "-m", axis, *tiny],
+            cwd=tmp_path,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         for axis in ("amp=true,false", "ckpt=true,false")
     ]
     for p in procs:

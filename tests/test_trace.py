@@ -67,8 +67,9 @@ def test_stage_gpu_times_reproduce_the_h100_readme(name):
     d2d, fwd, bwd, opt, busy = README_MS[name]
     assert a.steps == 2 and a.step_markers and a.device_name == "NVIDIA H100 80GB HBM3"
     got = a.stage_gpu_ms
-    for stage, want in zip(("data_to_device", "forward", "backward", "optimizer_step"), (d2d, fwd, bwd, opt),
-                           strict=True):
+    for stage, want in zip(
+        ("data_to_device", "forward", "backward", "optimizer_step"), (d2d, fwd, bwd, opt), strict=True
+    ):
         assert close(got[stage], want), (stage, got[stage], want)
     assert close(a.gpu_busy_ms, busy, rel=0.01)
     assert got["backward"] > got["forward"] > 0  # the old attribution stored backward = 0.0
@@ -119,15 +120,23 @@ def test_kernel_categories_on_real_kernels():
         ("fmha_cutlassB_f32_aligned_128x64_k65536_dropout_sm80", "kernel", "attention"),
         ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7", "kernel", "attention"),
         ("triton_tem_fused_addmm_0", "kernel", "gemm"),
-        ("triton_red_fused__log_softmax__to_copy__unsafe_view_mm_prepare_softmax_online_view_19", "kernel",
-         "reduction"),
-        ("triton_poi_fused__log_softmax__log_softmax_backward_data_mm_nll_loss_backward", "kernel",
-         "elementwise/norm"),
+        (
+            "triton_red_fused__log_softmax__to_copy__unsafe_view_mm_prepare_softmax_online_view_19",
+            "kernel",
+            "reduction",
+        ),
+        ("triton_poi_fused__log_softmax__log_softmax_backward_data_mm_nll_loss_backward", "kernel", "elementwise/norm"),
         ("triton_per_fused__to_copy_add_native_layer_norm_backward_view_6", "kernel", "reduction"),  # by prefix
-        ("void at::native::vectorized_layer_norm_kernel<float, float, false>(int, float)", "kernel",
-         "elementwise/norm"),
-        ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>", "kernel",
-         "optimizer"),
+        (
+            "void at::native::vectorized_layer_norm_kernel<float, float, false>(int, float)",
+            "kernel",
+            "elementwise/norm",
+        ),
+        (
+            "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>",
+            "kernel",
+            "optimizer",
+        ),
         ("void at::native::reduce_kernel<128, 4, ReduceOp<{lambda()#1}>>", "kernel", "reduction"),
         ("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*)", "kernel", "communication"),
         ("Memcpy HtoD (Pinned -> Device)", "gpu_memcpy", "memcpy/memset"),
@@ -150,15 +159,47 @@ def test_busy_time_is_the_union_of_overlapping_streams(tmp_path):
         {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#7", "ts": 0, "dur": 100, "pid": 1, "tid": 1},
         {"ph": "X", "cat": "user_annotation", "name": "forward", "ts": 1, "dur": 10, "pid": 1, "tid": 1},
         {"ph": "X", "cat": "user_annotation", "name": "backward", "ts": 20, "dur": 30, "pid": 1, "tid": 1},
-        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 2, "dur": 1, "pid": 1, "tid": 1,
-         "args": {"correlation": 1}},
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaLaunchKernel",
+            "ts": 2,
+            "dur": 1,
+            "pid": 1,
+            "tid": 1,
+            "args": {"correlation": 1},
+        },
         # launched from autograd's thread (tid 2) inside the main thread's backward range
-        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 25, "dur": 1, "pid": 1, "tid": 2,
-         "args": {"correlation": 2}},
-        {"ph": "X", "cat": "kernel", "name": "gemm_a", "ts": 30, "dur": 15, "pid": 0, "tid": 7,
-         "args": {"correlation": 1}},
-        {"ph": "X", "cat": "kernel", "name": "elementwise_b", "ts": 40, "dur": 15, "pid": 0, "tid": 8,
-         "args": {"correlation": 2}},
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaLaunchKernel",
+            "ts": 25,
+            "dur": 1,
+            "pid": 1,
+            "tid": 2,
+            "args": {"correlation": 2},
+        },
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "gemm_a",
+            "ts": 30,
+            "dur": 15,
+            "pid": 0,
+            "tid": 7,
+            "args": {"correlation": 1},
+        },
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "elementwise_b",
+            "ts": 40,
+            "dur": 15,
+            "pid": 0,
+            "tid": 8,
+            "args": {"correlation": 2},
+        },
     ]
     a = analyze(_write(tmp_path / "t.json", ev))
     assert a.steps == 1 and a.step_markers
@@ -187,8 +228,9 @@ def test_cli_table_through_the_console_script(tmp_path):
     job.mkdir()
     shutil.copy(trace_path("minigpt_seed_fp16_amp1_ckpt1"), job / "trace_amp=true,ckpt=true.json.gz")
     exe = Path(sys.executable).with_name("perfsweep")
-    proc = subprocess.run([str(exe), "trace", str(job), "--step-ms", "68.35"], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [str(exe), "trace", str(job), "--step-ms", "68.35"], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     backward = next(line for line in lines if line.startswith("backward"))
@@ -269,8 +311,16 @@ def test_malformed_events_do_not_crash(tmp_path):
     """Null names and unhashable correlation ids are skipped over, not a traceback."""
     ev = [
         {"ph": "X", "cat": "user_annotation", "name": None, "ts": 0, "dur": 10, "pid": 1, "tid": 1},
-        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 1, "dur": 1, "pid": 1, "tid": 1,
-         "args": {"correlation": [1]}},
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaLaunchKernel",
+            "ts": 1,
+            "dur": 1,
+            "pid": 1,
+            "tid": 1,
+            "args": {"correlation": [1]},
+        },
         {"ph": "X", "cat": "kernel", "name": None, "ts": 2, "dur": 3, "pid": 0, "tid": 7, "args": {"correlation": [1]}},
     ]
     a = analyze(_write(tmp_path / "odd.json", ev))

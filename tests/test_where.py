@@ -34,9 +34,21 @@ def two_sweeps(request: pytest.FixtureRequest, tmp_path: Path):
 
 def run_row(sweep_id: int, **kw: Any) -> dict[str, Any]:
     return {
-        "sweep_id": sweep_id, "amp": False, "ckpt": False, "batch": 4, "seq_len": 64, "compile": False,
-        "workers": 0, "amp_dtype": "bf16", "model_name": "tiny", "data_name": "d", "config_json": {},
-        "config_hash": "h", "status": "ok", "tokens_per_s": 1000.0, **kw,
+        "sweep_id": sweep_id,
+        "amp": False,
+        "ckpt": False,
+        "batch": 4,
+        "seq_len": 64,
+        "compile": False,
+        "workers": 0,
+        "amp_dtype": "bf16",
+        "model_name": "tiny",
+        "data_name": "d",
+        "config_json": {},
+        "config_hash": "h",
+        "status": "ok",
+        "tokens_per_s": 1000.0,
+        **kw,
     }
 
 

@@ -29,8 +29,9 @@ TINY = [
 ]
 
 
-def run_perfsweep(args: list[str], cwd: Path, timeout: float = 600,
-                  env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run_perfsweep(
+    args: list[str], cwd: Path, timeout: float = 600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """Run the CLI exactly as a user would, in ``cwd`` (where results.db lands)."""
     return subprocess.run(
         [sys.executable, "-m", "perfsweep", *args],

@@ -75,17 +75,24 @@ class PerfsweepSweeper(BasicSweeper):
             except ConfigError as exc:
                 _refuse(str(exc))
             todo = [i for i in range(len(jobs)) if (i, hashes[i]) not in done]
-            print(f"perfsweep: resuming the sweep in {sweep_dir}: {len(jobs) - len(todo)} of {len(jobs)} "
-                  f"grid points already ok, {len(todo)} to run", file=sys.stderr)
+            print(
+                f"perfsweep: resuming the sweep in {sweep_dir}: {len(jobs) - len(todo)} of {len(jobs)} "
+                f"grid points already ok, {len(todo)} to run",
+                file=sys.stderr,
+            )
             if not todo:  # nothing to do: leave the sweep, its times and its report as they are
                 return []
         else:
             todo = list(range(len(jobs)))
         try:
             reservation = preflight.reserve_sweep(
-                url, str(sweep_dir), first.name or self.config.hydra.job.config_name or "perfsweep",
-                command=shlex.join(["perfsweep", *sys.argv[1:]]), n_jobs=len(jobs),
-                hostname=socket.gethostname(), launch_dir=str(launch_dir),
+                url,
+                str(sweep_dir),
+                first.name or self.config.hydra.job.config_name or "perfsweep",
+                command=shlex.join(["perfsweep", *sys.argv[1:]]),
+                n_jobs=len(jobs),
+                hostname=socket.gethostname(),
+                launch_dir=str(launch_dir),
             )
         except ConfigError as exc:
             preflight.unclaim_folder(sweep_dir, created)
@@ -110,13 +117,18 @@ class PerfsweepSweeper(BasicSweeper):
         statuses = [_status(r) for batch in returns for r in batch]
         unsaved = importer.pending_files(url, str(sweep_dir))
         if unsaved:
-            print(f"perfsweep: {len(unsaved)} result{'s' if len(unsaved) != 1 else ''} could not be written to "
-                  f"{url} and {'are' if len(unsaved) != 1 else 'is'} kept as result.json in the job folder; "
-                  f"import with: perfsweep import {sweep_dir} --db {url}", file=sys.stderr)
+            print(
+                f"perfsweep: {len(unsaved)} result{'s' if len(unsaved) != 1 else ''} could not be written to "
+                f"{url} and {'are' if len(unsaved) != 1 else 'is'} kept as result.json in the job folder; "
+                f"import with: perfsweep import {sweep_dir} --db {url}",
+                file=sys.stderr,
+            )
             sys.exit(1)
         if any(s != "ok" for s in statuses) and not first.allow_failures:
-            print(f"perfsweep: {launcher.not_ok_line(statuses)}; exit code 1 (allow_failures=true exits 0)",
-                  file=sys.stderr)
+            print(
+                f"perfsweep: {launcher.not_ok_line(statuses)}; exit code 1 (allow_failures=true exits 0)",
+                file=sys.stderr,
+            )
             sys.exit(1)
         return returns
 

@@ -59,14 +59,12 @@ def parser() -> argparse.ArgumentParser:
         "--out",
         type=Path,
         metavar="DIR",
-        help="output folder; default: report/ in the sweep's folder, or ./report_<id> when that "
-        "folder is gone",
+        help="output folder; default: report/ in the sweep's folder, or ./report_<id> when that folder is gone",
     )
     p.add_argument(
         "--vs",
         metavar="ID|NAME",
-        help="compare --sweep (A) against this reference sweep (B): "
-        "writes compare.png and compare.md",
+        help="compare --sweep (A) against this reference sweep (B): writes compare.png and compare.md",
     )
     p.add_argument(
         "--top",
@@ -75,9 +73,7 @@ def parser() -> argparse.ArgumentParser:
         metavar="N",
         help=f"most configs per bar chart (default: {TOP_BARS})",
     )
-    p.add_argument(
-        "-v", "--verbose", action="store_true", help="log what is drawn and how long it takes"
-    )
+    p.add_argument("-v", "--verbose", action="store_true", help="log what is drawn and how long it takes")
     return p
 
 
@@ -108,9 +104,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         if args.vs is not None:
             if args.sweep and len(args.sweep) > 1:
-                raise ReportError(
-                    f"--vs {args.vs}: give exactly one --sweep to compare (got {len(args.sweep)})"
-                )
+                raise ReportError(f"--vs {args.vs}: give exactly one --sweep to compare (got {len(args.sweep)})")
             a = resolve_sweep(engine, args.sweep[0] if args.sweep else None, "--sweep")
             b = resolve_sweep(engine, args.vs, "--vs")
             if a == b:
@@ -120,9 +114,7 @@ def _run(args: argparse.Namespace) -> int:
             return 0
         specs = args.sweep or [None]
         ids = list(dict.fromkeys(resolve_sweep(engine, s, "--sweep") for s in specs))
-        out = build_report(
-            engine, ids, out_dir=args.out, baseline=baseline, where=args.where, top=args.top
-        )
+        out = build_report(engine, ids, out_dir=args.out, baseline=baseline, where=args.where, top=args.top)
         print(f"Report: {out / 'report.md'}")
         return 0
     finally:

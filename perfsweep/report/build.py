@@ -157,11 +157,7 @@ def _pareto(c: _Ctx) -> tuple[pd.DataFrame, Figure, str]:
         "Every finished config as tokens/s against peak memory; the orange staircase is the Pareto "
         "front (no other config is both faster and leaner). Configs that did not finish are "
         "marked x on the bottom edge. "
-        + (
-            f"On the front, leanest first: {'; '.join(front['label'].head(4))}"
-            if len(front)
-            else ""
-        )
+        + (f"On the front, leanest first: {'; '.join(front['label'].head(4))}" if len(front) else "")
         + (f" ... ({len(front)} configs)" if len(front) > 4 else "")
         + "."
     )
@@ -175,9 +171,7 @@ def _detail_configs(c: _Ctx) -> tuple[pd.DataFrame, str]:
     chosen = ok.sort_values("tokens_per_s", ascending=False).head(TOP_DETAIL)
     if c.base.index is not None and c.base.index in ok.index and c.base.index not in chosen.index:
         chosen = pd.concat([chosen, ok.loc[[c.base.index]]])
-    return frames.top_subset(
-        c.runs, chosen, f"top {TOP_DETAIL} of {len(c.runs):,} configs by tokens/s"
-    )
+    return frames.top_subset(c.runs, chosen, f"top {TOP_DETAIL} of {len(c.runs):,} configs by tokens/s")
 
 
 def _breakdown(c: _Ctx) -> tuple[pd.DataFrame, Figure, str]:
@@ -222,16 +216,11 @@ def _scaling(c: _Ctx) -> tuple[pd.DataFrame, Figure, str]:
 def _heatmap(c: _Ctx) -> tuple[pd.DataFrame, Figure, str]:
     varying = [a for a in ("batch", "seq_len") if c.runs[a].nunique() > 1]
     if len(varying) < 2:
-        raise Skip(
-            f"needs both batch and seq_len to vary (varying here: {', '.join(varying) or 'neither'})"
-        )
+        raise Skip(f"needs both batch and seq_len to vary (varying here: {', '.join(varying) or 'neither'})")
     panels, note = frames.heatmap_panels(c.runs)
     fig = charts.heatmap(panels, note)
     frame = pd.concat(
-        [
-            p.tokens_per_s.stack().rename("tokens_per_s").reset_index().assign(panel=p.title)
-            for p in panels
-        ],
+        [p.tokens_per_s.stack().rename("tokens_per_s").reset_index().assign(panel=p.title) for p in panels],
         ignore_index=True,
     )
     return (
@@ -251,9 +240,7 @@ def _factors(c: _Ctx) -> tuple[pd.DataFrame, Figure, str]:
     note = ""
     if result.block_axes:
         names = ", ".join(frames.SHORT_NAMES.get(a, a) for a in result.block_axes)
-        note = (
-            f"averaged over {result.blocks_used} of {result.blocks_total} combinations of {names}"
-        )
+        note = f"averaged over {result.blocks_used} of {result.blocks_total} combinations of {names}"
         if result.blocks_used < result.blocks_total:
             note += " (the others lack an ok run for some on/off combination)"
     fig = charts.factors(result.effects, note)
@@ -283,12 +270,8 @@ def _effects_md(effects: pd.DataFrame) -> str:
         rows.append(
             {
                 "term": term,
-                "tokens/s effect": f"{t['effect']:+,.0f} ({t['effect_pct']:+.1f}%)"
-                if t is not None
-                else "-",
-                "peak memory effect": f"{_signed_mem(m['effect'])} ({m['effect_pct']:+.1f}%)"
-                if m is not None
-                else "-",
+                "tokens/s effect": f"{t['effect']:+,.0f} ({t['effect_pct']:+.1f}%)" if t is not None else "-",
+                "peak memory effect": f"{_signed_mem(m['effect'])} ({m['effect_pct']:+.1f}%)" if m is not None else "-",
             }
         )
     return md.table(pd.DataFrame(rows), right=("tokens/s effect", "peak memory effect"))
@@ -356,9 +339,7 @@ def make_report(
     if raw.empty:
         which = ", ".join(str(s) for s in sweep_ids)
         raise ReportError(
-            f"--where {where!r}: no runs of sweep {which} match"
-            if where
-            else f"--sweep {which}: the sweep has no runs"
+            f"--where {where!r}: no runs of sweep {which} match" if where else f"--sweep {which}: the sweep has no runs"
         )
     runs = frames.prepare_runs(raw)
     try:
@@ -419,11 +400,7 @@ def default_out_dir(sweeps: pd.DataFrame, sweep_ids: list[int]) -> Path:
     """``<sweep_dir>/report`` for one sweep whose folder exists, else ``./report_<ids>``."""
     if len(sweep_ids) == 1:
         row = sweeps[sweeps["id"] == sweep_ids[0]]
-        if (
-            not row.empty
-            and isinstance(row["sweep_dir"].iloc[0], str)
-            and Path(row["sweep_dir"].iloc[0]).is_dir()
-        ):
+        if not row.empty and isinstance(row["sweep_dir"].iloc[0], str) and Path(row["sweep_dir"].iloc[0]).is_dir():
             return Path(row["sweep_dir"].iloc[0]) / "report"
     return Path.cwd() / ("report_" + "_".join(str(i) for i in sweep_ids))
 
@@ -492,12 +469,10 @@ def results_table(runs: pd.DataFrame, limit: int = TOP_TABLE) -> tuple[str, str]
     out["status"] = rows["status"]
     out["tokens/s"] = rows["tokens_per_s"].map(md.num)
     out["p10-p90 tokens/s"] = [
-        md.tokens_range(lo, hi)
-        for lo, hi in zip(rows["tokens_per_s_lo"], rows["tokens_per_s_hi"], strict=True)
+        md.tokens_range(lo, hi) for lo, hi in zip(rows["tokens_per_s_lo"], rows["tokens_per_s_hi"], strict=True)
     ]
     out["speedup"] = [
-        "baseline" if b else md.num(s, "{:.2f}x")
-        for s, b in zip(rows["speedup"], rows["is_baseline"], strict=True)
+        "baseline" if b else md.num(s, "{:.2f}x") for s, b in zip(rows["speedup"], rows["is_baseline"], strict=True)
     ]
     out["step ms (median)"] = rows["step_time_ms_median"].map(lambda v: md.num(v, "{:,.1f}"))
     unit, fmt = md.mem_formatter(rows["peak_mem_bytes"])
@@ -523,9 +498,7 @@ def results_table(runs: pd.DataFrame, limit: int = TOP_TABLE) -> tuple[str, str]
         notes.append("; ".join(b for b in bits if b))
     out["note"] = notes
     right = [
-        c
-        for c in out.columns
-        if c not in ("status", "note") and c not in {frames.SHORT_NAMES.get(a, a) for a in axes}
+        c for c in out.columns if c not in ("status", "note") and c not in {frames.SHORT_NAMES.get(a, a) for a in axes}
     ]
     return md.table(out, right=right), note
 
@@ -548,11 +521,7 @@ def environment_md(runs: pd.DataFrame) -> str:
     start, end = runs["started_at"].min(), runs["finished_at"].max()
     date = "-"
     if pd.notna(start):
-        date = (
-            f"{start:%Y-%m-%d %H:%M} - {end:%H:%M} UTC"
-            if pd.notna(end)
-            else f"{start:%Y-%m-%d %H:%M} UTC"
-        )
+        date = f"{start:%Y-%m-%d %H:%M} - {end:%H:%M} UTC" if pd.notna(end) else f"{start:%Y-%m-%d %H:%M} UTC"
     rows = [
         ("device", f"{_distinct(src, 'device_type')}: {_distinct(src, 'device_name')}"),
         (
@@ -593,13 +562,9 @@ def headline_md(report: Report) -> list[str]:
         if not mem_ok.empty:
             lean = mem_ok.loc[mem_ok["peak_mem_bytes"].idxmin()]
             ratio = (
-                f" ({lean['peak_mem_bytes'] / base.peak_mem_bytes:.2f}x the baseline)"
-                if base.peak_mem_bytes
-                else ""
+                f" ({lean['peak_mem_bytes'] / base.peak_mem_bytes:.2f}x the baseline)" if base.peak_mem_bytes else ""
             )
-            lines.append(
-                f"- **Least memory:** {lean['label']}: {md.mem(lean['peak_mem_bytes'])}{ratio}."
-            )
+            lines.append(f"- **Least memory:** {lean['label']}: {md.mem(lean['peak_mem_bytes'])}{ratio}.")
     bad = runs[runs["status"] != "ok"]
     if not bad.empty:
         counts = ", ".join(f"{c} {s}" for s, c in bad["status"].value_counts().items())

@@ -199,9 +199,7 @@ def _write_status(ax: Axes, pos: float, status: str, horizontal: bool) -> None:
     text = STATUS_TEXT.get(status, status.upper())
     if horizontal:
         tr = blended_transform_factory(ax.transAxes, ax.transData)
-        ax.text(
-            0.01, pos, text, transform=tr, color=BAD, fontweight="bold", va="center", fontsize=9
-        )
+        ax.text(0.01, pos, text, transform=tr, color=BAD, fontweight="bold", va="center", fontsize=9)
     else:
         tr = blended_transform_factory(ax.transData, ax.transAxes)
         ax.text(
@@ -247,9 +245,7 @@ def throughput(df: pd.DataFrame, baseline_label: str | None = None, note: str = 
         xy = (tps[ok], pos[ok]) if horizontal else (pos[ok], tps[ok])
         ax.errorbar(*xy, **kw, fmt="none", ecolor="#222222", elinewidth=1.2, capsize=4, zorder=3)
     top = np.nanmax(np.where(ok, hi, tps)) if np.isfinite(tps).any() else 1.0
-    for p, t, s, status, is_base in zip(
-        pos, tps, df["speedup"], df["status"], df["is_baseline"], strict=True
-    ):
+    for p, t, s, status, is_base in zip(pos, tps, df["speedup"], df["status"], df["is_baseline"], strict=True):
         if not np.isfinite(t):
             _write_status(ax, p, str(status), horizontal)
             continue
@@ -288,17 +284,11 @@ def throughput(df: pd.DataFrame, baseline_label: str | None = None, note: str = 
         Patch(color=BASE, label="baseline config"),
     ]
     if ok.any():
-        handles.append(
-            Line2D([], [], color="#222222", marker="_", ms=10, label="range at p90..p10 step time")
-        )
+        handles.append(Line2D([], [], color="#222222", marker="_", ms=10, label="range at p90..p10 step time"))
     base = df.loc[df["is_baseline"], "tokens_per_s"]
     if len(base) and np.isfinite(base.iloc[0]):
         _ref_line(ax, float(base.iloc[0]), horizontal, color=BASE, ls="--", lw=1.2, zorder=1)
-        handles.append(
-            Line2D(
-                [], [], color=BASE, ls="--", label=f"baseline: {si(float(base.iloc[0]))} tokens/s"
-            )
-        )
+        handles.append(Line2D([], [], color=BASE, ls="--", label=f"baseline: {si(float(base.iloc[0]))} tokens/s"))
     if horizontal:
         ax.set_xlim(0, top * 1.12)
     else:
@@ -354,8 +344,11 @@ def gpu(df: pd.DataFrame, note: str = "") -> Figure:
         ax_b.text(np.nan_to_num(b), p, text, va="center", fontsize=9, fontweight="bold")
     ax_b.set_xlim(0, max(125.0, float(np.nanmax(busy, initial=0.0)) * 1.25))
     ax_b.set_xlabel("GPU busy, % of the measured step")
-    ax_b.set_title(f"GPU busy share and verdict\ndashed: {GPU_BOUND_BUSY_FRACTION:.0%}, gpu-bound at or above",
-                   loc="left", fontsize=10)
+    ax_b.set_title(
+        f"GPU busy share and verdict\ndashed: {GPU_BOUND_BUSY_FRACTION:.0%}, gpu-bound at or above",
+        loc="left",
+        fontsize=10,
+    )
 
     left = np.zeros(n)
     handles: list[Any] = []
@@ -416,9 +409,7 @@ def memory(df: pd.DataFrame, mode: str, note: str = "") -> Figure:
         vals = df[col].to_numpy(dtype=float) / div
         offset = (k - (len(series) - 1) / 2) * width
         p = pos + offset
-        (ax.barh if horizontal else ax.bar)(
-            p, np.nan_to_num(vals), width * 0.92, color=color, label=name, zorder=2
-        )
+        (ax.barh if horizontal else ax.bar)(p, np.nan_to_num(vals), width * 0.92, color=color, label=name, zorder=2)
         top = max(top, np.nanmax(vals) if np.isfinite(vals).any() else 0.0)
         for pi, v in zip(p, vals, strict=True):
             if not np.isfinite(v):
@@ -427,9 +418,7 @@ def memory(df: pd.DataFrame, mode: str, note: str = "") -> Figure:
             if horizontal:
                 ax.text(v, pi, " " + label, va="center", fontsize=8)
             else:
-                ax.text(
-                    pi, v, label, ha="center", va="bottom", fontsize=9 if len(series) == 1 else 8
-                )
+                ax.text(pi, v, label, ha="center", va="bottom", fontsize=9 if len(series) == 1 else 8)
         base = df.loc[df["is_baseline"], col]
         if len(base) and np.isfinite(base.iloc[0]):
             _ref_line(
@@ -450,9 +439,7 @@ def memory(df: pd.DataFrame, mode: str, note: str = "") -> Figure:
     fig.suptitle("Peak memory per config" + (f" ({note})" if note else ""))
     _subtitle(ax, subtitle, right=horizontal)
     handles, labels = ax.get_legend_handles_labels()
-    fig.legend(
-        handles, labels, loc="outside lower center", ncols=min(len(handles), 2), frameon=False
-    )
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(len(handles), 2), frameon=False)
     return fig
 
 
@@ -512,9 +499,7 @@ def pareto(df: pd.DataFrame, mode: str, max_labels: int = 8) -> Figure:
             zorder=5,
             label="baseline",
         )
-    log_x = _pad_limits(
-        ax, ok["peak_mem_bytes"] / div, ok["tokens_per_s"], bad["peak_mem_bytes"] / div
-    )
+    log_x = _pad_limits(ax, ok["peak_mem_bytes"] / div, ok["tokens_per_s"], bad["peak_mem_bytes"] / div)
     (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
     to_label = _pareto_labels(ok, front, base, max_labels, log_x, div, (x0, x1), y1 - y0)
     numbered = n > max_labels  # crowded: numbers at the points, the configs listed beside the plot
@@ -542,8 +527,7 @@ def pareto(df: pd.DataFrame, mode: str, max_labels: int = 8) -> Figure:
                 },
             )
             listing.append(
-                f"{i + 1}: {r['label']}\n    {si(r['tokens_per_s'])} tok/s, "
-                f"{fmt_mem(r['peak_mem_bytes'], div, unit)}"
+                f"{i + 1}: {r['label']}\n    {si(r['tokens_per_s'])} tok/s, {fmt_mem(r['peak_mem_bytes'], div, unit)}"
             )
             continue
         above = y_frac < 0.15 or (y_frac < 0.9 and i % 2 == 0)
@@ -663,9 +647,7 @@ def _pareto_labels(
             break
     chosen = pd.concat([front.loc[picked], base]).drop_duplicates("id").copy()
     if len(chosen) > 1:
-        axes = [
-            a for a in frames.CONFIG_AXES if a in ok.columns and ok[a].nunique(dropna=False) > 1
-        ]
+        axes = [a for a in frames.CONFIG_AXES if a in ok.columns and ok[a].nunique(dropna=False) > 1]
         chosen["label"], _ = frames.relabel(chosen, axes)
     return chosen
 
@@ -705,33 +687,20 @@ def breakdown(df: pd.DataFrame, note: str = "") -> Figure:
     drawn per config and the subtitle says why.
     """
     labels = list(dict.fromkeys(df["label"]))
-    stages = (
-        list(df["stage"].cat.categories)
-        if hasattr(df["stage"], "cat")
-        else sorted(df["stage"].unique())
-    )
+    stages = list(df["stage"].cat.categories) if hasattr(df["stage"], "cat") else sorted(df["stage"].unique())
     has_device = bool((df["device_time_source"] != "same_as_cpu").any())
     n = len(labels)
     fig = _fig(max(8.0, (1.6 if has_device else 1.0) * n + 3.5), 6.5)
     ax = fig.add_subplot()
     pos = _config_axis(ax, labels, horizontal=False)
     kinds = (
-        [("cpu_time_ms", -0.2, None), ("device_time_ms", 0.2, "///")]
-        if has_device
-        else [("cpu_time_ms", 0.0, None)]
+        [("cpu_time_ms", -0.2, None), ("device_time_ms", 0.2, "///")] if has_device else [("cpu_time_ms", 0.0, None)]
     )
     width = 0.38 if has_device else 0.6
-    step = (
-        df.drop_duplicates("label")
-        .set_index("label")
-        .reindex(labels)["step_time_ms_median"]
-        .to_numpy(dtype=float)
-    )
+    step = df.drop_duplicates("label").set_index("label").reindex(labels)["step_time_ms_median"].to_numpy(dtype=float)
     totals: list[tuple[np.ndarray, np.ndarray, str]] = []
     for col, offset, hatch in kinds:
-        table = df.pivot_table(
-            index="label", columns="stage", values=col, aggfunc="sum", observed=False
-        )
+        table = df.pivot_table(index="label", columns="stage", values=col, aggfunc="sum", observed=False)
         table = table.reindex(index=labels, columns=stages).fillna(0.0)
         bottom = np.zeros(n)
         segments = []
@@ -750,14 +719,10 @@ def breakdown(df: pd.DataFrame, note: str = "") -> Figure:
             )
             segments.append((bottom.copy(), vals))
             bottom += vals
-        totals.append(
-            (pos + offset, bottom, "" if not has_device else ("CPU " if hatch is None else "GPU "))
-        )
+        totals.append((pos + offset, bottom, "" if not has_device else ("CPU " if hatch is None else "GPU ")))
         for seg_bottom, vals in segments:
             for p, b, v in zip(pos + offset, seg_bottom, vals, strict=True):
-                if v > 0.07 * max(
-                    float(np.nanmax(step)) if np.isfinite(step).any() else 0.0, bottom.max()
-                ):
+                if v > 0.07 * max(float(np.nanmax(step)) if np.isfinite(step).any() else 0.0, bottom.max()):
                     ax.text(
                         p,
                         b + v / 2,
@@ -772,8 +737,7 @@ def breakdown(df: pd.DataFrame, note: str = "") -> Figure:
     half = 0.42 if has_device else 0.36
     ax.hlines(step, pos - half, pos + half, colors="black", linestyles="--", lw=1.5, zorder=4)
     top = max(
-        [float(t.max(initial=0.0)) for _, t, _ in totals]
-        + [float(np.nanmax(step)) if np.isfinite(step).any() else 0.0]
+        [float(t.max(initial=0.0)) for _, t, _ in totals] + [float(np.nanmax(step)) if np.isfinite(step).any() else 0.0]
     )
     for xs, tot, tag in totals:
         for x, t, st in zip(xs, tot, step, strict=True):
@@ -789,16 +753,10 @@ def breakdown(df: pd.DataFrame, note: str = "") -> Figure:
             )
     ax.set_ylim(0, top * (1.3 if has_device else 1.15) if top > 0 else 1)
     ax.set_ylabel("time per step (ms)")
-    handles: list[Any] = [
-        Patch(color=STAGE_COLORS.get(s, "#CCCCCC"), label=s) for s in reversed(stages)
-    ]
+    handles: list[Any] = [Patch(color=STAGE_COLORS.get(s, "#CCCCCC"), label=s) for s in reversed(stages)]
     if has_device:
-        handles.append(
-            Patch(facecolor="white", edgecolor="#555555", hatch="///", label="GPU kernel time")
-        )
-    handles.append(
-        Line2D([], [], color="black", ls="--", label="measured step (median, unprofiled)")
-    )
+        handles.append(Patch(facecolor="white", edgecolor="#555555", hatch="///", label="GPU kernel time"))
+    handles.append(Line2D([], [], color="black", ls="--", label="measured step (median, unprofiled)"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.suptitle("Step time by stage" + (f" ({note})" if note else ""))
     if has_device:
@@ -864,14 +822,10 @@ def scaling(frames_by_axis: dict[str, tuple[pd.DataFrame, str]], mode: str) -> F
                 color = LINE_COLORS[k % len(LINE_COLORS)]
                 g = frame[frame["line"] == line]
                 good = g[g["ok"]]
-                ax.plot(
-                    good["x"], good[metric] / scale, marker="o", color=color, lw=2, ms=6, label=line
-                )
+                ax.plot(good["x"], good[metric] / scale, marker="o", color=color, lw=2, ms=6, label=line)
                 if annotate:
                     for x, y in zip(good["x"], good[metric] / scale, strict=True):
-                        if any(
-                            abs(y - other) < 0.05 * y_span for other in placed.setdefault(x, [])
-                        ):
+                        if any(abs(y - other) < 0.05 * y_span for other in placed.setdefault(x, [])):
                             continue  # another line's label is already there
                         placed[x].append(y)
                         text = si(y) if metric == "tokens_per_s" else f"{y:.3g}"
@@ -917,10 +871,7 @@ def scaling(frames_by_axis: dict[str, tuple[pd.DataFrame, str]], mode: str) -> F
                 ax.yaxis.set_major_formatter(THOUSANDS)
                 ax.set_ylabel("throughput (tokens/s)")
                 ax.set_title(
-                    "\n".join(
-                        ([f"vs {axis}"] if ncol > 1 else [])
-                        + ([textwrap.fill(note, 90)] if note else [])
-                    ),
+                    "\n".join(([f"vs {axis}"] if ncol > 1 else []) + ([textwrap.fill(note, 90)] if note else [])),
                     loc="center",
                     fontsize=12 if not note else 10,
                     fontweight="bold",
@@ -969,9 +920,7 @@ def heatmap(panels: Sequence[Any], note: str = "") -> Figure:
     for i, panel in enumerate(panels):
         ax = grid[i // ncol][i % ncol]
         z = panel.tokens_per_s.to_numpy(dtype=float)
-        image = ax.imshow(
-            np.ma.masked_invalid(z), origin="lower", cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto"
-        )
+        image = ax.imshow(np.ma.masked_invalid(z), origin="lower", cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
         ax.grid(False)
         ax.set_xticks(range(z.shape[1]), [str(b) for b in panel.tokens_per_s.columns])
         ax.set_yticks(range(z.shape[0]), [str(s) for s in panel.tokens_per_s.index])
@@ -996,11 +945,7 @@ def heatmap(panels: Sequence[Any], note: str = "") -> Figure:
                         fontweight="bold",
                     )
             elif isinstance(st, str) and st != "ok":
-                ax.add_patch(
-                    Rectangle(
-                        (c - 0.5, r - 0.5), 1, 1, facecolor="#F6D5D5", edgecolor="white", lw=1.0
-                    )
-                )
+                ax.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, facecolor="#F6D5D5", edgecolor="white", lw=1.0))
                 if small:
                     ax.text(
                         c,
@@ -1047,10 +992,7 @@ def factors(effects: pd.DataFrame, blocks_note: str = "") -> Figure:
         e = effects[effects["metric"] == metric].set_index("term").reindex(terms)
         pct = e["effect_pct"].to_numpy(dtype=float)
         better = pct > 0 if metric == "tokens_per_s" else pct < 0
-        colors = [
-            to_rgba(GOOD if b else BAD, 0.5 if " x " in t else 1.0)
-            for b, t in zip(better, terms, strict=True)
-        ]
+        colors = [to_rgba(GOOD if b else BAD, 0.5 if " x " in t else 1.0) for b, t in zip(better, terms, strict=True)]
         pos = np.arange(len(terms))
         ax.barh(pos, np.nan_to_num(pct), 0.6, color=colors, zorder=2)
         ax.set_yticks(pos, terms)
@@ -1131,9 +1073,7 @@ def loss(df: pd.DataFrame, note: str = "") -> Figure:
     _subtitle(
         ax,
         "same seed and data order in every config: curves overlap unless a setting changes numerics",
-        f"largest difference between configs at one step: {spread:.3g} nats"
-        if np.isfinite(spread)
-        else "",
+        f"largest difference between configs at one step: {spread:.3g} nats" if np.isfinite(spread) else "",
     )
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     return fig

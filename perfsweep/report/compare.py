@@ -54,9 +54,7 @@ def compare_frame(runs_a: pd.DataFrame, runs_b: pd.DataFrame) -> pd.DataFrame:
     b = latest_per_config(runs_b)[[*MATCH_AXES, *_VALUE_COLS]]
     m = a.merge(b, on=list(MATCH_AXES), how="outer", suffixes=("_a", "_b"), indicator="side")
     axes = frames.label_axes(m[list(MATCH_AXES)].assign(id=0))
-    m["label"] = frames.config_labels(
-        m.assign(id=m["id_a"].fillna(m["id_b"]).astype("Int64")), axes
-    )
+    m["label"] = frames.config_labels(m.assign(id=m["id_a"].fillna(m["id_b"]).astype("Int64")), axes)
     m["change_pct"] = (m["tokens_per_s_a"] / m["tokens_per_s_b"] - 1.0) * 100.0
     overlap = np.maximum(m["tokens_per_s_lo_a"], m["tokens_per_s_lo_b"]) <= np.minimum(
         m["tokens_per_s_hi_a"], m["tokens_per_s_hi_b"]
@@ -110,16 +108,12 @@ def build_compare(
             raise ReportError(f"--sweep/--vs {sid}: no sweep with id {sid}")
     runs = load_runs(engine, [sweep_a, sweep_b], where)
     if runs.empty:
-        raise ReportError(
-            f"--where {where!r}: no runs match" if where else "neither sweep has runs"
-        )
+        raise ReportError(f"--where {where!r}: no runs match" if where else "neither sweep has runs")
     runs = frames.prepare_runs(runs)
     ra, rb = runs[runs["sweep_id"] == sweep_a], runs[runs["sweep_id"] == sweep_b]
     for sid, r in ((sweep_a, ra), (sweep_b, rb)):
         if r.empty:
-            raise ReportError(
-                f"sweep {sid} has no runs" + (f" matching --where {where!r}" if where else "")
-            )
+            raise ReportError(f"sweep {sid} has no runs" + (f" matching --where {where!r}" if where else ""))
     cmp = compare_frame(ra, rb)
     name_a, name_b = _sweep_name(sweeps, sweep_a), _sweep_name(sweeps, sweep_b)
     out = Path(out_dir) if out_dir is not None else default_compare_dir(sweeps, sweep_a, sweep_b)
@@ -136,9 +130,7 @@ def build_compare(
         charts.save(fig, out / "compare.png")
     else:
         (out / "compare.png").unlink(missing_ok=True)
-    (out / "compare.md").write_text(
-        compare_md(cmp, runs, sweeps, sweep_a, sweep_b, has_chart=not matched.empty)
-    )
+    (out / "compare.md").write_text(compare_md(cmp, runs, sweeps, sweep_a, sweep_b, has_chart=not matched.empty))
     cmp.to_csv(out / "compare.csv", index=False)
     log.info("compare of sweep %s vs %s: %s", sweep_a, sweep_b, out)
     return out

@@ -33,7 +33,6 @@ BOOL_AXES: tuple[str, ...] = ("amp", "ckpt", "compile")
 SHORT_NAMES: dict[str, str] = {"model_name": "model", "data_name": "data", "sweep_id": "sweep"}
 
 
-
 # --------------------------------------------------------------------------------------------
 # runs: normalisation, labels, baseline
 
@@ -80,9 +79,7 @@ def relabel(subset: pd.DataFrame, full_axes: Sequence[str]) -> tuple[pd.Series, 
     axes = [a for a in label_axes(subset) if a in full_axes or a == "sweep_id"]
     common = [a for a in full_axes if a not in axes]
     shared = " ".join(
-        f"{SHORT_NAMES.get(a, a)}={format_axis_value(a, subset[a].iloc[0])}"
-        for a in common
-        if a in subset.columns
+        f"{SHORT_NAMES.get(a, a)}={format_axis_value(a, subset[a].iloc[0])}" for a in common if a in subset.columns
     )
     return config_labels(subset, axes), shared
 
@@ -99,16 +96,12 @@ def config_labels(df: pd.DataFrame, axes: Sequence[str]) -> pd.Series:
     """``amp=on ckpt=off`` from the differing axes; run ids are appended only to break ties."""
     if not axes:
         labels = [
-            f"{m} batch={b} seq_len={s}"
-            for m, b, s in zip(df["model_name"], df["batch"], df["seq_len"], strict=True)
+            f"{m} batch={b} seq_len={s}" for m, b, s in zip(df["model_name"], df["batch"], df["seq_len"], strict=True)
         ]
     else:
         columns = [df[a].tolist() for a in axes]
         labels = [
-            " ".join(
-                f"{SHORT_NAMES.get(a, a)}={format_axis_value(a, v)}"
-                for a, v in zip(axes, vals, strict=True)
-            )
+            " ".join(f"{SHORT_NAMES.get(a, a)}={format_axis_value(a, v)}" for a, v in zip(axes, vals, strict=True))
             for vals in zip(*columns, strict=True)
         ]
     out = pd.Series(labels, index=df.index, dtype=object)
@@ -193,11 +186,7 @@ def pick_baseline(df: pd.DataFrame, spec: dict[str, Any] | None = None) -> Basel
         if hits.empty:
             wanted = ",".join(f"{k}={v}" for k, v in spec.items())
             raise ValueError(f"no ok run matches {wanted}")
-        how = (
-            "as requested"
-            if len(hits) == 1
-            else f"first of {len(hits)} ok runs matching the request"
-        )
+        how = "as requested" if len(hits) == 1 else f"first of {len(hits)} ok runs matching the request"
     else:
         hits = ok[match_config(ok, {a: False for a in BOOL_AXES})]
         how = "default: amp, ckpt and compile off"
@@ -324,23 +313,15 @@ def pareto_mask(tokens_per_s: pd.Series, mem: pd.Series) -> pd.Series:
 
 def pareto_frame(df: pd.DataFrame) -> pd.DataFrame:
     axes = [a for a in CONFIG_AXES if a in df.columns]
-    out = df[
-        ["id", "label", "status", "ok", "tokens_per_s", "peak_mem_bytes", "is_baseline", *axes]
-    ].copy()
-    out["on_front"] = pareto_mask(
-        out["tokens_per_s"].where(out["ok"]), out["peak_mem_bytes"].where(out["ok"])
-    )
+    out = df[["id", "label", "status", "ok", "tokens_per_s", "peak_mem_bytes", "is_baseline", *axes]].copy()
+    out["on_front"] = pareto_mask(out["tokens_per_s"].where(out["ok"]), out["peak_mem_bytes"].where(out["ok"]))
     return out.reset_index(drop=True)
 
 
 def breakdown_frame(stages: pd.DataFrame, configs: pd.DataFrame) -> pd.DataFrame:
     """Stage times per config in step order, with each config's measured median step time."""
-    st = stages.merge(
-        configs[["id", "label", "step_time_ms_median"]], left_on="run_id", right_on="id"
-    )
-    st["stage"] = pd.Categorical(
-        st["stage"], categories=_stage_categories(st["stage"]), ordered=True
-    )
+    st = stages.merge(configs[["id", "label", "step_time_ms_median"]], left_on="run_id", right_on="id")
+    st["stage"] = pd.Categorical(st["stage"], categories=_stage_categories(st["stage"]), ordered=True)
     order = {rid: i for i, rid in enumerate(configs["id"])}
     st["config_order"] = st["run_id"].map(order)
     cols = [
@@ -363,8 +344,16 @@ def gpu_frame(configs: pd.DataFrame, kernels: pd.DataFrame) -> pd.DataFrame:
     config has none), in :data:`perfsweep.names.KERNEL_CATEGORIES` order; their sum is the GPU
     work of a step, drawn against the measured step time to show how much of it the GPU idles.
     """
-    cols = ["id", "label", "status", "tokens_per_s", "gpu_busy_fraction", "gpu_busy_ms", "bottleneck",
-            "step_time_ms_median"]
+    cols = [
+        "id",
+        "label",
+        "status",
+        "tokens_per_s",
+        "gpu_busy_fraction",
+        "gpu_busy_ms",
+        "bottleneck",
+        "step_time_ms_median",
+    ]
     out = configs[cols].reset_index(drop=True)
     wide = kernels.pivot_table(index="run_id", columns="category", values="ms_per_step", aggfunc="sum")
     for cat in KERNEL_CATEGORIES:
@@ -391,14 +380,8 @@ def scaling_frame(df: pd.DataFrame, axis: str, max_lines: int = 10) -> tuple[pd.
     others = [a for a in label_axes(df) if a != axis]
     out = df[["id", "status", "ok", axis, "tokens_per_s", "peak_mem_bytes", *others]].copy()
     out = out.rename(columns={axis: "x"})
-    out["line"] = (
-        config_labels(df, others).str.replace(r" #\d+$", "", regex=True) if others else "all runs"
-    )
-    best = (
-        out.groupby("line", sort=False)["tokens_per_s"]
-        .max()
-        .sort_values(ascending=False, na_position="last")
-    )
+    out["line"] = config_labels(df, others).str.replace(r" #\d+$", "", regex=True) if others else "all runs"
+    best = out.groupby("line", sort=False)["tokens_per_s"].max().sort_values(ascending=False, na_position="last")
     note = ""
     if len(best) > max_lines:
         keep = set(best.index[:max_lines])
@@ -406,14 +389,10 @@ def scaling_frame(df: pd.DataFrame, axis: str, max_lines: int = 10) -> tuple[pd.
         note = f"{max_lines} of {len(best)} lines (highest peak tokens/s)"
         kept_axes = [a for a in others if out[a].nunique(dropna=False) > 1]
         shared = " ".join(
-            f"{SHORT_NAMES.get(a, a)}={format_axis_value(a, out[a].iloc[0])}"
-            for a in others
-            if a not in kept_axes
+            f"{SHORT_NAMES.get(a, a)}={format_axis_value(a, out[a].iloc[0])}" for a in others if a not in kept_axes
         )
         if kept_axes:
-            out["line"] = config_labels(out.assign(id=0), kept_axes).str.replace(
-                r" #\d+$", "", regex=True
-            )
+            out["line"] = config_labels(out.assign(id=0), kept_axes).str.replace(r" #\d+$", "", regex=True)
         if shared:
             note += f"; all lines: {shared}"
     out = out.sort_values(["line", "x"], kind="stable")
@@ -464,17 +443,12 @@ def heatmap_panels(df: pd.DataFrame, max_panels: int = 4) -> tuple[list[HeatPane
         keys = [()]
     panels = []
     for key in keys:
-        title = " ".join(
-            f"{SHORT_NAMES.get(a, a)}={format_axis_value(a, v)}"
-            for a, v in zip(others, key, strict=True)
-        )
+        title = " ".join(f"{SHORT_NAMES.get(a, a)}={format_axis_value(a, v)}" for a, v in zip(others, key, strict=True))
         t, st = (_cells(tps, key), _cells(status, key)) if others else (tps, status)
         panels.append(
             HeatPanel(
                 title,
-                t.unstack("batch").reindex(index=seqs, columns=batches)
-                if len(t)
-                else _empty_grid(seqs, batches),
+                t.unstack("batch").reindex(index=seqs, columns=batches) if len(t) else _empty_grid(seqs, batches),
                 st.unstack("batch").reindex(index=seqs, columns=batches),
             )
         )
@@ -491,9 +465,7 @@ def _cells(series: pd.Series, key: tuple) -> pd.Series:
 
 
 def _empty_grid(seqs: list[Any], batches: list[Any]) -> pd.DataFrame:
-    return pd.DataFrame(
-        np.nan, index=pd.Index(seqs, name="seq_len"), columns=pd.Index(batches, name="batch")
-    )
+    return pd.DataFrame(np.nan, index=pd.Index(seqs, name="seq_len"), columns=pd.Index(batches, name="batch"))
 
 
 _STATUS_RANK = {"ok": 0, "oom": 1, "failed": 2, "timeout": 3, "interrupted": 4, "running": 5}
@@ -525,9 +497,7 @@ class Factorial:
 FACTOR_METRICS: tuple[str, ...] = ("tokens_per_s", "peak_mem_bytes")
 
 
-def factorial_effects(
-    df: pd.DataFrame, metrics: Sequence[str] = FACTOR_METRICS
-) -> Factorial | None:
+def factorial_effects(df: pd.DataFrame, metrics: Sequence[str] = FACTOR_METRICS) -> Factorial | None:
     """Effects of the boolean axes that vary; None when no block has the complete grid."""
     factors = [a for a in BOOL_AXES if df[a].nunique() > 1]
     if not factors:
@@ -550,14 +520,10 @@ def factorial_effects(
     if cells.empty:
         return None
     effects = effects_table(cells, factors, metrics)
-    return Factorial(
-        factors, effects, cells.reset_index(drop=True), blocks_used, blocks_total, blocks
-    )
+    return Factorial(factors, effects, cells.reset_index(drop=True), blocks_used, blocks_total, blocks)
 
 
-def effects_table(
-    cells: pd.DataFrame, factors: Sequence[str], metrics: Sequence[str]
-) -> pd.DataFrame:
+def effects_table(cells: pd.DataFrame, factors: Sequence[str], metrics: Sequence[str]) -> pd.DataFrame:
     """Effect of each main term and two-factor interaction on each metric, from balanced cells."""
     coded = {f: np.where(cells[f].astype(bool), 1, -1) for f in factors}
     terms: list[tuple[str, np.ndarray]] = [(f, coded[f]) for f in factors]

@@ -144,9 +144,7 @@ def load_runs(engine: Engine, sweep_ids: Sequence[int], where: str | None = None
         df = pd.read_sql_query(query, engine)
     except (DBAPIError, pd.errors.DatabaseError) as exc:
         if where:
-            raise ReportError(
-                f"--where {where!r}: the database rejected it ({db_error_line(exc)})"
-            ) from exc
+            raise ReportError(f"--where {where!r}: the database rejected it ({db_error_line(exc)})") from exc
         raise
     for col in ("started_at", "finished_at"):
         df[col] = pd.to_datetime(df[col], utc=True, errors="coerce", format="mixed")

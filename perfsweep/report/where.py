@@ -185,8 +185,10 @@ class _Parser:
             raise WhereError(f"NOT after {col.name} must be followed by IN, LIKE or BETWEEN")
         else:
             if not self.peek("op"):
-                raise WhereError(f"expected a comparison (=, !=, <, <=, >, >=, IS, IN, LIKE) after "
-                                 f"{col.name} but found {self.found()}")
+                raise WhereError(
+                    f"expected a comparison (=, !=, <, <=, >, >=, IS, IN, LIKE) after "
+                    f"{col.name} but found {self.found()}"
+                )
             op = self.take("op")
             return _OPS[op](col, self.value(col))
         return not_(expr) if negate else expr
