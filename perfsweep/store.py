@@ -45,11 +45,9 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
 
-from perfsweep.names import FINAL_STATUSES, HEARTBEAT_STALE_S, RUN_STATUSES
+from perfsweep.names import FINAL_STATUSES, HEARTBEAT_STALE_S
 
 log = logging.getLogger(__name__)
-
-STATUSES = RUN_STATUSES  # kept for code that imported it from here
 
 
 def utcnow() -> datetime:
@@ -119,6 +117,7 @@ class Run(Base):
     config_hash: Mapped[str] = mapped_column(String(64), index=True)
     # outcome
     status: Mapped[str] = mapped_column(String(16), index=True)
+    """One of names.RUN_STATUSES."""
     error: Mapped[str | None] = mapped_column(Text)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
