@@ -39,6 +39,7 @@ def hydra_main(cfg: DictConfig) -> str:
     sweep_dir = str(Path(hc.sweep.dir if multirun else hc.run.dir).resolve())
     command = shlex.join(["perfsweep", *sys.argv[1:]])
     claimed = False
+    sweep_id = None
     try:
         run_cfg = to_run_config(cfg)
         if not multirun:  # the sweeper has checked every grid point of a multirun already
@@ -49,7 +50,7 @@ def hydra_main(cfg: DictConfig) -> str:
             preflight.claim_folder(Path(sweep_dir), "hydra.run.dir")
             claimed = True
             preflight.check_all([run_cfg])
-            preflight.reserve_sweep(
+            sweep_id = preflight.reserve_sweep(
                 launcher.db_url(run_cfg, launch_dir),
                 sweep_dir,
                 run_cfg.name or hc.job.config_name or "perfsweep",
@@ -78,8 +79,10 @@ def hydra_main(cfg: DictConfig) -> str:
     if multirun:
         return launcher.run_job(spec)[1]
     url = launcher.db_url(run_cfg, launch_dir)
+    assert sweep_id is not None  # reserved above for a single run
     try:
-        run_id, status = launcher.run_job(spec)
+        with launcher.SweepHeartbeat(url, sweep_id):
+            run_id, status = launcher.run_job(spec)
     except KeyboardInterrupt:
         summary.finish_sweep(url, sweep_dir, make_report=False, status="interrupted")
         raise

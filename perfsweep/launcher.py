@@ -129,8 +129,8 @@ def _fmt_s(s: float) -> str:
 class Heartbeat:
     """Stamps the running row every names.HEARTBEAT_INTERVAL_S; a failed stamp is only logged."""
 
-    def __init__(self, engine: Any, run_id: int | None, sweep_id: int) -> None:
-        self.engine, self.run_id, self.sweep_id = engine, run_id, sweep_id
+    def __init__(self, engine: Any, run_id: int | None) -> None:
+        self.engine, self.run_id = engine, run_id
         self.last = time.monotonic()
 
     def __call__(self) -> None:
@@ -138,14 +138,15 @@ class Heartbeat:
             return
         self.last = time.monotonic()
         try:
-            store.heartbeat(self.engine, self.run_id, self.sweep_id)
+            store.heartbeat(self.engine, self.run_id)
         except Exception as exc:  # noqa: BLE001 - a busy database must not stop the job
             log.debug("heartbeat not written: %s", exc)
 
 
 class SweepHeartbeat:
-    """While the sweep runs, a thread stamps its row every names.HEARTBEAT_INTERVAL_S, so a
-    sweep whose jobs wait in a cluster queue is not taken for dead by another host."""
+    """While the sweep runs, a thread stamps its row every names.HEARTBEAT_INTERVAL_S (the jobs
+    stamp their own rows), so a sweep whose jobs wait in a cluster queue is not taken for dead
+    by another host."""
 
     def __init__(self, url: str, sweep_id: int) -> None:
         self.url, self.sweep_id = url, sweep_id
@@ -317,7 +318,7 @@ def run_job(spec: JobSpec) -> tuple[int | None, str]:
             )
         else:
             status, error, fields, finished = _run_in_child(
-                spec, config, token_data, progress, Heartbeat(engine, run_id, sweep_id)
+                spec, config, token_data, progress, Heartbeat(engine, run_id)
             )
     except BaseException as exc:  # Ctrl-C or SystemExit in the launcher: the job was stopped
         if run_id is not None:

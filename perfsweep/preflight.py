@@ -18,7 +18,7 @@ import os
 import re
 import socket
 import time
-from dataclasses import dataclass
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -29,24 +29,11 @@ from perfsweep.cli import first_line
 from perfsweep.config import (
     AmpDtype,
     ConfigError,
-    DataConfig,
     DataKind,
-    DbConfig,
     Device,
-    ModelConfig,
     PerfsweepConfig,
-    ProfileConfig,
-    StepsConfig,
     to_plain_dict,
 )
-
-_NESTED: dict[str, type] = {
-    "model": ModelConfig,
-    "data": DataConfig,
-    "steps": StepsConfig,
-    "profile": ProfileConfig,
-    "db": DbConfig,
-}
 
 COMPOSE_ERRORS: tuple[type[BaseException], ...] = (ConfigError, HydraException, OmegaConfBaseException)
 """What composing and validating a grid point can raise for bad input (anything else is a bug)."""
@@ -63,7 +50,7 @@ def error_line(exc: BaseException) -> str:
     """
     if isinstance(exc, MissingConfigException) and exc.options is not None and exc.missing_cfg_file:
         group, _, name = str(exc.missing_cfg_file).rpartition("/")
-        choices = sorted(o for o in exc.options if not o.endswith("_schema"))
+        choices = sorted(exc.options)
         close = difflib.get_close_matches(name, choices, n=1)
         hint = f"did you mean {group}={close[0]}? " if close else ""
         key = group or "config name (-cn)"
@@ -91,10 +78,10 @@ def config_keys() -> list[str]:
     out: list[str] = []
 
     def walk(cls: type, prefix: str) -> None:
+        hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
-            sub = _NESTED.get(f.name) if not prefix else None
-            if sub is not None:
-                walk(sub, f"{f.name}.")
+            if dataclasses.is_dataclass(hints[f.name]):  # model, data, steps, profile, db
+                walk(hints[f.name], f"{prefix}{f.name}.")
             else:
                 out.append(prefix + f.name)
 
@@ -161,16 +148,8 @@ def _data_key(cfg: PerfsweepConfig) -> str:
     return f"data={d.name}"
 
 
-@dataclass
-class Reservation:
-    """The sweep's row, written before any job: proof that the database takes writes."""
-
-    url: str
-    sweep_id: int
-
-
-def reserve_sweep(url: str, sweep_dir: str, name: str, **fields: Any) -> Reservation:
-    """Open ``url``, upgrade its schema and write the sweep's row as ``running``.
+def reserve_sweep(url: str, sweep_dir: str, name: str, **fields: Any) -> int:
+    """Open ``url``, upgrade its schema and write the sweep's row as ``running``; its id.
 
     A wrong URL, a server that is down, a read-only file or folder: each fails here with the
     driver's first line, before any job could measure something it then cannot store.
@@ -198,7 +177,7 @@ def reserve_sweep(url: str, sweep_dir: str, name: str, **fields: Any) -> Reserva
         raise ConfigError(f"cannot write to db.url={url!r}: {first_line(exc)}{hint}") from None
     finally:
         engine.dispose()
-    return Reservation(url, sweep_id)
+    return sweep_id
 
 
 def check_all(cfgs: list[PerfsweepConfig]) -> None:
@@ -209,7 +188,7 @@ def check_all(cfgs: list[PerfsweepConfig]) -> None:
 
 def done_grid_points(url: str, sweep_dir: str) -> set[tuple[int, str]]:
     """(job_num, config_hash) of the grid points of the sweep in ``sweep_dir`` that have an
-    ``ok`` run (empty when the database holds no such sweep). Reads only."""
+    ``ok`` run (empty when the database holds no such sweep); opening it marks dead runs first."""
     from sqlalchemy import select
 
     from perfsweep import store

@@ -454,15 +454,14 @@ def begin_run(engine: Engine, row: dict[str, Any]) -> int:
         return run.id
 
 
-def heartbeat(engine: Engine, run_id: int, sweep_id: int) -> None:
-    """Stamp the running job and its sweep with the database's clock (hosts' clocks may differ)."""
+def heartbeat(engine: Engine, run_id: int) -> None:
+    """Stamp the running job with the database's clock (hosts' clocks may differ)."""
     with session(engine) as s:
         s.execute(update(Run).where(Run.id == run_id, Run.status == "running").values(heartbeat_at=func.now()))
-        s.execute(update(Sweep).where(Sweep.id == sweep_id).values(heartbeat_at=func.now()))
 
 
 def sweep_heartbeat(engine: Engine, sweep_id: int) -> None:
-    """Stamp the sweep alone: its sweeper is alive while its jobs wait in a queue (SLURM)."""
+    """Stamp the sweep with the database's clock while its sweeper (or single run) is alive."""
     with session(engine) as s:
         s.execute(update(Sweep).where(Sweep.id == sweep_id).values(heartbeat_at=func.now()))
 

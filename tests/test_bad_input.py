@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from perfsweep import store
-from tests.util import TINY, read_only, run_perfsweep
+from tests.util import TINY, read_only, run_perfsweep, run_row
 
 
 def counts(db: Path) -> tuple[int, int]:
@@ -31,25 +31,7 @@ def seeded_db(tmp_path: Path) -> Path:
     db = tmp_path / "results.db"
     engine = store.connect(f"sqlite:///{db}")
     sid = store.get_or_create_sweep(engine, "/earlier/sweep", "earlier")
-    store.save_run(
-        engine,
-        {
-            "sweep_id": sid,
-            "amp": False,
-            "ckpt": False,
-            "batch": 4,
-            "seq_len": 32,
-            "compile": False,
-            "workers": 0,
-            "amp_dtype": "bf16",
-            "model_name": "tiny",
-            "data_name": "synthetic",
-            "config_json": {},
-            "config_hash": "x",
-            "status": "ok",
-            "tokens_per_s": 1.0,
-        },
-    )
+    store.save_run(engine, run_row(sid))
     engine.dispose()
     return db
 

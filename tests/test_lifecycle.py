@@ -22,7 +22,7 @@ from sqlalchemy import select
 
 from perfsweep import importer, store
 from perfsweep.names import HEARTBEAT_STALE_S
-from tests.util import TINY, new_db_url, run_perfsweep
+from tests.util import TINY, new_db_url, run_perfsweep, run_row
 from tests.util import sqlite_rows as rows
 
 pytest_plugins = ["tests.pg"]
@@ -36,23 +36,10 @@ def engine(request: pytest.FixtureRequest, tmp_path: Path):
 
 
 def base_row(sweep_id: int, job_num: int, **extra) -> dict:
-    return {
-        "sweep_id": sweep_id,
-        "job_num": job_num,
-        "amp": False,
-        "ckpt": False,
-        "batch": 4,
-        "seq_len": 32,
-        "compile": False,
-        "workers": 0,
-        "amp_dtype": "bf16",
-        "model_name": "tiny",
-        "data_name": "synthetic",
-        "config_json": {},
-        "config_hash": f"h{job_num}",
-        "started_at": store.utcnow(),
-        **extra,
-    }
+    """A run as a job inserts it at start: no status yet (begin_run writes 'running')."""
+    row = run_row(sweep_id, job_num=job_num, config_hash=f"h{job_num}", started_at=store.utcnow(), **extra)
+    del row["status"], row["tokens_per_s"]
+    return row
 
 
 def dead_pid() -> int:
@@ -94,7 +81,7 @@ def test_heartbeat_uses_the_database_clock(engine):
     rid = store.begin_run(engine, base_row(sid, 0, hostname=socket.gethostname(), pid=os.getpid()))
     with store.session(engine) as s:
         s.get(store.Run, rid).heartbeat_at = store._db_now(s) - timedelta(hours=1)
-    store.heartbeat(engine, rid, sid)
+    store.heartbeat(engine, rid)
     with store.session(engine) as s:
         beat = s.get(store.Run, rid).heartbeat_at
         assert abs((store._db_now(s) - beat).total_seconds()) < 30

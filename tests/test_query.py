@@ -13,8 +13,7 @@ from sqlalchemy import text
 
 from perfsweep import store
 from perfsweep.query import QueryError, main, read_only_engine, run_query
-from tests.test_where import run_row
-from tests.util import read_only
+from tests.util import read_only, run_row
 
 WRITES = [
     "DELETE FROM runs",

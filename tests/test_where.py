@@ -7,7 +7,6 @@ found when perfsweep was tried with bad input on purpose.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -15,7 +14,7 @@ from sqlalchemy import text
 from perfsweep import store
 from perfsweep.report.load import ReportError, load_runs
 from perfsweep.report.where import WhereError, parse_where
-from tests.util import new_db_url
+from tests.util import new_db_url, run_row
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -30,26 +29,6 @@ def two_sweeps(request: pytest.FixtureRequest, tmp_path: Path):
             store.save_run(engine, run_row(sid, amp=amp, batch=batch, model_name="it's"))
     yield engine, ids[0], ids[1]
     engine.dispose()
-
-
-def run_row(sweep_id: int, **kw: Any) -> dict[str, Any]:
-    return {
-        "sweep_id": sweep_id,
-        "amp": False,
-        "ckpt": False,
-        "batch": 4,
-        "seq_len": 64,
-        "compile": False,
-        "workers": 0,
-        "amp_dtype": "bf16",
-        "model_name": "tiny",
-        "data_name": "d",
-        "config_json": {},
-        "config_hash": "h",
-        "status": "ok",
-        "tokens_per_s": 1000.0,
-        **kw,
-    }
 
 
 def tokens(engine) -> list[float]:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -81,3 +82,24 @@ def read_only(path: Path) -> Iterator[None]:
         yield
     finally:
         subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+def run_row(sweep_id: int, **kw: Any) -> dict[str, Any]:
+    """The smallest finished ``runs`` row the store accepts; ``kw`` adds or overrides columns."""
+    return {
+        "sweep_id": sweep_id,
+        "amp": False,
+        "ckpt": False,
+        "batch": 4,
+        "seq_len": 64,
+        "compile": False,
+        "workers": 0,
+        "amp_dtype": "bf16",
+        "model_name": "tiny",
+        "data_name": "d",
+        "config_json": {},
+        "config_hash": "h",
+        "status": "ok",
+        "tokens_per_s": 1000.0,
+        **kw,
+    }

@@ -85,7 +85,7 @@ class PerfsweepSweeper(BasicSweeper):
         else:
             todo = list(range(len(jobs)))
         try:
-            reservation = preflight.reserve_sweep(
+            sweep_id = preflight.reserve_sweep(
                 url,
                 str(sweep_dir),
                 first.name or self.config.hydra.job.config_name or "perfsweep",
@@ -104,7 +104,7 @@ class PerfsweepSweeper(BasicSweeper):
         returns: list[Any] = []
         end = "interrupted"
         try:
-            with launcher.SweepHeartbeat(url, reservation.sweep_id):
+            with launcher.SweepHeartbeat(url, sweep_id):
                 for start, batch in _contiguous(todo, jobs):
                     self.validate_batch_is_legal(batch)
                     returns.append(self.launcher.launch(batch, initial_job_idx=start))
