@@ -275,10 +275,6 @@ class PerfsweepConfig:
         return self.batch * self.seq_len
 
 
-GRID_AXES: tuple[str, ...] = ("amp", "ckpt", "batch", "seq_len", "compile", "workers")
-"""The sweep axes; each is a real column of ``runs``."""
-
-
 def register_configs() -> None:
     """Register the schemas; config.yaml lists ``perfsweep_schema`` first in its defaults."""
     from hydra.core.plugins import Plugins

@@ -131,7 +131,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("paths", nargs="+", metavar="PATH", help="result.json files, job folders or sweep folders")
     parser.add_argument("--db", default=None, help="SQLAlchemy URL or SQLite file (default: ./results.db)")
     args = parser.parse_args(argv)
-    from perfsweep.report.load import DEFAULT_DB, db_url
 
     try:
         files = result_files(args.paths)
@@ -141,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     if not files:
         print(f"perfsweep import: no {RESULT_FILE} under {' '.join(args.paths)}; nothing to import", file=sys.stderr)
         return 2
-    url = db_url(args.db or DEFAULT_DB)
+    url = store.url_from_arg(args.db or store.DEFAULT_DB_ARG)
     try:
         engine = store.connect(url)
     except Exception as exc:  # noqa: BLE001 - the driver's first line says what

@@ -29,8 +29,8 @@ from typing import Any
 from perfsweep import data as data_mod
 from perfsweep import importer, runner, store
 from perfsweep.cli import first_line
-from perfsweep.config import GRID_AXES, PerfsweepConfig, to_plain_dict
-from perfsweep.names import HEARTBEAT_INTERVAL_S
+from perfsweep.config import PerfsweepConfig, to_plain_dict
+from perfsweep.names import GRID_AXES, HEARTBEAT_INTERVAL_S
 from perfsweep.store import utcnow
 
 log = logging.getLogger(__name__)

@@ -6,6 +6,9 @@ report can all share these names without paying for torch at import time.
 
 from __future__ import annotations
 
+GRID_AXES: tuple[str, ...] = ("amp", "ckpt", "batch", "seq_len", "compile", "workers")
+"""The sweep axes: top-level keys of ``PerfsweepConfig`` and real columns of ``runs``."""
+
 STAGES: tuple[str, ...] = ("data_to_device", "forward", "backward", "optimizer_step", "zero_grad")
 """record_function range names of one training step, in order."""
 

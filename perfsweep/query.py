@@ -16,8 +16,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 
 from perfsweep import store
-from perfsweep.cli import OneLineParser
-from perfsweep.report.load import ReportError, db_error_line, existing_db_url
+from perfsweep.cli import OneLineParser, UserError, first_line
 
 READ_KEYWORDS = ("select", "with", "values", "explain")
 
@@ -65,8 +64,8 @@ def check_read_only(sql: str) -> str:
 def read_only_engine(db: str) -> Engine:
     """A read-only engine for ``--db`` (a SQLite file path or URL, or a PostgreSQL URL)."""
     try:
-        url = existing_db_url(db)
-    except ReportError as exc:
+        url = store.existing_url(db)
+    except UserError as exc:
         raise QueryError(str(exc)) from None
     if not url.startswith(("sqlite:///", "postgresql")):  # only these two have a read-only session
         raise QueryError(f"--db {db}: use a SQLite file path or a postgresql:// URL")
@@ -79,7 +78,7 @@ def run_query(engine: Engine, sql: str) -> pd.DataFrame:
         with engine.connect() as conn:
             return pd.read_sql_query(text(sql), conn)
     except (DBAPIError, pd.errors.DatabaseError) as exc:
-        raise QueryError(f"the database refused the query ({db_error_line(exc)})") from None
+        raise QueryError(f"the database refused the query ({first_line(exc)})") from None
 
 
 def main(argv: list[str] | None = None) -> int:

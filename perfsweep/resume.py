@@ -17,8 +17,7 @@ import sys
 from sqlalchemy import select
 
 from perfsweep import store
-from perfsweep.cli import OneLineParser, first_line
-from perfsweep.report.load import DEFAULT_DB, ReportError, existing_db_url
+from perfsweep.cli import OneLineParser, UserError, first_line
 
 
 def _quoted(value: str) -> str:
@@ -51,12 +50,14 @@ def command_for(sweep: store.Sweep, db_url: str | None = None) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="perfsweep resume", description=__doc__.splitlines()[0])
     parser.add_argument("sweep_id", type=int, metavar="SWEEP_ID", help="the sweep's id (sweeps.id)")
-    parser.add_argument("--db", default=DEFAULT_DB, help="SQLAlchemy URL or SQLite file (default: ./results.db)")
+    parser.add_argument(
+        "--db", default=store.DEFAULT_DB_ARG, help="SQLAlchemy URL or SQLite file (default: ./results.db)"
+    )
     args = parser.parse_args(argv)
     try:
-        url = existing_db_url(args.db)
+        url = store.existing_url(args.db)
         engine = store.connect(url)  # marks runs of dead processes interrupted first
-    except ReportError as exc:
+    except UserError as exc:
         print(f"perfsweep resume: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # noqa: BLE001 - the driver's first line says what

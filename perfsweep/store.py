@@ -45,6 +45,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
 
+from perfsweep.cli import UserError, first_line
 from perfsweep.names import FINAL_STATUSES, HEARTBEAT_STALE_S
 
 log = logging.getLogger(__name__)
@@ -281,8 +282,59 @@ class Artifact(Base):
 _migrate_lock = threading.Lock()
 
 
+DEFAULT_DB_ARG = "sqlite:///./results.db"
+"""``--db`` of the commands that read or import: results.db in the current directory."""
+
+
 def default_url(launch_dir: str | Path) -> str:
+    """Where a sweep writes when ``db.url`` is not set: results.db in the launch directory."""
     return f"sqlite:///{Path(launch_dir).resolve() / 'results.db'}"
+
+
+def url_from_arg(db: str) -> str:
+    """A SQLAlchemy URL from ``--db``: URLs pass through, plain paths become sqlite URLs."""
+    if db.startswith("sqlite:///"):
+        path = db.removeprefix("sqlite:///")
+        if path and path != ":memory:" and not Path(path).is_absolute():
+            return f"sqlite:///{Path(path).resolve()}"  # report.md then says where the file is
+        return db
+    if "://" in db:
+        return db
+    return f"sqlite:///{Path(db).expanduser().resolve()}"
+
+
+def existing_url(db: str) -> str:
+    """:func:`url_from_arg` of ``db``; a missing SQLite file is an error, not a new empty file."""
+    url = url_from_arg(db)
+    if url.startswith("sqlite:///"):
+        path = Path(url.removeprefix("sqlite:///"))
+        if str(path) != ":memory:" and not path.is_file():
+            raise UserError(f"--db {db}: database file not found ({path})")
+    return url
+
+
+def open_existing(db: str) -> Engine:
+    """Open an existing database read-only; a missing SQLite file is an error, not a new empty file.
+
+    A report never writes, so it works on read-only media. A database whose schema is older than
+    this perfsweep is not upgraded behind the user's back: the error names the command that does.
+    """
+    url = existing_url(db)
+    try:
+        engine = connect_read_only(url)
+        revision = schema_revision(engine)
+    except Exception as exc:  # driver missing, server unreachable, not a database...
+        raise UserError(f"--db {db}: cannot open the database ({first_line(exc)})") from exc
+    head = head_revision()
+    if revision != head:
+        engine.dispose()
+        if revision is None:
+            raise UserError(f"--db {db}: not a perfsweep results database (no schema version)")
+        raise UserError(
+            f"--db {db}: schema revision {revision} is older than this perfsweep's {head}; "
+            f"upgrade it first with: perfsweep upgrade --db {db}"
+        )
+    return engine
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:

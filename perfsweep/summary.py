@@ -10,7 +10,7 @@ from sqlalchemy import select, update
 from sqlalchemy.engine import Engine
 
 from perfsweep import store
-from perfsweep.config import GRID_AXES
+from perfsweep.names import GRID_AXES
 
 log = logging.getLogger(__name__)
 

@@ -16,21 +16,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="perfsweep upgrade", description=__doc__.splitlines()[0])
     parser.add_argument("--db", default="results.db", help="SQLite file or SQLAlchemy URL (default: %(default)s)")
     args = parser.parse_args(argv)
-    from perfsweep.report.load import ReportError, db_error_line, existing_db_url
+    from perfsweep.cli import UserError, first_line
 
     try:
-        url = existing_db_url(args.db)
+        url = store.existing_url(args.db)
         probe = store.make_engine(url)
         before = store.schema_revision(probe)
         probe.dispose()
         engine = store.connect(url)
         after = store.schema_revision(engine)
         engine.dispose()
-    except ReportError as exc:
+    except UserError as exc:
         print(f"perfsweep upgrade: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # read-only file, server unreachable, not a database...
-        print(f"perfsweep upgrade: --db {args.db}: cannot upgrade ({db_error_line(exc)})", file=sys.stderr)
+        print(f"perfsweep upgrade: --db {args.db}: cannot upgrade ({first_line(exc)})", file=sys.stderr)
         return 1
     print(
         f"{args.db}: schema {before or '(new)'} -> {after}"

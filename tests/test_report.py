@@ -19,12 +19,13 @@ import pytest
 from matplotlib.patches import Rectangle
 
 from perfsweep import store
+from perfsweep.cli import UserError
 from perfsweep.names import STAGES
 from perfsweep.report import frames
 from perfsweep.report.__main__ import main
 from perfsweep.report.build import build_report, make_report
 from perfsweep.report.compare import build_compare, compare_frame
-from perfsweep.report.load import ReportError, load_runs
+from perfsweep.report.load import load_runs
 
 if TYPE_CHECKING:
     from tests.conftest_report import ReportSweeps
@@ -423,7 +424,7 @@ def test_baseline_falls_back_to_first_ok_run(engine: Any, tmp_path: Path) -> Non
     store.save_run(engine, run_row(sid, 2, amp=True, batch=2, tokens_per_s=250.0))
     rep = make_report(engine, [sid])
     assert rep.baseline.label == "batch=4" and "first ok run" in rep.baseline.how
-    with pytest.raises(ReportError, match="no ok run matches amp=False"):
+    with pytest.raises(UserError, match="no ok run matches amp=False"):
         make_report(engine, [sid], baseline={"amp": False})
 
 

@@ -12,8 +12,9 @@ import pytest
 from sqlalchemy import text
 
 from perfsweep import store
-from perfsweep.report.load import ReportError, load_runs
-from perfsweep.report.where import WhereError, parse_where
+from perfsweep.cli import UserError
+from perfsweep.report.load import load_runs
+from perfsweep.where import WhereError, parse_where
 from tests.util import new_db_url, run_row
 
 
@@ -52,7 +53,7 @@ def tokens(engine) -> list[float]:
 def test_injection_is_refused_and_changes_nothing(two_sweeps, where):
     engine, mine, _ = two_sweeps
     before = tokens(engine)
-    with pytest.raises(ReportError, match=r"^--where ") as err:
+    with pytest.raises(UserError, match=r"^--where ") as err:
         load_runs(engine, [mine], where)
     assert "\n" not in str(err.value)
     assert tokens(engine) == before == [1000.0] * 4

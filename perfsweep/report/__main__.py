@@ -18,10 +18,12 @@ import logging
 import sys
 from pathlib import Path
 
+from perfsweep import store
+from perfsweep.cli import UserError
 from perfsweep.report.build import TOP_BARS, build_report
 from perfsweep.report.compare import build_compare
 from perfsweep.report.frames import parse_config_spec
-from perfsweep.report.load import DEFAULT_DB, ReportError, open_db, resolve_sweep
+from perfsweep.report.load import resolve_sweep
 
 log = logging.getLogger("perfsweep.report")
 
@@ -34,8 +36,8 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--db",
-        default=DEFAULT_DB,
-        help=f"SQLAlchemy URL or path of a SQLite file (default: {DEFAULT_DB})",
+        default=store.DEFAULT_DB_ARG,
+        help=f"SQLAlchemy URL or path of a SQLite file (default: {store.DEFAULT_DB_ARG})",
     )
     p.add_argument(
         "--sweep",
@@ -86,29 +88,29 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return _run(args)
-    except ReportError as exc:
+    except UserError as exc:
         print(f"perfsweep report: {exc}", file=sys.stderr)
         return 2
 
 
 def _run(args: argparse.Namespace) -> int:
     if args.top < 1:
-        raise ReportError(f"--top {args.top}: must be at least 1")
+        raise UserError(f"--top {args.top}: must be at least 1")
     baseline = None
     if args.baseline:
         try:
             baseline = parse_config_spec(args.baseline)
         except ValueError as exc:
-            raise ReportError(f"--baseline {args.baseline}: {exc}") from None
-    engine = open_db(args.db)
+            raise UserError(f"--baseline {args.baseline}: {exc}") from None
+    engine = store.open_existing(args.db)
     try:
         if args.vs is not None:
             if args.sweep and len(args.sweep) > 1:
-                raise ReportError(f"--vs {args.vs}: give exactly one --sweep to compare (got {len(args.sweep)})")
+                raise UserError(f"--vs {args.vs}: give exactly one --sweep to compare (got {len(args.sweep)})")
             a = resolve_sweep(engine, args.sweep[0] if args.sweep else None, "--sweep")
             b = resolve_sweep(engine, args.vs, "--vs")
             if a == b:
-                raise ReportError(f"--vs {args.vs}: is the same sweep as --sweep ({a})")
+                raise UserError(f"--vs {args.vs}: is the same sweep as --sweep ({a})")
             out = build_compare(engine, a, b, out_dir=args.out, where=args.where)
             print(f"Compare: {out / 'compare.md'}")
             return 0

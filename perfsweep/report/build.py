@@ -23,11 +23,11 @@ import pandas as pd
 from matplotlib.figure import Figure
 from sqlalchemy.engine import Engine
 
+from perfsweep.cli import UserError
 from perfsweep.names import BOTTLENECK_RULE
 from perfsweep.report import charts, frames
 from perfsweep.report import markdown as md
 from perfsweep.report.load import (
-    ReportError,
     load_kernels,
     load_runs,
     load_stages,
@@ -330,15 +330,15 @@ def make_report(
     """Load the runs of ``sweep_ids``, shape them, and draw every chart that fits (in memory)."""
     t0 = time.perf_counter()
     if not sweep_ids:
-        raise ReportError("no sweep given")
+        raise UserError("no sweep given")
     sweeps = load_sweeps(engine, sweep_ids)
     missing = sorted(set(sweep_ids) - set(sweeps["id"]))
     if missing:
-        raise ReportError(f"--sweep {missing[0]}: no sweep with id {missing[0]}")
+        raise UserError(f"--sweep {missing[0]}: no sweep with id {missing[0]}")
     raw = load_runs(engine, sweep_ids, where)
     if raw.empty:
         which = ", ".join(str(s) for s in sweep_ids)
-        raise ReportError(
+        raise UserError(
             f"--where {where!r}: no runs of sweep {which} match" if where else f"--sweep {which}: the sweep has no runs"
         )
     runs = frames.prepare_runs(raw)
@@ -346,7 +346,7 @@ def make_report(
         base = frames.pick_baseline(runs, baseline)
     except ValueError as exc:
         spec = ",".join(f"{k}={v}" for k, v in (baseline or {}).items())
-        raise ReportError(f"--baseline {spec}: {exc}") from None
+        raise UserError(f"--baseline {spec}: {exc}") from None
     runs = frames.add_speedup(runs, base)
     shown, note = frames.select_configs(runs, top, base)
     report = Report(

@@ -15,9 +15,10 @@ import numpy as np
 import pandas as pd
 from sqlalchemy.engine import Engine
 
+from perfsweep.cli import UserError
 from perfsweep.report import charts, frames
 from perfsweep.report import markdown as md
-from perfsweep.report.load import ReportError, load_runs, load_sweeps
+from perfsweep.report.load import load_runs, load_sweeps
 
 log = logging.getLogger(__name__)
 
@@ -105,15 +106,15 @@ def build_compare(
     sweeps = load_sweeps(engine, [sweep_a, sweep_b])
     for sid in (sweep_a, sweep_b):
         if sid not in set(sweeps["id"]):
-            raise ReportError(f"--sweep/--vs {sid}: no sweep with id {sid}")
+            raise UserError(f"--sweep/--vs {sid}: no sweep with id {sid}")
     runs = load_runs(engine, [sweep_a, sweep_b], where)
     if runs.empty:
-        raise ReportError(f"--where {where!r}: no runs match" if where else "neither sweep has runs")
+        raise UserError(f"--where {where!r}: no runs match" if where else "neither sweep has runs")
     runs = frames.prepare_runs(runs)
     ra, rb = runs[runs["sweep_id"] == sweep_a], runs[runs["sweep_id"] == sweep_b]
     for sid, r in ((sweep_a, ra), (sweep_b, rb)):
         if r.empty:
-            raise ReportError(f"sweep {sid} has no runs" + (f" matching --where {where!r}" if where else ""))
+            raise UserError(f"sweep {sid} has no runs" + (f" matching --where {where!r}" if where else ""))
     cmp = compare_frame(ra, rb)
     name_a, name_b = _sweep_name(sweeps, sweep_a), _sweep_name(sweeps, sweep_b)
     out = Path(out_dir) if out_dir is not None else default_compare_dir(sweeps, sweep_a, sweep_b)

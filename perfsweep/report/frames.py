@@ -19,8 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from perfsweep.config import GRID_AXES
-from perfsweep.names import KERNEL_CATEGORIES, STAGES
+from perfsweep.names import GRID_AXES, KERNEL_CATEGORIES, STAGES
 
 log = logging.getLogger(__name__)
 
