@@ -6,7 +6,16 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from perfsweep.names import BOTTLENECK_RULE, DATA_BOUND_WAIT_FRACTION, GPU_BOUND_BUSY_FRACTION
+import numpy as np
+import pandas as pd
+from numpy.typing import ArrayLike
+
+from perfsweep.names import (
+    BOTTLENECK_RULE,
+    DATA_BOUND_WAIT_FRACTION,
+    GPU_BOUND_BUSY_FRACTION,
+    NOISY_STEP_TIME_RATIO,
+)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -96,3 +105,43 @@ def model_flops_utilisation(
         "mfu": model_flops_per_s / peak_flops if peak_flops else None,
         "mfu_peak_flops": peak_flops,
     }
+
+
+# --- figures derived from stored columns, for the summary, the report and the comparison -------
+# They take pandas Series or numpy arrays (one value per run) so a report over 10,000 runs is
+# one vectorised expression, and each rule lives here only.
+
+
+def throughput_range(tokens_per_step: ArrayLike, step_time_ms_p10: ArrayLike, step_time_ms_p90: ArrayLike):
+    """(``tokens_per_s_lo``, ``tokens_per_s_hi``): the throughput at the p90 and at the p10 step
+    time, i.e. how steady the measured steps were (not a standard error)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return tokens_per_step * 1000.0 / step_time_ms_p90, tokens_per_step * 1000.0 / step_time_ms_p10
+
+
+def noisy(step_time_ms_p10: ArrayLike, step_time_ms_p90: ArrayLike):
+    """True where p90/p10 step time exceeds :data:`NOISY_STEP_TIME_RATIO`; False where unknown."""
+    p10 = np.asarray(step_time_ms_p10, dtype=float)
+    p90 = np.asarray(step_time_ms_p90, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        flag = np.nan_to_num(p90 / p10, nan=0.0, posinf=0.0) > NOISY_STEP_TIME_RATIO
+    if isinstance(step_time_ms_p10, pd.Series):
+        return pd.Series(flag, index=step_time_ms_p10.index)
+    return flag if flag.ndim else bool(flag)
+
+
+def speedup(tokens_per_s: ArrayLike, baseline_tokens_per_s: float | None):
+    """tokens/s over the baseline's (NaN without a baseline)."""
+    if not baseline_tokens_per_s:
+        return tokens_per_s * np.nan
+    return tokens_per_s / baseline_tokens_per_s
+
+
+def change_pct(tokens_per_s_a: ArrayLike, tokens_per_s_b: ArrayLike):
+    """A's tokens/s relative to B's, in percent (positive: A is faster)."""
+    return (tokens_per_s_a / tokens_per_s_b - 1.0) * 100.0
+
+
+def ranges_overlap(lo_a: ArrayLike, hi_a: ArrayLike, lo_b: ArrayLike, hi_b: ArrayLike):
+    """True where the two throughput ranges overlap: the comparison's "within noise" rule."""
+    return np.maximum(lo_a, lo_b) <= np.minimum(hi_a, hi_b)

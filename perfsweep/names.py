@@ -28,6 +28,12 @@ KERNEL_CATEGORIES: tuple[str, ...] = (
 """Categories of GPU work in the ``kernels`` table and ``perfsweep trace``; rules in
 :data:`perfsweep.trace.KERNEL_RULES`."""
 
+# --- timing quality ------------------------------------------------------------------------
+
+NOISY_STEP_TIME_RATIO = 1.5
+"""A config whose p90 step time exceeds this multiple of its p10 is flagged noisy: differences of
+that size between configs may be noise (see :func:`perfsweep.metrics.noisy`)."""
+
 # --- bottleneck verdict --------------------------------------------------------------------
 
 DATA_BOUND_WAIT_FRACTION = 0.10
