@@ -25,7 +25,26 @@ from perfsweep.config import ConfigError, register_configs, to_run_config
 # torch, pandas and SQLAlchemy are imported inside hydra_main: a typo, --help or a subcommand
 # answers in about a second instead of paying for torch first.
 
-register_configs()
+
+def register() -> None:
+    """Make perfsweep's configs and sweeper known to Hydra (idempotent).
+
+    Hydra's plugin scan runs first (it re-executes the plugin modules it finds, so importing ours
+    before it would leave two PerfsweepSweeper classes); then the sweeper is registered by hand,
+    because the scan cannot list the ``hydra_plugins`` namespace of an editable install. This
+    lives here, at the top of the import graph, so that perfsweep.config imports only what it
+    validates and no module imports the sweeper, which imports the launcher, back.
+    """
+    from hydra.core.plugins import Plugins
+
+    plugins = Plugins.instance()
+    from hydra_plugins.perfsweep_sweeper import PerfsweepSweeper
+
+    plugins.register(PerfsweepSweeper)
+    register_configs()
+
+
+register()
 log = logging.getLogger("perfsweep")
 
 
@@ -71,9 +90,8 @@ def hydra_main(cfg: DictConfig) -> str:
         launch_dir=launch_dir,
         sweep_dir=sweep_dir,
         sweep_name=run_cfg.name or hc.job.config_name or "perfsweep",
-        overrides=[o for o in hc.overrides.task if not o.startswith("resume=")],  # the same job, resumed
+        overrides=[o for o in hc.overrides.task if not o.startswith(launcher.NOT_OVERRIDES)],
         job_num=hc.job.num if multirun else 0,
-        n_jobs=int(os.environ.get(launcher.ENV_N_JOBS, 1)) if multirun else 1,
         command=command,
     )
     if multirun:

@@ -194,6 +194,23 @@ class DbConfig:
 
 
 @dataclass
+class SweepContext:
+    """What a job of a multirun learns about its sweep. perfsweep's sweeper sets these on every
+    job as ``sweep.*`` overrides; they are not settings to sweep, and the config hash and the job
+    folder names leave them out."""
+
+    n_jobs: int = 1
+    """Grid points in the sweep, for the progress line's "[3/8]" and the time-left estimate."""
+    started_at: float | None = None
+    """Unix time the sweep launched its first job, for the time-left estimate."""
+    id: int | None = None
+    """``sweeps.id`` the sweeper reserved before any job started."""
+
+    def __post_init__(self) -> None:
+        _require(self.n_jobs >= 1, "sweep.n_jobs", self.n_jobs, "must be >= 1")
+
+
+@dataclass
 class PerfsweepConfig:
     """One grid point. The six grid axes are top-level keys so a sweep reads ``amp=true,false``."""
 
@@ -240,6 +257,7 @@ class PerfsweepConfig:
     steps: StepsConfig = field(default_factory=StepsConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     db: DbConfig = field(default_factory=DbConfig)
+    sweep: SweepContext = field(default_factory=SweepContext)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
 
@@ -276,18 +294,8 @@ class PerfsweepConfig:
 
 
 def register_configs() -> None:
-    """Register the schemas; config.yaml lists ``perfsweep_schema`` first in its defaults."""
-    from hydra.core.plugins import Plugins
-
-    # Hydra's plugin scan runs first (it re-executes modules it finds, so importing ours before
-    # it would leave two PerfsweepSweeper classes); then we register by hand, because the scan
-    # cannot list the hydra_plugins namespace of an editable install.
-    plugins = Plugins.instance()
-    from hydra_plugins.perfsweep_sweeper import (
-        PerfsweepSweeper,  # registers hydra/sweeper=perfsweep
-    )
-
-    plugins.register(PerfsweepSweeper)
+    """Register the schema (config.yaml lists ``perfsweep_schema`` first in its defaults) and the
+    ``${uid:}`` resolver. The sweeper registers itself: see perfsweep.__main__.register."""
     if not OmegaConf.has_resolver("uid"):
         # ${uid:} in hydra.sweep.dir/run.dir: two sweeps started in the same second get their own
         # folders. Cached, so every job of a sweep (Hydra copies the cache) sees the same value.

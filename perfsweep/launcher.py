@@ -35,8 +35,9 @@ from perfsweep.store import utcnow
 
 log = logging.getLogger(__name__)
 
-ENV_N_JOBS = "PERFSWEEP_N_JOBS"
-ENV_SWEEP_START = "PERFSWEEP_SWEEP_START"
+NOT_OVERRIDES: tuple[str, ...] = ("resume=", "sweep.")
+"""Overrides that do not name the grid point: ``resume`` (the same job, resumed) and the
+``sweep.*`` context the sweeper adds to every job."""
 
 
 @dataclass
@@ -50,7 +51,6 @@ class JobSpec:
     sweep_name: str
     overrides: list[str] = field(default_factory=list)
     job_num: int = 0
-    n_jobs: int = 1
     command: str | None = None
 
     @property
@@ -71,7 +71,7 @@ def db_url(cfg: PerfsweepConfig, launch_dir: str | Path) -> str:
     return cfg.db.url or store.default_url(launch_dir)
 
 
-NOT_MEASURED: tuple[str, ...] = ("db", "name", "timeout_s", "allow_failures", "resume")
+NOT_MEASURED: tuple[str, ...] = ("db", "name", "timeout_s", "allow_failures", "resume", "sweep")
 """Config keys that say where results go or how the sweep behaves, not what is measured."""
 
 
@@ -88,12 +88,16 @@ class ProgressLine:
         self.spec = spec
         self.tty = sys.stderr.isatty()
         self.job_start = time.time()
-        self.sweep_start = float(os.environ.get(ENV_SWEEP_START, self.job_start))
+        self.sweep_start = spec.cfg.sweep.started_at or self.job_start
         self.last_phase = ""
 
     def header(self) -> None:
         s = self.spec
-        print(f"[{s.job_num + 1}/{s.n_jobs}] {' '.join(s.overrides) or '(defaults)'}", file=sys.stderr, flush=True)
+        print(
+            f"[{s.job_num + 1}/{s.cfg.sweep.n_jobs}] {' '.join(s.overrides) or '(defaults)'}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def update(self, phase: str, step: int, total: int, ms: float, loss: float) -> None:
         job_left = (total - step) * ms / 1000.0
@@ -103,7 +107,7 @@ class ProgressLine:
             per_job = (self.job_start - self.sweep_start) / done_jobs
         else:
             per_job = (now - self.job_start) + job_left
-        sweep_left = job_left + per_job * (self.spec.n_jobs - done_jobs - 1)
+        sweep_left = job_left + per_job * (self.spec.cfg.sweep.n_jobs - done_jobs - 1)
         text = (
             f"  {phase:<7} step {step:>3}/{total} {ms:8.1f} ms  loss {loss:7.3f}"
             f"  job ~{_fmt_s(job_left)} left, sweep ~{_fmt_s(sweep_left)} left"
@@ -267,7 +271,7 @@ def sweep_fields(spec: JobSpec) -> dict[str, Any]:
     """What the sweep's row records besides its folder and name (also kept in result.json)."""
     return {
         "command": spec.command,
-        "n_jobs": spec.n_jobs,
+        "n_jobs": spec.cfg.sweep.n_jobs,
         "hostname": socket.gethostname(),
         "launch_dir": str(Path(spec.launch_dir).resolve()),
     }
@@ -283,7 +287,9 @@ def run_job(spec: JobSpec) -> tuple[int | None, str]:
     url = db_url(cfg, spec.launch_dir)
     engine = store.connect(url)
     fields_of_sweep = sweep_fields(spec)
-    sweep_id = store.get_or_create_sweep(engine, spec.sweep_dir, spec.sweep_name, **fields_of_sweep)
+    sweep_id = cfg.sweep.id  # reserved by the sweeper; a single run finds or creates its row
+    if sweep_id is None:
+        sweep_id = store.get_or_create_sweep(engine, spec.sweep_dir, spec.sweep_name, **fields_of_sweep)
     progress = ProgressLine(spec)
     progress.header()
     started = utcnow()

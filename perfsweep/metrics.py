@@ -1,13 +1,19 @@
-"""Summary statistics of a job's measured steps: the one place where figures are aggregated."""
+"""Every derived figure perfsweep stores or shows, computed here and nowhere else.
+
+A job's steps become typed figure groups (:class:`StepFigures`, :class:`Verdict`,
+:class:`Utilisation`) whose fields are ``runs`` columns of the same names, units in the names;
+the runner fills them and the store writes ``.row()``. Figures derived from stored columns for
+display (throughput range, noise flag, speedup, change between sweeps) are the vectorised
+functions at the end, which the summary, the report and the comparison call.
+"""
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
-import pandas as pd
 from numpy.typing import ArrayLike
 
 from perfsweep.names import (
@@ -18,93 +24,138 @@ from perfsweep.names import (
 )
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolation percentile (numpy's default), q in [0, 100]."""
-    xs = sorted(values)
-    if not xs:
-        raise ValueError("percentile of no values")
-    pos = (len(xs) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
 @dataclass
 class StepRecord:
     """One optimizer step as the train loop saw it."""
 
     step: int
-    phase: str  # "warmup" or "measure"
+    phase: str  # "warmup", "measure", "memory" (CPU peak probe) or "profile"
     step_time_ms: float
     data_wait_ms: float
     loss: float
 
 
-def summarize(records: Sequence[StepRecord], tokens_per_step: int, samples_per_step: int) -> dict[str, float | None]:
+class Figures:
+    """A group of derived figures, stored as ``runs`` columns of the same names."""
+
+    def row(self) -> dict[str, Any]:
+        return asdict(self)  # type: ignore[call-overload]
+
+
+@dataclass(frozen=True)
+class StepFigures(Figures):
+    """What a run's measured steps say (warmup excluded); every field is a ``runs`` column."""
+
+    first_step_ms: float
+    step_time_ms_median: float
+    step_time_ms_p10: float
+    step_time_ms_p90: float
+    step_time_ms_mean: float
+    step_time_ms_std: float
+    data_wait_ms_median: float
+    data_wait_fraction: float | None
+    """Share of the measured time spent waiting for the next batch."""
+    tokens_per_s: float
+    samples_per_s: float
+    final_loss: float
+
+    @property
+    def compile_time_ms(self) -> float:
+        """What the first step cost beyond a steady one: torch.compile's compile time, for a
+        compiled model (the first step also pays for allocator warmup, a few ms)."""
+        return max(0.0, self.first_step_ms - self.step_time_ms_median)
+
+
+def summarize(records: Sequence[StepRecord], tokens_per_step: int, samples_per_step: int) -> StepFigures:
     """Figures for ``runs``, from measured steps only (warmup excluded).
 
     tokens/s is total tokens over total time of the measured steps, not the mean of per-step
     rates, so one slow step weighs as much as it cost. Every token is effective: the LM windows
-    carry no padding.
+    carry no padding. Percentiles interpolate linearly (numpy's default).
     """
     measured = [r for r in records if r.phase == "measure"]
     if not measured:
         raise ValueError("no measured steps to summarize")
-    times = [r.step_time_ms for r in measured]
-    waits = [r.data_wait_ms for r in measured]
-    total_s = sum(times) / 1000.0
-    return {
-        "first_step_ms": records[0].step_time_ms,
-        "step_time_ms_median": statistics.median(times),
-        "step_time_ms_p10": percentile(times, 10),
-        "step_time_ms_p90": percentile(times, 90),
-        "step_time_ms_mean": statistics.fmean(times),
-        "step_time_ms_std": statistics.stdev(times) if len(times) > 1 else 0.0,
-        "data_wait_ms_median": statistics.median(waits),
-        "data_wait_fraction": sum(waits) / sum(times) if sum(times) > 0 else None,
-        "tokens_per_s": tokens_per_step * len(measured) / total_s,
-        "samples_per_s": samples_per_step * len(measured) / total_s,
-        "final_loss": measured[-1].loss,
-    }
+    times = np.array([r.step_time_ms for r in measured])
+    waits = np.array([r.data_wait_ms for r in measured])
+    total_s = float(times.sum()) / 1000.0
+    p10, p50, p90 = np.percentile(times, [10, 50, 90])
+    return StepFigures(
+        first_step_ms=records[0].step_time_ms,
+        step_time_ms_median=float(p50),
+        step_time_ms_p10=float(p10),
+        step_time_ms_p90=float(p90),
+        step_time_ms_mean=float(times.mean()),
+        step_time_ms_std=float(times.std(ddof=1)) if len(times) > 1 else 0.0,
+        data_wait_ms_median=float(np.median(waits)),
+        data_wait_fraction=float(waits.sum() / times.sum()) if times.sum() > 0 else None,
+        tokens_per_s=tokens_per_step * len(measured) / total_s,
+        samples_per_s=samples_per_step * len(measured) / total_s,
+        final_loss=measured[-1].loss,
+    )
+
+
+@dataclass(frozen=True)
+class Verdict(Figures):
+    """Where a GPU run's step time goes; all None on CPU or without a profile (never guessed)."""
+
+    gpu_busy_ms: float | None = None
+    """Union of kernel and memcpy intervals per profiled step."""
+    gpu_busy_fraction: float | None = None
+    """gpu_busy_ms over the measured median step time."""
+    bottleneck: str | None = None
+    """``gpu``, ``host`` or ``data`` by :data:`perfsweep.names.BOTTLENECK_RULE`."""
+    bottleneck_rule: str | None = None
+
+
+def gpu_busy_fraction(gpu_busy_ms: float, step_ms: float) -> float:
+    """Share of a step the GPU was busy. ``step_ms`` should be a measured (unprofiled) step time:
+    the profiled steps are slowed by the profiler, which would dilute the share."""
+    return gpu_busy_ms / step_ms if step_ms > 0 else float("nan")
 
 
 def bottleneck_verdict(
     gpu_busy_ms: float | None, step_time_ms_median: float | None, data_wait_fraction: float | None
-) -> dict[str, float | str | None]:
+) -> Verdict:
     """``gpu_busy_fraction`` and the ``bottleneck`` verdict of a run, by :data:`BOTTLENECK_RULE`.
 
     Busy time comes from the profiled steps, the step time from the measured (unprofiled) ones,
-    so the profiler's own overhead does not dilute the fraction. Without a GPU busy time (CPU
-    runs, profiling off) every field is None: a verdict is never guessed.
+    so the profiler's own overhead does not dilute the fraction.
     """
     if gpu_busy_ms is None or not step_time_ms_median:
-        return {"gpu_busy_ms": None, "gpu_busy_fraction": None, "bottleneck": None, "bottleneck_rule": None}
-    busy = gpu_busy_ms / step_time_ms_median
+        return Verdict()
+    busy = gpu_busy_fraction(gpu_busy_ms, step_time_ms_median)
     if data_wait_fraction is not None and data_wait_fraction > DATA_BOUND_WAIT_FRACTION:
         verdict = "data"
     elif busy >= GPU_BOUND_BUSY_FRACTION:
         verdict = "gpu"
     else:
         verdict = "host"
-    return {
-        "gpu_busy_ms": gpu_busy_ms,
-        "gpu_busy_fraction": busy,
-        "bottleneck": verdict,
-        "bottleneck_rule": BOTTLENECK_RULE,
-    }
+    return Verdict(gpu_busy_ms, busy, verdict, BOTTLENECK_RULE)
+
+
+@dataclass(frozen=True)
+class Utilisation(Figures):
+    """Model FLOP/s (not hardware FLOP/s: recomputation is not counted) and their share of the
+    device's dense peak in the run's compute dtype."""
+
+    model_tflops_per_s: float
+    mfu: float | None
+    """None where the device has no known peak (CPU, an unlisted GPU): never a guess."""
+    mfu_peak_flops: float | None
+    mfu_compute_dtype: str
 
 
 def model_flops_utilisation(
-    flops_per_token: float, tokens_per_s: float, peak_flops: float | None
-) -> dict[str, float | None]:
-    """``model_tflops_per_s`` (model FLOPs, not hardware FLOPs: recomputation is not counted)
-    and ``mfu``, its share of the device's dense peak in the run's compute dtype (None off GPU)."""
+    flops_per_token: float, tokens_per_s: float, peak_flops: float | None, compute_dtype: str
+) -> Utilisation:
     model_flops_per_s = flops_per_token * tokens_per_s
-    return {
-        "model_tflops_per_s": model_flops_per_s / 1e12,
-        "mfu": model_flops_per_s / peak_flops if peak_flops else None,
-        "mfu_peak_flops": peak_flops,
-    }
+    return Utilisation(
+        model_tflops_per_s=model_flops_per_s / 1e12,
+        mfu=model_flops_per_s / peak_flops if peak_flops else None,
+        mfu_peak_flops=peak_flops,
+        mfu_compute_dtype=compute_dtype,
+    )
 
 
 # --- figures derived from stored columns, for the summary, the report and the comparison -------
@@ -125,8 +176,9 @@ def noisy(step_time_ms_p10: ArrayLike, step_time_ms_p90: ArrayLike):
     p90 = np.asarray(step_time_ms_p90, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
         flag = np.nan_to_num(p90 / p10, nan=0.0, posinf=0.0) > NOISY_STEP_TIME_RATIO
-    if isinstance(step_time_ms_p10, pd.Series):
-        return pd.Series(flag, index=step_time_ms_p10.index)
+    index = getattr(step_time_ms_p10, "index", None)
+    if index is not None:  # a pandas Series in, a Series out (pandas is not imported here)
+        return type(step_time_ms_p10)(flag, index=index)
     return flag if flag.ndim else bool(flag)
 
 

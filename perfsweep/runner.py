@@ -185,7 +185,6 @@ def _train(
     progress: Progress | None,
 ) -> dict[str, Any]:
     trainer, raw, fused = build(cfg, device, token_data)
-    tokens_per_step = cfg.batch * cfg.seq_len
     result.update(
         n_params=raw.num_params(non_embedding=False),
         n_params_non_embedding=raw.num_params(non_embedding=True),
@@ -224,14 +223,13 @@ def _train(
         result["peak_allocated_bytes"] = persistent_bytes(raw, trainer.optimizer) + step_peak
         result["peak_mem_bytes"] = result["peak_allocated_bytes"]
 
-    summary = summarize(records, tokens_per_step, cfg.batch)
-    result.update(summary)
+    summary = summarize(records, cfg.tokens_per_step, cfg.batch)
+    result.update(summary.row())
     dtype = compute_dtype(cfg.amp, cfg.amp_dtype.value)
     peak = peak_flops(result["device_name"], dtype) if device.type == "cuda" else None
-    result.update(model_flops_utilisation(result["flops_per_token"], summary["tokens_per_s"], peak))
-    result["mfu_compute_dtype"] = dtype
+    result.update(model_flops_utilisation(result["flops_per_token"], summary.tokens_per_s, peak, dtype).row())
     if cfg.compile:
-        result["compile_time_ms"] = max(0.0, records[0].step_time_ms - summary["step_time_ms_median"])
+        result["compile_time_ms"] = summary.compile_time_ms
         result["compile_cache"] = cfg.compile_cache.value
         result.update(compile_mod.diagnostics())
 
@@ -248,9 +246,8 @@ def _train(
                 window.step()
         stages, ops, artifacts = window.result.stages, window.result.ops, window.result.artifacts
         kernels = window.result.kernels
-        result.update(
-            bottleneck_verdict(window.result.gpu_busy_ms, summary["step_time_ms_median"], summary["data_wait_fraction"])
-        )
+        verdict = bottleneck_verdict(window.result.gpu_busy_ms, summary.step_time_ms_median, summary.data_wait_fraction)
+        result.update(verdict.row())
     if snapshot is not None:
         path = snapshot.dump()
         result["memory_snapshot_path"] = str(path)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from perfsweep.metrics import gpu_busy_fraction
 from perfsweep.names import KERNEL_CATEGORIES, PROFILER_STEP_PREFIX, STAGES
 
 GPU_EVENT_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -120,8 +121,7 @@ class TraceAnalysis:
 
     def busy_fraction(self, step_ms: float | None = None) -> float:
         """GPU busy time over ``step_ms`` (a measured step time) or, if None, the profiled step."""
-        denom = step_ms if step_ms else self.step_wall_ms
-        return self.gpu_busy_ms / denom if denom > 0 else float("nan")
+        return gpu_busy_fraction(self.gpu_busy_ms, step_ms or self.step_wall_ms)
 
     def to_json(self, step_ms: float | None = None) -> dict[str, Any]:
         """One JSON-ready object; keys carry their units."""

@@ -49,7 +49,9 @@ def build_h100_db(db: Path) -> str:
                 result[key] = bool(result[key]) if result[key] is not None else None
             result["sweep_id"] = sid
             a = analyze(H100 / _trace_name(row))
-            result.update(bottleneck_verdict(a.gpu_busy_ms, row["step_time_ms_median"], row["data_wait_fraction"]))
+            result.update(
+                bottleneck_verdict(a.gpu_busy_ms, row["step_time_ms_median"], row["data_wait_fraction"]).row()
+            )
             result["stages"] = stage_rows(a, on_cuda=True)
             result["kernels"] = kernel_rows(a)
             for key in ("started_at", "finished_at"):

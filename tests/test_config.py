@@ -6,17 +6,17 @@ import pytest
 from hydra import compose, initialize_config_dir, initialize_config_module
 from hydra.errors import ConfigCompositionException
 
+from perfsweep.__main__ import register
 from perfsweep.config import (
     AmpDtype,
     ConfigError,
     PerfsweepConfig,
-    register_configs,
     to_plain_dict,
     to_run_config,
 )
 from tests.util import REPO, TINY, run_perfsweep
 
-register_configs()
+register()  # the schema, and the sweeper config.yaml names
 
 
 def compose_cfg(overrides: list[str]):

@@ -3,27 +3,22 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from perfsweep.metrics import StepRecord, percentile, summarize
-
-
-@pytest.mark.parametrize("q", [0, 10, 50, 90, 100])
-def test_percentile_matches_numpy(q):
-    xs = [5.0, 1.0, 9.0, 3.0, 7.0, 2.0]
-    assert percentile(xs, q) == pytest.approx(np.percentile(xs, q))
+from perfsweep import metrics
+from perfsweep.metrics import StepRecord, summarize
 
 
 def test_summary_excludes_warmup_and_uses_total_time():
     recs = [StepRecord(0, "warmup", 1000.0, 900.0, 9.0), StepRecord(1, "warmup", 500.0, 1.0, 8.0)]
     recs += [StepRecord(2 + i, "measure", t, 1.0, 7.0 - i) for i, t in enumerate([100.0, 200.0, 100.0, 100.0])]
     s = summarize(recs, tokens_per_step=512, samples_per_step=4)
-    assert s["first_step_ms"] == 1000.0
-    assert s["step_time_ms_median"] == 100.0
-    assert s["step_time_ms_p90"] == pytest.approx(170.0)
+    assert s.first_step_ms == 1000.0
+    assert s.step_time_ms_median == 100.0
+    assert s.step_time_ms_p90 == pytest.approx(170.0)
     # 4 steps x 512 tokens over 0.5 s, not the mean of per-step rates
-    assert s["tokens_per_s"] == pytest.approx(4 * 512 / 0.5)
-    assert s["samples_per_s"] == pytest.approx(4 * 4 / 0.5)
-    assert s["data_wait_fraction"] == pytest.approx(4 / 500)
-    assert s["final_loss"] == 4.0
+    assert s.tokens_per_s == pytest.approx(4 * 512 / 0.5)
+    assert s.samples_per_s == pytest.approx(4 * 4 / 0.5)
+    assert s.data_wait_fraction == pytest.approx(4 / 500)
+    assert s.final_loss == 4.0
 
 
 def test_summary_needs_measured_steps():
@@ -88,8 +83,50 @@ def test_mfu_of_the_h100_runs_is_a_share_of_the_right_peak():
     assert len(rows) >= 6
     for amp, amp_dtype, device, flops_per_token, tps, stored_mfu in rows:
         dtype = "fp32" if not amp else amp_dtype  # these jobs ran with torch's default (TF32 off)
-        fig = model_flops_utilisation(flops_per_token, tps, peak_flops(device, dtype))
-        assert 0 < fig["mfu"] <= 1.0
-        assert fig["mfu"] == pytest.approx(fig["model_tflops_per_s"] * 1e12 / fig["mfu_peak_flops"])
+        fig = model_flops_utilisation(flops_per_token, tps, peak_flops(device, dtype), dtype)
+        assert 0 < fig.mfu <= 1.0
+        assert fig.mfu == pytest.approx(fig.model_tflops_per_s * 1e12 / fig.mfu_peak_flops)
         if not amp:  # the old figure took the bf16 peak: 989/67 = 14.8x too low
-            assert fig["mfu"] == pytest.approx(stored_mfu * 989 / 67, rel=1e-6)
+            assert fig.mfu == pytest.approx(stored_mfu * 989 / 67, rel=1e-6)
+
+
+def test_figure_groups_are_runs_columns():
+    """Every typed figure is stored under its own name: a field without a column would be lost."""
+    from dataclasses import fields
+
+    from perfsweep import store
+
+    columns = set(store.Run.__table__.columns.keys())
+    for group in (metrics.StepFigures, metrics.Verdict, metrics.Utilisation):
+        missing = {f.name for f in fields(group)} - columns
+        assert not missing, f"{group.__name__}: {missing}"
+
+
+def test_step_figures_compile_time_and_spread():
+    recs = [StepRecord(0, "warmup", 900.0, 0.0, 9.0)] + [
+        StepRecord(1 + i, "measure", t, 0.0, 1.0) for i, t in enumerate([10.0, 12.0, 11.0, 30.0, 10.0])
+    ]
+    s = summarize(recs, tokens_per_step=100, samples_per_step=1)
+    assert s.compile_time_ms == pytest.approx(900.0 - 11.0)  # first step beyond the median
+    assert s.step_time_ms_std == pytest.approx(np.std([10.0, 12.0, 11.0, 30.0, 10.0], ddof=1))
+    assert s.step_time_ms_p10 == pytest.approx(np.percentile([10, 12, 11, 30, 10], 10))
+
+
+def test_display_figures_are_vectorised_and_honest_about_missing_values():
+    import pandas as pd
+
+    p10 = pd.Series([10.0, 10.0, np.nan, 0.0], index=[7, 8, 9, 10])
+    p90 = pd.Series([16.0, 14.0, 20.0, 5.0], index=p10.index)
+    flags = metrics.noisy(p10, p90)
+    assert list(flags.index) == [7, 8, 9, 10]  # aligned with the runs it flags
+    assert flags.tolist() == [True, False, False, False]  # 1.6 > 1.5; 1.4 is not; unknown is not noisy
+    assert metrics.noisy(10.0, 15.1) is True and metrics.noisy(10.0, 15.0) is False
+
+    lo, hi = metrics.throughput_range(pd.Series([512]), pd.Series([100.0]), pd.Series([200.0]))
+    assert (lo.iloc[0], hi.iloc[0]) == (2560.0, 5120.0)  # 512 tokens in 0.2 s and in 0.1 s
+
+    assert metrics.speedup(pd.Series([300.0, 150.0]), 150.0).tolist() == [2.0, 1.0]
+    assert metrics.speedup(pd.Series([300.0]), None).isna().all()  # no baseline: no speedup
+    assert metrics.change_pct(110.0, 100.0) == pytest.approx(10.0)
+    assert metrics.ranges_overlap(1.0, 2.0, 1.5, 3.0) and not metrics.ranges_overlap(1.0, 2.0, 2.5, 3.0)
+    assert np.isnan(metrics.gpu_busy_fraction(5.0, 0.0)) and metrics.gpu_busy_fraction(5.0, 10.0) == 0.5

@@ -87,17 +87,17 @@ def test_busy_share_and_verdict_from_the_measured_step(name):
     a = analyze(trace_path(name))
     assert abs(a.busy_fraction(step_ms) - share) <= 0.02
     verdict = bottleneck_verdict(a.gpu_busy_ms, step_ms, data_wait_fraction=0.01)
-    assert verdict["gpu_busy_fraction"] == pytest.approx(a.busy_fraction(step_ms))
+    assert verdict.gpu_busy_fraction == pytest.approx(a.busy_fraction(step_ms))
     # MiniGPT with AMP at batch 2 is launch bound; fp32 and the compiled GPT-2 keep the GPU busy
-    assert verdict["bottleneck"] == ("host" if "amp1" in name else "gpu")
-    assert verdict["bottleneck_rule"] == BOTTLENECK_RULE
+    assert verdict.bottleneck == ("host" if "amp1" in name else "gpu")
+    assert verdict.bottleneck_rule == BOTTLENECK_RULE
 
 
 def test_verdict_rules():
-    assert bottleneck_verdict(5.0, 10.0, 0.25)["bottleneck"] == "data"  # data wait dominates
-    assert bottleneck_verdict(7.0, 10.0, 0.0)["bottleneck"] == "gpu"
-    assert bottleneck_verdict(6.9, 10.0, None)["bottleneck"] == "host"
-    assert set(bottleneck_verdict(None, 10.0, 0.5).values()) == {None}  # CPU: never guessed
+    assert bottleneck_verdict(5.0, 10.0, 0.25).bottleneck == "data"  # data wait dominates
+    assert bottleneck_verdict(7.0, 10.0, 0.0).bottleneck == "gpu"
+    assert bottleneck_verdict(6.9, 10.0, None).bottleneck == "host"
+    assert set(bottleneck_verdict(None, 10.0, 0.5).row().values()) == {None}  # CPU: never guessed
 
 
 def test_kernel_categories_on_real_kernels():

@@ -3,7 +3,8 @@
 1. Every grid point is composed and checked (perfsweep.preflight: values, device, data, a
    database write) before the first job starts, so a mistake stops the sweep with one line
    and exit code 2 instead of failing job 7 of 8.
-2. Jobs learn the sweep's size and start time (for "3/8" and the time left); with
+2. Jobs learn the sweep's size, start time and id through ``sweep.*`` overrides (for "3/8",
+   the time left and their sweep's row); with
    ``resume=true`` only the grid points without an ``ok`` run are launched, keeping their
    numbers and folders.
 3. When all jobs are done, ok or not, the summary table and the report are produced from the
@@ -15,7 +16,6 @@
 
 # No `from __future__ import annotations` here: Hydra's plugin scan executes this module
 # before it is in sys.modules, and dataclasses cannot resolve string annotations then.
-import os
 import shlex
 import socket
 import sys
@@ -97,8 +97,9 @@ class PerfsweepSweeper(BasicSweeper):
         except ConfigError as exc:
             preflight.unclaim_folder(sweep_dir, created)
             _refuse(str(exc))
-        os.environ[launcher.ENV_N_JOBS] = str(len(jobs))
-        os.environ[launcher.ENV_SWEEP_START] = str(time.time())
+        # the sweep's size, start and id reach each job through its config (perfsweep.config.SweepContext)
+        context = [f"sweep.n_jobs={len(jobs)}", f"sweep.started_at={time.time()}", f"sweep.id={sweep_id}"]
+        jobs = [[*job, *context] for job in jobs]
         print(f"perfsweep: {_jobs(len(todo))}, one process each; job folders under {sweep_dir}", file=sys.stderr)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         returns: list[Any] = []
