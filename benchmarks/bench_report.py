@@ -127,7 +127,7 @@ def synth_run(
         peak_reserved_bytes=int(allocated * (1.05 + 0.1 * rng.random())),
         rss_growth_bytes=200 * 2**20,
         # small steps leave the GPU waiting for launches: busy share grows with the step's work
-        **bottleneck_verdict(step_ms * (0.15 + 0.8 * util), statistics.median(times), 0.2 / step_ms),
+        **bottleneck_verdict(step_ms * (0.15 + 0.8 * util), statistics.median(times), 0.2 / step_ms).row(),
     )
     steps = [
         {
