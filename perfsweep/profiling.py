@@ -30,7 +30,7 @@ from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 from perfsweep import trace as trace_mod
 from perfsweep.config import ProfileConfig
-from perfsweep.names import STAGES
+from perfsweep.names import PROFILER_STEP_PREFIX, STAGES
 
 log = logging.getLogger(__name__)
 
@@ -200,8 +200,8 @@ def op_table(averages: Any, active_steps: int, top_n: int, on_cuda: bool) -> lis
     Times and the ``*_per_step`` columns are per profiled step; ``calls`` and ``flops`` are the
     totals over the window's ``active_steps`` (their first meaning, kept for old queries).
     """
-    # key_averages names the step ranges "ProfilerStep*"
-    ops = [a for a in averages if a.key not in STAGES and not a.key.startswith("ProfilerStep")]
+    # key_averages names the step ranges "ProfilerStep*" (the trace: "ProfilerStep#N")
+    ops = [a for a in averages if a.key not in STAGES and not a.key.startswith(PROFILER_STEP_PREFIX.rstrip("#"))]
     sorts: list[tuple[str, Any]] = [("self_cpu", lambda a: _us(a, "self_cpu_time_total"))]
     if on_cuda:
         sorts.insert(0, ("self_device", self_device_us))

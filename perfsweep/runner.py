@@ -33,10 +33,13 @@ from perfsweep.envinfo import compute_dtype, environment, peak_flops
 from perfsweep.memory import MemoryProbe, MemorySnapshot, persistent_bytes, step_alloc_peak_bytes
 from perfsweep.metrics import StepRecord, bottleneck_verdict, model_flops_utilisation, summarize
 from perfsweep.model import GPT
+from perfsweep.names import STAGES
 from perfsweep.profiling import ProfiledWindow
 from perfsweep.profiling import stage as labelled_stage
 
 log = logging.getLogger(__name__)
+
+DATA_TO_DEVICE, FORWARD, BACKWARD, OPTIMIZER_STEP, ZERO_GRAD = STAGES  # the step's ranges, in order
 
 _NO_LABEL = contextlib.nullcontext()
 
@@ -93,19 +96,19 @@ class Trainer:
         dev, nvtx = self.device, self.nvtx
         stage = labelled_stage if self.labelled else _unlabelled
         t0 = time.perf_counter()
-        with stage("data_to_device", nvtx):
+        with stage(DATA_TO_DEVICE, nvtx):
             x, y = next(self.batches)
             t_data = time.perf_counter()
             x = x.to(dev, non_blocking=True)
             y = y.to(dev, non_blocking=True)
-        with stage("forward", nvtx), self.autocast():
+        with stage(FORWARD, nvtx), self.autocast():
             _, loss = self.model(x, y)
-        with stage("backward", nvtx):
+        with stage(BACKWARD, nvtx):
             self.scaler.scale(loss).backward()
-        with stage("optimizer_step", nvtx):
+        with stage(OPTIMIZER_STEP, nvtx):
             self.scaler.step(self.optimizer)
             self.scaler.update()
-        with stage("zero_grad", nvtx):
+        with stage(ZERO_GRAD, nvtx):
             self.optimizer.zero_grad(set_to_none=True)
         loss_value = loss.item()  # waits for the step's device work
         if dev.type == "cuda":

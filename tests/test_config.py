@@ -29,7 +29,7 @@ def test_defaults_compose_and_validate():
     assert (cfg.amp, cfg.ckpt, cfg.compile) == (False, False, False)
     assert cfg.model.name == "small" and cfg.data.name == "stdlib"
     assert cfg.db.url is None  # resolved to <launch dir>/results.db at run time
-    assert cfg.tokens_per_step == cfg.batch * cfg.seq_len
+    assert (cfg.batch, cfg.seq_len, cfg.tokens_per_step) == (8, 128, 1024)  # the documented defaults
 
 
 @pytest.mark.parametrize(
@@ -102,8 +102,13 @@ def test_new_settings_are_checked(override, message):
 
 
 def test_plain_dict_is_json_ready():
-    d = to_plain_dict(PerfsweepConfig(amp=True, amp_dtype=AmpDtype.bf16))
-    assert d["amp_dtype"] == "bf16" and d["model"]["n_layers"] >= 1
+    import json
+
+    d = to_plain_dict(PerfsweepConfig(amp=True, amp_dtype=AmpDtype.bf16, batch=3))
+    assert json.loads(json.dumps(d)) == d  # plain JSON types only: enums became strings
+    assert (d["amp"], d["amp_dtype"], d["batch"], d["device"]) == (True, "bf16", 3, "auto")
+    assert d["model"]["n_layers"] == PerfsweepConfig().model.n_layers and d["sweep"]["n_jobs"] == 1
+    assert to_run_config(d) == PerfsweepConfig(amp=True, amp_dtype=AmpDtype.bf16, batch=3)  # round trip
 
 
 def test_bad_grid_point_stops_sweep_before_any_job(tmp_path: Path):

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+
+from perfsweep.names import STAGES
 
 if TYPE_CHECKING:
     from tests.conftest_report import ReportSweeps
@@ -50,4 +53,28 @@ def test_notebook_runs_against_a_real_sweep(
     text = "\n".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", "")) for o in outputs)
     assert f"looking at sweep {report_sweeps.amp_ckpt}" in text
     assert "amp=1 ckpt=1" in text  # the runs table, labelled by the differing axes
-    assert "backward" in text  # the stage JOIN
+    # the stage breakdown (the JOIN cell) shows each config's stage times as stored, to 2 decimals
+    shown = _breakdown_cell(nb)
+    with sqlite3.connect(report_sweeps.db) as conn:
+        stored = conn.execute(
+            "SELECT r.amp, r.ckpt, s.stage, s.cpu_time_ms FROM stages s JOIN runs r ON r.id = s.run_id "
+            "WHERE r.sweep_id = ? AND r.status = 'ok'",
+            (report_sweeps.amp_ckpt,),
+        ).fetchall()
+    assert len(stored) == 4 * len(STAGES)  # four configs, every stage
+    for amp, ckpt, stage, ms in stored:
+        assert shown[f"amp={amp} ckpt={ckpt}"][stage] == pytest.approx(round(ms, 2), abs=0.006)
+
+
+def _breakdown_cell(nb) -> dict[str, dict[str, float]]:
+    """The breakdown table as the notebook printed it: config label -> stage -> ms."""
+    cell = next(c for c in nb.cells if c.cell_type == "code" and "breakdown.round(2)" in c.source)
+    text = next(o["data"]["text/plain"] for o in cell.outputs if "text/plain" in o.get("data", {}))
+    lines = text.splitlines()
+    columns = lines[0].split()[1:]  # "stage  data_to_device  forward ..."
+    assert columns == [s for s in STAGES if s in columns] and "backward" in columns
+    table = {}
+    for line in lines[2:]:  # after the header and the index-name line ("config")
+        words = line.split()
+        table[" ".join(words[: -len(columns)])] = dict(zip(columns, map(float, words[-len(columns) :]), strict=True))
+    return table
