@@ -24,14 +24,20 @@ class UserError(Exception):
     printed as one line, no traceback, exit 2."""
 
 
-def first_line(exc: BaseException) -> str:
-    """A driver's or library's message, first line only (their later lines repeat SQL or paths).
+def first_line(what: BaseException | str | None, width: int | None = None) -> str:
+    """The first line of an error or a stored message, cut to ``width`` characters with "...".
 
-    SQLAlchemy wraps the driver's exception; its ``orig`` holds the driver's own words (e.g. 'no
-    such column: x') without SQLAlchemy's echo of the SQL. A wrapper raised ``from`` such an error
-    is unwrapped to it.
+    Later lines of a driver's or library's message repeat SQL, paths or tracebacks. SQLAlchemy
+    wraps the driver's exception; its ``orig`` holds the driver's own words (e.g. 'no such
+    column: x') without SQLAlchemy's echo of the SQL. A wrapper raised ``from`` such an error is
+    unwrapped to it. An exception with no message is named by its type.
     """
-    while getattr(exc, "orig", None) is None and exc.__cause__ is not None:
-        exc = exc.__cause__
-    text = str(getattr(exc, "orig", None) or exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    if isinstance(what, BaseException):
+        exc = what
+        while getattr(exc, "orig", None) is None and exc.__cause__ is not None:
+            exc = exc.__cause__
+        text = str(getattr(exc, "orig", None) or exc).strip() or type(exc).__name__
+    else:
+        text = what.strip() if isinstance(what, str) else ""
+    line = text.splitlines()[0] if text else ""
+    return line if width is None or len(line) <= width else line[: width - 3] + "..."

@@ -354,7 +354,7 @@ def run_job(spec: JobSpec) -> tuple[int | None, str]:
     saved_id = _save(engine, row, run_id, spec, fields_of_sweep)
     progress.done(status, row.get("tokens_per_s"))
     if error:
-        print(f"  {status}: {error.splitlines()[0]}", file=sys.stderr, flush=True)
+        print(f"  {status}: {first_line(error)}", file=sys.stderr, flush=True)
     engine.dispose()
     return saved_id, status
 

@@ -158,6 +158,15 @@ def model_flops_utilisation(
     )
 
 
+def compile_payback_steps(
+    compile_time_ms: float, eager_step_ms: float | None, compiled_step_ms: float | None
+) -> float | None:
+    """Steps after which torch.compile has paid for itself: compile time over the per-step saving
+    against the eager twin. None where compiling did not make steps faster (never paid back)."""
+    saving = (eager_step_ms or 0.0) - (compiled_step_ms or 0.0)
+    return compile_time_ms / saving if saving > 0 else None
+
+
 # --- figures derived from stored columns, for the summary, the report and the comparison -------
 # They take pandas Series or numpy arrays (one value per run) so a report over 10,000 runs is
 # one vectorised expression, and each rule lives here only.

@@ -9,7 +9,8 @@ import pandas as pd
 from sqlalchemy import select, update
 from sqlalchemy.engine import Engine
 
-from perfsweep import store
+from perfsweep import metrics, store
+from perfsweep.cli import first_line
 from perfsweep.names import GRID_AXES
 
 log = logging.getLogger(__name__)
@@ -21,11 +22,8 @@ def sweep_id_for(engine: Engine, sweep_dir: str) -> int | None:
 
 
 def fill_compile_payback(engine: Engine, sweep_id: int) -> None:
-    """compile_payback_steps = compile time / per-step saving against the eager twin config.
-
-    Null where the sweep has no eager twin, or where compiling did not make steps faster
-    (the compile cost is then never paid back).
-    """
+    """Fill ``compile_payback_steps`` of the compiled runs that have an eager twin config in the
+    sweep (same settings, compile off); see :func:`perfsweep.metrics.compile_payback_steps`."""
     with store.session(engine) as s:
         runs = s.scalars(select(store.Run).where(store.Run.sweep_id == sweep_id, store.Run.status == "ok")).all()
 
@@ -37,8 +35,7 @@ def fill_compile_payback(engine: Engine, sweep_id: int) -> None:
             twin = eager.get(key(r))
             if not r.compile or twin is None or r.compile_time_ms is None:
                 continue
-            saving = (twin.step_time_ms_median or 0) - (r.step_time_ms_median or 0)
-            payback = r.compile_time_ms / saving if saving > 0 else None
+            payback = metrics.compile_payback_steps(r.compile_time_ms, twin.step_time_ms_median, r.step_time_ms_median)
             s.execute(update(store.Run).where(store.Run.id == r.id).values(compile_payback_steps=payback))
 
 
@@ -80,7 +77,7 @@ def format_summary(df: pd.DataFrame) -> str:
     if df["bottleneck"].notna().any():  # GPU runs with a profiled window; never shown for CPU
         out["GPU busy"] = df["gpu_busy_fraction"].map(lambda v: f"{v:.0%}" if pd.notna(v) else "-")
         out["bound by"] = df["bottleneck"].fillna("-")
-    out["error"] = df["error"].map(lambda e: (e.splitlines()[0][:70]) if isinstance(e, str) and e else "")
+    out["error"] = df["error"].map(lambda e: first_line(e, 70))
     return out.to_string(index=False)
 
 

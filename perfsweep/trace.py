@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from perfsweep.cli import first_line
 from perfsweep.metrics import gpu_busy_fraction
 from perfsweep.names import KERNEL_CATEGORIES, PROFILER_STEP_PREFIX, STAGES
 
@@ -175,7 +176,7 @@ def load_events(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any],
         with opener(p, "rt", encoding="utf-8") as fh:
             data = json.load(fh)
     except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TraceError(f"{p}: not a JSON trace ({type(exc).__name__}: {str(exc).splitlines()[0][:80]})") from None
+        raise TraceError(f"{p}: not a JSON trace ({type(exc).__name__}: {first_line(exc, 80)})") from None
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
         raise TraceError(f"{p}: JSON without a traceEvents list; is this a Chrome trace from torch.profiler?")

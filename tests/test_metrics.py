@@ -130,3 +130,9 @@ def test_display_figures_are_vectorised_and_honest_about_missing_values():
     assert metrics.change_pct(110.0, 100.0) == pytest.approx(10.0)
     assert metrics.ranges_overlap(1.0, 2.0, 1.5, 3.0) and not metrics.ranges_overlap(1.0, 2.0, 2.5, 3.0)
     assert np.isnan(metrics.gpu_busy_fraction(5.0, 0.0)) and metrics.gpu_busy_fraction(5.0, 10.0) == 0.5
+
+
+def test_compile_payback():
+    assert metrics.compile_payback_steps(1000.0, eager_step_ms=12.0, compiled_step_ms=10.0) == 500.0
+    assert metrics.compile_payback_steps(1000.0, eager_step_ms=10.0, compiled_step_ms=10.5) is None  # never
+    assert metrics.compile_payback_steps(1000.0, eager_step_ms=None, compiled_step_ms=10.0) is None
