@@ -22,7 +22,8 @@ import torch
 from hydra import compose, initialize_config_module
 
 from perfsweep import data
-from perfsweep.config import register_configs, to_run_config
+from perfsweep.__main__ import register
+from perfsweep.config import to_run_config
 from perfsweep.memory import MemorySnapshot
 from perfsweep.runner import build, resolve_device
 
@@ -36,7 +37,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("bench_memory_history: needs a CUDA device; torch sees none", file=sys.stderr)
         return 2
-    register_configs()
+    register()  # the schema, and the sweeper config.yaml names
     base = [
         "model=minigpt_seed",
         "device=cuda",
