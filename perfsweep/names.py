@@ -9,6 +9,19 @@ from __future__ import annotations
 GRID_AXES: tuple[str, ...] = ("amp", "ckpt", "batch", "seq_len", "compile", "workers")
 """The sweep axes: top-level keys of ``PerfsweepConfig`` and real columns of ``runs``."""
 
+ENVIRONMENT_COLUMNS: tuple[str, ...] = (
+    "device_name",
+    "torch_version",
+    "cuda_version",
+    "python_version",
+    "hostname",
+    "git_commit",
+    "cpu_count",
+    "torch_threads",
+)
+"""``runs`` columns that describe where a run ran: a difference in any of them can explain a
+difference in the numbers, so the report and the sweep comparison list them."""
+
 STAGES: tuple[str, ...] = ("data_to_device", "forward", "backward", "optimizer_step", "zero_grad")
 """record_function range names of one training step, in order."""
 
