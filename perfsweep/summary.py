@@ -110,9 +110,9 @@ def finish_sweep(url: str, sweep_dir: str, make_report: bool = True, status: str
 
 
 def _report(engine: Engine, sweep_id: int) -> None:
-    from perfsweep.report.build import build_report  # matplotlib is imported only when needed
-
     try:
+        from perfsweep.report.build import build_report  # matplotlib is imported only when needed
+
         out = build_report(engine, [sweep_id])
         print(f"Report:  {out / 'report.md'}")
     except Exception as exc:  # a plotting problem must not hide the results
