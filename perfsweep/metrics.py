@@ -206,3 +206,52 @@ def change_pct(tokens_per_s_a: ArrayLike, tokens_per_s_b: ArrayLike):
 def ranges_overlap(lo_a: ArrayLike, hi_a: ArrayLike, lo_b: ArrayLike, hi_b: ArrayLike):
     """True where the two throughput ranges overlap: the comparison's "within noise" rule."""
     return np.maximum(lo_a, lo_b) <= np.minimum(hi_a, hi_b)
+
+
+# --- intervals ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A figure with its bootstrap confidence interval."""
+
+    value: float
+    lo: float
+    hi: float
+    confidence: float
+
+    def contains(self, x: float) -> bool:
+        return self.lo <= x <= self.hi
+
+
+def _resample(x: np.ndarray, n_boot: int, block: int, rng: np.random.Generator) -> np.ndarray:
+    """``n_boot`` resamples of ``x`` (rows). ``block`` > 1 draws runs of consecutive values (a moving
+    block bootstrap), so steps that drift together are not treated as independent draws."""
+    n = len(x)
+    block = max(1, min(block, n))
+    k = -(-n // block)
+    starts = rng.integers(0, n - block + 1, size=(n_boot, k))
+    idx = (starts[:, :, None] + np.arange(block)).reshape(n_boot, k * block)[:, :n]
+    return x[idx]
+
+
+def ratio_interval(
+    numerator: ArrayLike,
+    denominator: ArrayLike,
+    *,
+    confidence: float = 0.95,
+    n_boot: int = 10_000,
+    block: int = 1,
+    seed: int = 0,
+) -> Interval:
+    """median(numerator) / median(denominator) with a percentile bootstrap interval, the two
+    samples resampled independently (``block``: see :func:`_resample`)."""
+    a = np.asarray(numerator, dtype=float)
+    b = np.asarray(denominator, dtype=float)
+    if len(a) == 0 or len(b) == 0:
+        raise ValueError("ratio_interval needs values on both sides")
+    rng = np.random.default_rng(seed)
+    ratios = np.median(_resample(a, n_boot, block, rng), axis=1) / np.median(_resample(b, n_boot, block, rng), axis=1)
+    tail = (1.0 - confidence) / 2.0 * 100.0
+    lo, hi = np.percentile(ratios, [tail, 100.0 - tail])
+    return Interval(float(np.median(a) / np.median(b)), float(lo), float(hi), confidence)

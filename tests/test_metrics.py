@@ -136,3 +136,20 @@ def test_compile_payback():
     assert metrics.compile_payback_steps(1000.0, eager_step_ms=12.0, compiled_step_ms=10.0) == 500.0
     assert metrics.compile_payback_steps(1000.0, eager_step_ms=10.0, compiled_step_ms=10.5) is None  # never
     assert metrics.compile_payback_steps(1000.0, eager_step_ms=None, compiled_step_ms=10.0) is None
+
+
+def test_ratio_interval_finds_a_known_difference_and_no_difference():
+    rng = np.random.default_rng(1)
+    base = 100.0 * (1 + 0.05 * rng.standard_normal(40))
+    faster = 90.0 * (1 + 0.05 * rng.standard_normal(40))  # 10% less time: a real difference
+    same = 100.0 * (1 + 0.05 * rng.standard_normal(40))
+    real = metrics.ratio_interval(base, faster)
+    assert real.value == pytest.approx(np.median(base) / np.median(faster))
+    assert real.lo > 1.0 and real.lo < real.value < real.hi and real.hi < 1.2
+    none = metrics.ratio_interval(same, base)
+    assert none.contains(1.0)
+    # blocks of drifting steps widen the interval instead of faking precision
+    drift = 100.0 + np.repeat(rng.standard_normal(8) * 5, 5)  # 8 levels, 5 steps each
+    assert metrics.ratio_interval(drift, same, block=5).hi - metrics.ratio_interval(drift, same, block=5).lo > (
+        metrics.ratio_interval(drift, same, block=1).hi - metrics.ratio_interval(drift, same, block=1).lo
+    )
