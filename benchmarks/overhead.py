@@ -61,10 +61,11 @@ def bare_loop(args: argparse.Namespace) -> None:
     dtype = torch.float16 if fp16 else torch.bfloat16
     n = cfg.steps.warmup + cfg.steps.measure
     ids = torch.randint(0, args.vocab_size, (n, cfg.batch, cfg.seq_len + 1), device=device)
+    inputs, targets = ids[:, :, :-1].contiguous(), ids[:, :, 1:].contiguous()  # shifted by one, like the data
 
     def step(i: int) -> None:
         with torch.autocast(device_type=device.type, dtype=dtype, enabled=cfg.amp):
-            _, loss = model(ids[i, :, :-1], ids[i, :, 1:])
+            _, loss = model(inputs[i], targets[i])
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
