@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import socket
 import subprocess
 from pathlib import Path
@@ -21,35 +22,63 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def git_commit(path: str | Path) -> str | None:
-    """HEAD of the git checkout at ``path`` (the launch directory), with -dirty if modified."""
+def git_state(path: str | Path) -> tuple[str | None, bool | None]:
+    """(HEAD, dirty) of the git checkout at ``path`` (the launch directory); (None, None) outside
+    one. ``dirty``: tracked files differ from HEAD (untracked files do not count)."""
     try:
         head = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
         if head.returncode != 0:
-            return None
-        dirty = subprocess.run(
+            return None, None
+        status = subprocess.run(
             ["git", "-C", str(path), "status", "--porcelain", "--untracked-files=no"],
             capture_output=True,
             text=True,
             timeout=5,
         )
-        return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+        return head.stdout.strip(), bool(status.stdout.strip())
     except (OSError, subprocess.SubprocessError):
+        return None, None
+
+
+def nvidia_driver_version() -> str | None:
+    """The kernel driver's version from /proc (Linux), without nvidia-smi or NVML."""
+    try:
+        text = Path("/proc/driver/nvidia/version").read_text()
+    except OSError:
         return None
+    match = re.search(r"Kernel Module(?: for \S+)?\s+(\d+(?:\.\d+)+)", text)
+    return match.group(1) if match else None
 
 
 def environment(device: torch.device, launch_dir: str | Path) -> dict[str, object]:
+    """Everything known to change a run's numbers, read in the job process (so a setting made by
+    the user's environment or code is what is recorded): the machine, the GPU and its driver,
+    the math modes (TF32, cuDNN autotuning), the allocator setting, the software versions and
+    the source revision."""
     on_cuda = device.type == "cuda"
+    commit, dirty = git_state(launch_dir)
+    props = torch.cuda.get_device_properties(device) if on_cuda else None
+    cudnn = torch.backends.cudnn.version() if on_cuda and torch.backends.cudnn.is_available() else None
     return {
         "hostname": socket.gethostname(),
         "device_type": device.type,
         "device_name": torch.cuda.get_device_name(device) if on_cuda else cpu_name(),
+        "cpu_model": cpu_name(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch_version": torch.__version__,
         "cuda_version": torch.version.cuda if on_cuda else None,
+        "cudnn_version": str(cudnn) if cudnn else None,
+        "gpu_driver_version": nvidia_driver_version() if on_cuda else None,
+        "gpu_total_memory_bytes": props.total_memory if props is not None else None,
+        "gpu_compute_capability": f"{props.major}.{props.minor}" if props is not None else None,
+        "tf32_matmul": compute_dtype(False, "") == "tf32",
+        "tf32_cudnn": bool(torch.backends.cudnn.allow_tf32),
+        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+        "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get("PYTORCH_ALLOC_CONF"),
         "python_version": platform.python_version(),
-        "git_commit": git_commit(launch_dir),
+        "git_commit": commit,
+        "git_dirty": dirty,
     }
 
 

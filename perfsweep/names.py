@@ -10,14 +10,24 @@ GRID_AXES: tuple[str, ...] = ("amp", "ckpt", "batch", "seq_len", "compile", "wor
 """The sweep axes: top-level keys of ``PerfsweepConfig`` and real columns of ``runs``."""
 
 ENVIRONMENT_COLUMNS: tuple[str, ...] = (
-    "device_name",
-    "torch_version",
-    "cuda_version",
-    "python_version",
     "hostname",
-    "git_commit",
+    "device_name",
+    "gpu_driver_version",
+    "gpu_total_memory_bytes",
+    "gpu_compute_capability",
+    "cpu_model",
     "cpu_count",
     "torch_threads",
+    "torch_version",
+    "cuda_version",
+    "cudnn_version",
+    "python_version",
+    "tf32_matmul",
+    "tf32_cudnn",
+    "cudnn_benchmark",
+    "cuda_alloc_conf",
+    "git_commit",
+    "git_dirty",
 )
 """``runs`` columns that describe where a run ran: a difference in any of them can explain a
 difference in the numbers, so the report and the sweep comparison list them."""

@@ -134,12 +134,26 @@ class Run(Base):
     hostname: Mapped[str | None] = mapped_column(String(255))
     device_type: Mapped[str | None] = mapped_column(String(16))
     device_name: Mapped[str | None] = mapped_column(String(255))
+    cpu_model: Mapped[str | None] = mapped_column(String(255))
     cpu_count: Mapped[int | None] = mapped_column(Integer)
     torch_threads: Mapped[int | None] = mapped_column(Integer)
     torch_version: Mapped[str | None] = mapped_column(String(64))
     cuda_version: Mapped[str | None] = mapped_column(String(32))
+    cudnn_version: Mapped[str | None] = mapped_column(String(16))
+    gpu_driver_version: Mapped[str | None] = mapped_column(String(32))
+    gpu_total_memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    gpu_compute_capability: Mapped[str | None] = mapped_column(String(8))
+    tf32_matmul: Mapped[bool | None] = mapped_column(Boolean)
+    """TF32 for float32 matmuls (torch.backends.cuda.matmul.allow_tf32 or its env override)."""
+    tf32_cudnn: Mapped[bool | None] = mapped_column(Boolean)
+    cudnn_benchmark: Mapped[bool | None] = mapped_column(Boolean)
+    cuda_alloc_conf: Mapped[str | None] = mapped_column(String(255))
+    """PYTORCH_CUDA_ALLOC_CONF (or PYTORCH_ALLOC_CONF) as the job saw it."""
     python_version: Mapped[str | None] = mapped_column(String(32))
     git_commit: Mapped[str | None] = mapped_column(String(64))
+    """HEAD of the launch directory's checkout (rows before schema 0005 append -dirty)."""
+    git_dirty: Mapped[bool | None] = mapped_column(Boolean)
+    """Tracked files differed from HEAD when the job ran."""
     # model and data
     n_params: Mapped[int | None] = mapped_column(BigInteger)
     n_params_non_embedding: Mapped[int | None] = mapped_column(BigInteger)

@@ -640,3 +640,30 @@ def test_upgrade_fills_per_step_operator_columns_of_old_rows(tmp_path: Path):
     for _, calls, flops, calls_per_step, flops_per_step, active in rows:
         assert calls_per_step == pytest.approx(calls / active)
         assert (flops_per_step is None) if flops is None else flops_per_step == pytest.approx(flops / active)
+
+
+def test_upgrade_to_provenance_fills_git_dirty_and_changes_no_value(tmp_path: Path):
+    """Schema 0005 on an old database: the new columns exist, git_dirty is read off the old
+    "-dirty" suffix, and every value stored before is unchanged."""
+    import shutil
+    import sqlite3
+
+    db = tmp_path / "old.db"
+    shutil.copy(Path(__file__).parent / "fixtures" / "h100" / "results-fp16-seed-snapshot-gpt2.db", db)
+    con = sqlite3.connect(db)
+    con.execute("UPDATE runs SET git_commit = 'abc123-dirty' WHERE id = (SELECT MIN(id) FROM runs)")
+    con.commit()
+    before = con.execute("SELECT * FROM runs ORDER BY id").fetchall()
+    old_columns = [d[1] for d in con.execute("PRAGMA table_info(runs)")]
+    con.close()
+    store.connect(f"sqlite:///{db}").dispose()
+    con = sqlite3.connect(db)
+    after = con.execute(f"SELECT {', '.join(old_columns)} FROM runs ORDER BY id").fetchall()
+    dirty = con.execute("SELECT git_commit, git_dirty FROM runs ORDER BY id").fetchall()
+    new_columns = {d[1] for d in con.execute("PRAGMA table_info(runs)")} - set(old_columns)
+    con.close()
+    assert after == before
+    assert {"git_dirty", "cpu_model", "gpu_driver_version", "tf32_matmul", "cuda_alloc_conf"} <= new_columns
+    for commit, flag in dirty:
+        assert flag == (None if commit is None else int(commit.endswith("-dirty")))
+    assert any(flag == 1 for _, flag in dirty)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from perfsweep import envinfo
 from tests.util import TINY, run_perfsweep
 from tests.util import sqlite_rows as rows
 
@@ -15,6 +18,12 @@ from tests.util import sqlite_rows as rows
 def default_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The README's default sweep (default model, stdlib corpus), with fewer steps."""
     cwd = tmp_path_factory.mktemp("default_sweep")
+    # the launch directory is a git checkout with an uncommitted change: its state is provenance
+    git = ["git", "-C", str(cwd), "-c", "user.name=t", "-c", "user.email=t@t"]
+    (cwd / "train_notes.txt").write_text("v1\n")
+    for cmd in (["init", "-q"], ["add", "train_notes.txt"], ["commit", "-q", "-m", "v1"]):
+        subprocess.run([*git, *cmd], check=True)
+    (cwd / "train_notes.txt").write_text("v2\n")
     res = run_perfsweep(
         [
             "-m",
@@ -28,6 +37,7 @@ def default_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "device=cpu",
         ],  # the assertions below are CPU semantics (allocator accounting, no verdict)
         cwd,
+        env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
     )
     assert res.returncode == 0, res.stderr[-3000:]
     (cwd / "stdout.txt").write_text(res.stdout)
@@ -37,6 +47,9 @@ def default_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_default_sweep_rows(default_sweep: Path):
     db = default_sweep / "results.db"
+    head = subprocess.run(
+        ["git", "-C", str(default_sweep), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     runs = rows(db, "SELECT * FROM runs ORDER BY job_num")
     assert [(r["amp"], r["ckpt"]) for r in runs] == [(1, 1), (1, 0), (0, 1), (0, 0)]
     for r in runs:
@@ -58,6 +71,12 @@ def test_default_sweep_rows(default_sweep: Path):
         assert r["peak_mem_bytes"] == r["peak_allocated_bytes"] > 3 * 4 * r["n_params"]
         assert r["peak_reserved_bytes"] is None  # no caching allocator on CPU
         assert r["device_type"] == "cpu" and r["torch_version"] and r["hostname"]
+        # provenance: what can explain a difference between two runs' numbers
+        assert r["cpu_model"] == envinfo.cpu_name() and r["cpu_count"] == os.cpu_count()
+        assert (r["tf32_matmul"], r["cudnn_benchmark"]) == (0, 0)  # torch's defaults, as the job saw them
+        assert r["cuda_alloc_conf"] == "expandable_segments:True"  # from the job's environment
+        assert (r["gpu_driver_version"], r["gpu_total_memory_bytes"], r["gpu_compute_capability"]) == (None,) * 3
+        assert (r["git_commit"], r["git_dirty"]) == (head, 1)  # HEAD of the launch directory, modified
         assert r["vocab_size_padded"] == 8192  # already a multiple of 128
         # no GPU: busy time, verdict and kernel categories stay null, never guessed
         assert (r["gpu_busy_ms"], r["gpu_busy_fraction"], r["bottleneck"], r["bottleneck_rule"]) == (None,) * 4
