@@ -66,6 +66,11 @@ def hydra_main(cfg: DictConfig) -> str:
                 raise ConfigError(
                     "invalid config: resume=true: only a multirun sweep can be resumed; use perfsweep resume SWEEP_ID"
                 )
+            if run_cfg.repeat > 1:
+                raise ConfigError(
+                    f"invalid config: repeat={run_cfg.repeat}: repeats run as a multirun, each in its own "
+                    "process; add -m"
+                )
             preflight.claim_folder(Path(sweep_dir), "hydra.run.dir")
             claimed = True
             preflight.check_all([run_cfg])

@@ -37,6 +37,21 @@ class Device(str, enum.Enum):
     cuda = "cuda"
 
 
+class Timing(str, enum.Enum):
+    """How measured steps are timed."""
+
+    auto = "auto"  # events on CUDA, sync elsewhere
+    sync = "sync"  # host clock around each step, the device synchronised after it
+    events = "events"  # CUDA events at step boundaries, one synchronisation after the window
+
+
+class Order(str, enum.Enum):
+    """In which order a round of repeats visits the grid points."""
+
+    grid = "grid"  # the grid's own order, every round
+    shuffle = "shuffle"  # a new order each round, drawn with the sweep's seed
+
+
 class CompileCache(str, enum.Enum):
     """Where torch.compile keeps Inductor's and Triton's on-disk caches for a job."""
 
@@ -127,13 +142,33 @@ class StepsConfig:
     """How many optimizer steps each job runs."""
 
     warmup: int = 3
-    """Steps run first and excluded from every figure (allocator, autotuning, compile)."""
+    """The fewest steps run first and excluded from every figure (allocator, autotuning,
+    compile). Warmup then goes on until the step time is steady (see ``stable_window``)."""
     measure: int = 10
     """Steps that the figures are computed from."""
+    stable_window: int = 3
+    """Steady-state check: warmup ends when the median step time of the last ``stable_window``
+    warmup steps is within ``stable_tolerance`` of the median of the window before it; 0 turns
+    the check off (exactly ``warmup`` steps)."""
+    stable_tolerance: float = 0.02
+    """Largest relative change between the two windows' medians that counts as steady."""
+    max_warmup: int = 30
+    """Cap on warmup steps; a run that reaches it unsettled is measured anyway and stored with
+    ``steady_state`` false."""
 
     def __post_init__(self) -> None:
         _require(self.warmup >= 0, "steps.warmup", self.warmup, "must be >= 0")
         _require(self.measure >= 1, "steps.measure", self.measure, "must be >= 1")
+        _require(self.stable_window >= 0, "steps.stable_window", self.stable_window, "must be >= 0 (0: no check)")
+        _require(
+            0 < self.stable_tolerance < 1, "steps.stable_tolerance", self.stable_tolerance, "must be between 0 and 1"
+        )
+        _require(
+            self.max_warmup >= self.warmup,
+            "steps.max_warmup",
+            self.max_warmup,
+            f"must be >= steps.warmup={self.warmup}",
+        )
 
 
 @dataclass
@@ -205,6 +240,8 @@ class SweepContext:
     """Unix time the sweep launched its first job, for the time-left estimate."""
     id: int | None = None
     """``sweeps.id`` the sweeper reserved before any job started."""
+    repeat_index: int = 0
+    """Which repeat of its grid point this job is (0-based; see ``repeat``)."""
 
     def __post_init__(self) -> None:
         _require(self.n_jobs >= 1, "sweep.n_jobs", self.n_jobs, "must be >= 1")
@@ -248,6 +285,15 @@ class PerfsweepConfig:
     """A job still running after this many seconds is killed and stored as status=timeout."""
     name: str | None = None
     """Label for the sweep in the database (``sweeps.name``); default: the config name."""
+    timing: Timing = Timing.auto
+    """sync: each measured step ends with loss.item() and a device synchronisation (the host
+    cannot queue step N+1 while the GPU runs step N); events: CUDA events on the stream at step
+    boundaries and one synchronisation after the window, so overlap is kept (CUDA only)."""
+    repeat: int = 1
+    """Multirun: run every grid point this many times, each in a fresh process, in rounds (all
+    grid points once, then again), so slow drift of the machine spreads over every config."""
+    order: Order = Order.grid
+    """Order of the grid points within each round of repeats."""
     resume: bool = False
     """Multirun only: run just the grid points of the sweep in ``hydra.sweep.dir`` that have no
     ``ok`` run yet, into the same sweep (``perfsweep resume SWEEP_ID`` sets both for you)."""
@@ -273,6 +319,13 @@ class PerfsweepConfig:
         _require(self.workers >= 0, "workers", self.workers, "must be >= 0")
         _require(self.lr > 0, "lr", self.lr, "must be > 0")
         _require(self.timeout_s > 0, "timeout_s", self.timeout_s, "must be > 0 seconds")
+        _require(self.repeat >= 1, "repeat", self.repeat, "must be a positive integer")
+        _require(
+            not (self.timing == Timing.events and self.device == Device.cpu),
+            "timing",
+            "events",
+            "needs CUDA (device=cuda or auto on a GPU machine); use timing=sync or auto on CPU",
+        )
         if self.threads is not None:
             _require(self.threads >= 1, "threads", self.threads, "must be >= 1 or null")
         _require(

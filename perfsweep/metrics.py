@@ -9,7 +9,7 @@ functions at the end, which the summary, the report and the comparison call.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -20,6 +20,7 @@ from perfsweep.names import (
     BOTTLENECK_RULE,
     DATA_BOUND_WAIT_FRACTION,
     GPU_BOUND_BUSY_FRACTION,
+    NOISY_IQR_FRACTION,
     NOISY_STEP_TIME_RATIO,
 )
 
@@ -50,11 +51,21 @@ class StepFigures(Figures):
     step_time_ms_median: float
     step_time_ms_p10: float
     step_time_ms_p90: float
+    step_time_ms_iqr: float
+    """p75 - p25 of the measured step times."""
     step_time_ms_mean: float
     step_time_ms_std: float
+    step_time_cv: float
+    """Coefficient of variation: std / mean of the measured step times."""
+    noisy: bool
+    """IQR / median above :data:`perfsweep.names.NOISY_IQR_FRACTION`: differences of that size
+    between configs may be noise."""
+    measure_wall_ms: float
+    """Host wall time of the measured window, from its first step's start to its last step's end
+    (after the device finished), whatever the timing mode."""
     data_wait_ms_median: float
     data_wait_fraction: float | None
-    """Share of the measured time spent waiting for the next batch."""
+    """Share of the measured steps' time spent waiting for the next batch."""
     tokens_per_s: float
     samples_per_s: float
     final_loss: float
@@ -66,33 +77,54 @@ class StepFigures(Figures):
         return max(0.0, self.first_step_ms - self.step_time_ms_median)
 
 
-def summarize(records: Sequence[StepRecord], tokens_per_step: int, samples_per_step: int) -> StepFigures:
+def summarize(
+    records: Sequence[StepRecord], tokens_per_step: int, samples_per_step: int, measure_wall_ms: float
+) -> StepFigures:
     """Figures for ``runs``, from measured steps only (warmup excluded).
 
-    tokens/s is total tokens over total time of the measured steps, not the mean of per-step
-    rates, so one slow step weighs as much as it cost. Every token is effective: the LM windows
-    carry no padding. Percentiles interpolate linearly (numpy's default).
+    tokens/s is the measured steps' tokens over the window's wall time, not the mean of
+    per-step rates, so one slow step weighs as much as it cost, and in ``timing=events`` mode
+    time the host spent between steps counts too. Every token is effective: the LM windows carry
+    no padding. Percentiles interpolate linearly (numpy's default).
     """
     measured = [r for r in records if r.phase == "measure"]
     if not measured:
         raise ValueError("no measured steps to summarize")
+    if not measure_wall_ms > 0:
+        raise ValueError(f"the measured window took {measure_wall_ms} ms; expected a positive time")
     times = np.array([r.step_time_ms for r in measured])
     waits = np.array([r.data_wait_ms for r in measured])
-    total_s = float(times.sum()) / 1000.0
-    p10, p50, p90 = np.percentile(times, [10, 50, 90])
+    p10, p25, p50, p75, p90 = np.percentile(times, [10, 25, 50, 75, 90])
+    mean = float(times.mean())
+    std = float(times.std(ddof=1)) if len(times) > 1 else 0.0
+    window_s = measure_wall_ms / 1000.0
     return StepFigures(
         first_step_ms=records[0].step_time_ms,
         step_time_ms_median=float(p50),
         step_time_ms_p10=float(p10),
         step_time_ms_p90=float(p90),
-        step_time_ms_mean=float(times.mean()),
-        step_time_ms_std=float(times.std(ddof=1)) if len(times) > 1 else 0.0,
+        step_time_ms_iqr=float(p75 - p25),
+        step_time_ms_mean=mean,
+        step_time_ms_std=std,
+        step_time_cv=std / mean if mean > 0 else 0.0,
+        noisy=bool(noisy_iqr(float(p75 - p25), float(p50))),
+        measure_wall_ms=measure_wall_ms,
         data_wait_ms_median=float(np.median(waits)),
         data_wait_fraction=float(waits.sum() / times.sum()) if times.sum() > 0 else None,
-        tokens_per_s=tokens_per_step * len(measured) / total_s,
-        samples_per_s=samples_per_step * len(measured) / total_s,
+        tokens_per_s=tokens_per_step * len(measured) / window_s,
+        samples_per_s=samples_per_step * len(measured) / window_s,
         final_loss=measured[-1].loss,
     )
+
+
+def steady(step_times_ms: Sequence[float], window: int, tolerance: float) -> bool:
+    """The steady-state rule: the median of the last ``window`` step times is within
+    ``tolerance`` (relative) of the median of the ``window`` steps before them."""
+    if window < 1 or len(step_times_ms) < 2 * window:
+        return False
+    last = float(np.median(step_times_ms[-window:]))
+    before = float(np.median(step_times_ms[-2 * window : -window]))
+    return before > 0 and abs(last / before - 1.0) <= tolerance
 
 
 @dataclass(frozen=True)
@@ -179,14 +211,27 @@ def throughput_range(tokens_per_step: ArrayLike, step_time_ms_p10: ArrayLike, st
         return tokens_per_step * 1000.0 / step_time_ms_p90, tokens_per_step * 1000.0 / step_time_ms_p10
 
 
+def noisy_iqr(step_time_ms_iqr: ArrayLike, step_time_ms_median: ArrayLike):
+    """True where IQR / median step time exceeds :data:`NOISY_IQR_FRACTION`; False where unknown.
+    Stored per run as ``runs.noisy``; this is the one place the rule is written."""
+    iqr = np.asarray(step_time_ms_iqr, dtype=float)
+    med = np.asarray(step_time_ms_median, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        flag = np.nan_to_num(iqr / med, nan=0.0, posinf=0.0) > NOISY_IQR_FRACTION
+    index = getattr(step_time_ms_iqr, "index", None)
+    if index is not None:  # a pandas Series in, a Series out (pandas is not imported here)
+        return type(step_time_ms_iqr)(flag, index=index)
+    return flag if flag.ndim else bool(flag)
+
+
 def noisy(step_time_ms_p10: ArrayLike, step_time_ms_p90: ArrayLike):
-    """True where p90/p10 step time exceeds :data:`NOISY_STEP_TIME_RATIO`; False where unknown."""
+    """TRANSITIONAL (the report until it reads ``runs.noisy``): p90/p10 above 1.5."""
     p10 = np.asarray(step_time_ms_p10, dtype=float)
     p90 = np.asarray(step_time_ms_p90, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
         flag = np.nan_to_num(p90 / p10, nan=0.0, posinf=0.0) > NOISY_STEP_TIME_RATIO
     index = getattr(step_time_ms_p10, "index", None)
-    if index is not None:  # a pandas Series in, a Series out (pandas is not imported here)
+    if index is not None:
         return type(step_time_ms_p10)(flag, index=index)
     return flag if flag.ndim else bool(flag)
 
@@ -239,19 +284,75 @@ def ratio_interval(
     numerator: ArrayLike,
     denominator: ArrayLike,
     *,
+    stat: Callable[..., Any] = np.median,
     confidence: float = 0.95,
     n_boot: int = 10_000,
     block: int = 1,
     seed: int = 0,
 ) -> Interval:
-    """median(numerator) / median(denominator) with a percentile bootstrap interval, the two
-    samples resampled independently (``block``: see :func:`_resample`)."""
+    """stat(numerator) / stat(denominator) with a percentile bootstrap interval, the two samples
+    resampled independently (``block``: see :func:`_resample`). ``stat`` takes ``axis=``."""
     a = np.asarray(numerator, dtype=float)
     b = np.asarray(denominator, dtype=float)
     if len(a) == 0 or len(b) == 0:
         raise ValueError("ratio_interval needs values on both sides")
     rng = np.random.default_rng(seed)
-    ratios = np.median(_resample(a, n_boot, block, rng), axis=1) / np.median(_resample(b, n_boot, block, rng), axis=1)
+    ratios = stat(_resample(a, n_boot, block, rng), axis=1) / stat(_resample(b, n_boot, block, rng), axis=1)
     tail = (1.0 - confidence) / 2.0 * 100.0
     lo, hi = np.percentile(ratios, [tail, 100.0 - tail])
-    return Interval(float(np.median(a) / np.median(b)), float(lo), float(hi), confidence)
+    return Interval(float(stat(a) / stat(b)), float(lo), float(hi), confidence)
+
+
+def step_block(n_steps: int) -> int:
+    """Block length for resampling ``n_steps`` consecutive step times: n^(1/3), rounded, at least
+    1 (the usual order for a moving block bootstrap), so 10 steps go in blocks of 2, 30 in 3."""
+    return max(1, round(n_steps ** (1 / 3)))
+
+
+NO_DIFFERENCE = "no measurable difference"
+
+
+def verdict(interval: Interval) -> str:
+    """faster / slower when the whole interval of a speedup is above / below 1, else no
+    measurable difference."""
+    if interval.contains(1.0):
+        return NO_DIFFERENCE
+    return "faster" if interval.lo > 1.0 else "slower"
+
+
+@dataclass(frozen=True)
+class Speedup(Figures):
+    """A config's tokens/s over the baseline config's, with its interval; ``runs`` columns."""
+
+    speedup: float
+    speedup_ci_lo: float
+    speedup_ci_hi: float
+    speedup_basis: str
+    speedup_verdict: str
+
+
+def config_speedup(
+    tokens_per_s: Sequence[float],
+    baseline_tokens_per_s: Sequence[float],
+    step_times_ms: Sequence[float],
+    baseline_step_times_ms: Sequence[float],
+    tokens_per_step: int,
+    baseline_tokens_per_step: int,
+) -> Speedup:
+    """Speedup of a config over the baseline with a 95% bootstrap interval.
+
+    With repeats on both sides (N > 1 runs each), over repeats: the ratio of the runs' median
+    tokens/s, runs resampled. Otherwise over steps: the ratio of tokens per mean step time (what
+    tokens/s is), measured steps resampled in blocks of :func:`step_block` so autocorrelated
+    steps do not fake precision.
+    """
+    if len(tokens_per_s) > 1 and len(baseline_tokens_per_s) > 1:
+        iv = ratio_interval(tokens_per_s, baseline_tokens_per_s)
+        basis = "repeats"
+    else:
+        block = step_block(min(len(step_times_ms), len(baseline_step_times_ms)))
+        inv = ratio_interval(baseline_step_times_ms, step_times_ms, stat=np.mean, block=block)
+        scale = tokens_per_step / baseline_tokens_per_step
+        iv = Interval(inv.value * scale, inv.lo * scale, inv.hi * scale, inv.confidence)
+        basis = "steps"
+    return Speedup(iv.value, iv.lo, iv.hi, basis, verdict(iv))

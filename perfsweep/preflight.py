@@ -32,6 +32,7 @@ from perfsweep.config import (
     DataKind,
     Device,
     PerfsweepConfig,
+    Timing,
     to_plain_dict,
 )
 
@@ -102,6 +103,10 @@ def check_device(cfgs: list[PerfsweepConfig]) -> None:
         if cfg.amp and cfg.amp_dtype == AmpDtype.fp16:
             raise ConfigError(
                 f"invalid config: amp_dtype='fp16': fp16 autocast needs CUDA and {why}; use amp_dtype=bf16"
+            )
+        if cfg.timing == Timing.events:
+            raise ConfigError(
+                f"invalid config: timing='events': CUDA events need a GPU and {why}; use timing=sync or auto"
             )
 
 

@@ -36,6 +36,7 @@ from perfsweep.model import GPT
 from perfsweep.names import STAGES
 from perfsweep.profiling import ProfiledWindow
 from perfsweep.profiling import stage as labelled_stage
+from perfsweep.timing import measure, resolve_timing, warm_up
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +92,9 @@ class Trainer:
     """Enter the stage labels (record_function, NVTX). Only the profiled window needs them, and
     outside a profiler they cost ~8 us each, ~40 us a step (benchmarks/bench_stage_labels.py)."""
 
-    def step(self) -> tuple[float, float, float]:
-        """One optimizer step; returns (step_time_ms, data_wait_ms, loss), device synchronised."""
+    def run(self) -> tuple[torch.Tensor, float]:
+        """Queue one optimizer step; returns (loss tensor, data wait ms) without waiting for the
+        device (``timing=events`` reads the losses after its window)."""
         dev, nvtx = self.device, self.nvtx
         stage = labelled_stage if self.labelled else _unlabelled
         t0 = time.perf_counter()
@@ -110,11 +112,17 @@ class Trainer:
             self.scaler.update()
         with stage(ZERO_GRAD, nvtx):
             self.optimizer.zero_grad(set_to_none=True)
+        return loss, (t_data - t0) * 1000.0
+
+    def step(self) -> tuple[float, float, float]:
+        """One optimizer step timed by the host clock, device synchronised (``timing=sync``,
+        warmup, profiled steps); returns (step_time_ms, data_wait_ms, loss)."""
+        t0 = time.perf_counter()
+        loss, wait_ms = self.run()
         loss_value = loss.item()  # waits for the step's device work
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        t1 = time.perf_counter()
-        return (t1 - t0) * 1000.0, (t_data - t0) * 1000.0, loss_value
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return (time.perf_counter() - t0) * 1000.0, wait_ms, loss_value
 
 
 def build(cfg: PerfsweepConfig, device: torch.device, token_data: data_mod.TokenData) -> tuple[Trainer, GPT, bool]:
@@ -195,29 +203,37 @@ def _train(
         vocab_size_padded=raw.vocab_size_padded,
         unk_token_share=token_data.unk_token_share,
         optimizer_fused=fused,
-        warmup_steps=cfg.steps.warmup,
         measure_steps=cfg.steps.measure,
+        repeat_index=cfg.sweep.repeat_index,
         flops_per_token=float(raw.flops_per_token(cfg.seq_len)),
     )
 
     probe = MemoryProbe(device)
     probe.before_training()
     records: list[StepRecord] = []
-    total = cfg.steps.warmup + cfg.steps.measure + (device.type == "cpu") + cfg.profile.steps
+    steps = cfg.steps
+    total = steps.warmup + steps.measure + (device.type == "cpu") + cfg.profile.steps
+
+    def report(rec: StepRecord) -> None:
+        if progress is not None:
+            progress(rec.phase, len(records), total, rec.step_time_ms, rec.loss)
 
     def run_step(phase: str) -> None:
         ms, wait_ms, loss = trainer.step()
         records.append(StepRecord(len(records), phase, ms, wait_ms, loss))
-        if progress is not None:
-            progress(phase, len(records), total, ms, loss)
+        report(records[-1])
 
-    for _ in range(cfg.steps.warmup):
-        run_step("warmup")
+    warm = warm_up(
+        trainer, records, steps.warmup, steps.stable_window, steps.stable_tolerance, steps.max_warmup, report
+    )
+    total += warm.steps - steps.warmup
+    mode = resolve_timing(cfg.timing.value, device)
+    result.update(warmup_steps=warm.steps, measure_start_step=len(records), steady_state=warm.steady_state)
+    result["timing_mode"] = mode
     if snapshot is not None:
         snapshot.pause()  # no allocator history cost inside the timed steps
     probe.start_measure()
-    for _ in range(cfg.steps.measure):
-        run_step("measure")
+    window_ms = measure(trainer, records, steps.measure, mode, report)
     if snapshot is not None:
         snapshot.resume()
     result.update(probe.result())  # before any profiler adds its own memory
@@ -226,7 +242,7 @@ def _train(
         result["peak_allocated_bytes"] = persistent_bytes(raw, trainer.optimizer) + step_peak
         result["peak_mem_bytes"] = result["peak_allocated_bytes"]
 
-    summary = summarize(records, cfg.tokens_per_step, cfg.batch)
+    summary = summarize(records, cfg.tokens_per_step, cfg.batch, window_ms)
     result.update(summary.row())
     dtype = compute_dtype(cfg.amp, cfg.amp_dtype.value)
     peak = peak_flops(result["device_name"], dtype) if device.type == "cuda" else None

@@ -93,6 +93,10 @@ class Sweep(Base):
     pid: Mapped[int | None] = mapped_column(Integer)
     heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # CPU sweeps: the machine's achievable matmul FLOP/s, measured once before the jobs with the
+    # jobs' thread count (perfsweep.cpu_peak); the denominator of runs.cpu_flops_utilisation
+    cpu_matmul_fp32_flops: Mapped[float | None] = mapped_column(Float)
+    cpu_matmul_bf16_flops: Mapped[float | None] = mapped_column(Float)
 
     runs: Mapped[list[Run]] = relationship(back_populates="sweep")
 
@@ -162,7 +166,17 @@ class Run(Base):
     unk_token_share: Mapped[float | None] = mapped_column(Float)
     optimizer_fused: Mapped[bool | None] = mapped_column(Boolean)
     # timing (measured steps only; warmup excluded)
+    repeat_index: Mapped[int | None] = mapped_column(Integer)
+    """Which repeat of its config this run is (0-based; ``repeat=N``); repeats share config_hash."""
     warmup_steps: Mapped[int | None] = mapped_column(Integer)
+    """Warmup steps actually run: at least steps.warmup, more until the step time was steady."""
+    measure_start_step: Mapped[int | None] = mapped_column(Integer)
+    """Index (0-based, as in ``steps.step``) of the first measured step."""
+    steady_state: Mapped[bool | None] = mapped_column(Boolean)
+    """Whether warmup ended on the steady-state rule (false: it hit steps.max_warmup unsettled;
+    null: the check was off, or the run predates it)."""
+    timing_mode: Mapped[str | None] = mapped_column(String(8))
+    """sync (host clock, device synchronised each step) or events (CUDA events, one sync)."""
     measure_steps: Mapped[int | None] = mapped_column(Integer)
     first_step_ms: Mapped[float | None] = mapped_column(Float)
     step_time_ms_median: Mapped[float | None] = mapped_column(Float)
@@ -170,6 +184,12 @@ class Run(Base):
     step_time_ms_p90: Mapped[float | None] = mapped_column(Float)
     step_time_ms_mean: Mapped[float | None] = mapped_column(Float)
     step_time_ms_std: Mapped[float | None] = mapped_column(Float)
+    step_time_ms_iqr: Mapped[float | None] = mapped_column(Float)
+    step_time_cv: Mapped[float | None] = mapped_column(Float)
+    noisy: Mapped[bool | None] = mapped_column(Boolean)
+    """IQR / median step time above names.NOISY_IQR_FRACTION."""
+    measure_wall_ms: Mapped[float | None] = mapped_column(Float)
+    """Wall time of the measured window; tokens_per_s is the window's tokens over it."""
     data_wait_ms_median: Mapped[float | None] = mapped_column(Float)
     data_wait_fraction: Mapped[float | None] = mapped_column(Float)
     tokens_per_s: Mapped[float | None] = mapped_column(Float)
@@ -178,6 +198,20 @@ class Run(Base):
     flops_per_token: Mapped[float | None] = mapped_column(Float)
     model_tflops_per_s: Mapped[float | None] = mapped_column(Float)
     mfu: Mapped[float | None] = mapped_column(Float)
+    cpu_flops_utilisation: Mapped[float | None] = mapped_column(Float)
+    """CPU runs: model FLOP/s over the sweep's measured matmul peak in the run's compute dtype
+    (sweeps.cpu_matmul_*_flops), not a published peak."""
+    # speedup against the sweep's baseline config, written at the end of the sweep
+    speedup: Mapped[float | None] = mapped_column(Float)
+    """tokens/s of this run's config over the baseline config's (medians over repeats or steps)."""
+    speedup_ci_lo: Mapped[float | None] = mapped_column(Float)
+    speedup_ci_hi: Mapped[float | None] = mapped_column(Float)
+    """95% bootstrap interval of ``speedup`` (see speedup_basis)."""
+    speedup_basis: Mapped[str | None] = mapped_column(String(16))
+    """repeats (resampled runs, N > 1) or steps (resampled measured steps, in blocks)."""
+    speedup_verdict: Mapped[str | None] = mapped_column(String(32))
+    """faster, slower, no measurable difference (the interval contains 1) or baseline."""
+    baseline_config_hash: Mapped[str | None] = mapped_column(String(64))
     """model_tflops_per_s over mfu_peak_flops (CUDA devices in envinfo.PEAK_FLOPS; else null)."""
     mfu_peak_flops: Mapped[float | None] = mapped_column(Float)
     """The dense peak FLOP/s the MFU was taken against: the device's, in mfu_compute_dtype."""

@@ -11,7 +11,7 @@ from sqlalchemy.engine import Engine
 
 from perfsweep import metrics, store
 from perfsweep.cli import first_line
-from perfsweep.names import GRID_AXES
+from perfsweep.names import GRID_AXES, NOISY_IQR_FRACTION
 
 log = logging.getLogger(__name__)
 
@@ -39,46 +39,173 @@ def fill_compile_payback(engine: Engine, sweep_id: int) -> None:
             s.execute(update(store.Run).where(store.Run.id == r.id).values(compile_payback_steps=payback))
 
 
+BASELINE_RULE = "the first config with amp, ckpt and compile off; else the sweep's first ok config"
+
+
+def fill_speedups(engine: Engine, sweep_id: int) -> None:
+    """Write every ok run's ``speedup`` over the sweep's baseline config, with its 95% interval
+    and verdict (:func:`perfsweep.metrics.config_speedup`), so SQL sees what the summary and
+    the report show. Repeats of a config share one figure. Baseline: :data:`BASELINE_RULE`."""
+    Run, Step = store.Run, store.Step
+    with store.session(engine) as s:
+        runs = s.scalars(
+            select(Run)
+            .where(Run.sweep_id == sweep_id, Run.status == "ok", Run.tokens_per_s.is_not(None))
+            .order_by(Run.job_num, Run.id)
+        ).all()
+        if not runs:
+            return
+        configs: dict[str, list[store.Run]] = {}
+        for r in runs:
+            configs.setdefault(r.config_hash or f"run {r.id}", []).append(r)
+        base_key = next((k for k, rs in configs.items() if not (rs[0].amp or rs[0].ckpt or rs[0].compile)), None)
+        base_key = base_key or next(iter(configs))
+        times: dict[int, list[float]] = {}
+        for run_id, ms in s.execute(
+            select(Step.run_id, Step.step_time_ms)
+            .where(Step.run_id.in_([r.id for r in runs]), Step.phase == "measure")
+            .order_by(Step.run_id, Step.step)
+        ):
+            times.setdefault(run_id, []).append(ms)
+        base = configs[base_key]
+        for key, rs in configs.items():
+            if key == base_key:
+                values: dict[str, object] = {
+                    "speedup": 1.0,
+                    "speedup_ci_lo": None,
+                    "speedup_ci_hi": None,
+                    "speedup_basis": None,
+                    "speedup_verdict": "baseline",
+                }
+            elif not (times.keys() & {r.id for r in rs}) or not (times.keys() & {r.id for r in base}):
+                continue  # no measured steps stored (an imported or partial row): nothing to resample
+            else:
+                values = metrics.config_speedup(
+                    [r.tokens_per_s for r in rs],
+                    [r.tokens_per_s for r in base],
+                    [t for r in rs for t in times.get(r.id, [])],
+                    [t for r in base for t in times.get(r.id, [])],
+                    rs[0].batch * rs[0].seq_len,
+                    base[0].batch * base[0].seq_len,
+                ).row()
+            s.execute(update(Run).where(Run.id.in_([r.id for r in rs])).values(**values, baseline_config_hash=base_key))
+
+
+SUMMARY_COLUMNS: tuple[str, ...] = (
+    "job_num",
+    "config_hash",
+    "repeat_index",
+    *GRID_AXES,
+    "status",
+    "tokens_per_s",
+    "step_time_ms_median",
+    "step_time_ms_iqr",
+    "step_time_cv",
+    "noisy",
+    "steady_state",
+    "speedup",
+    "speedup_ci_lo",
+    "speedup_ci_hi",
+    "speedup_verdict",
+    "peak_mem_bytes",
+    "mfu",
+    "gpu_busy_fraction",
+    "bottleneck",
+    "error",
+)
+
+
 def summary_frame(engine: Engine, sweep_id: int) -> pd.DataFrame:
-    cols = ", ".join(
-        [
-            "job_num",
-            *GRID_AXES,
-            "status",
-            "tokens_per_s",
-            "step_time_ms_median",
-            "step_time_ms_p10",
-            "step_time_ms_p90",
-            "peak_mem_bytes",
-            "mfu",
-            "gpu_busy_fraction",
-            "bottleneck",
-            "error",
-        ]
-    )
+    cols = ", ".join(SUMMARY_COLUMNS)
     return pd.read_sql_query(f"SELECT {cols} FROM runs WHERE sweep_id = {int(sweep_id)} ORDER BY job_num, id", engine)
 
 
+def _per_config(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per config: repeats combined (medians over their ok runs), in order of first job."""
+    df = df.assign(config_hash=df["config_hash"].fillna(df["job_num"].astype(str)), ok=df["status"] == "ok")
+
+    def combine(g: pd.DataFrame) -> pd.Series:
+        ok = g[g["ok"]]
+        statuses = g["status"].value_counts()
+        first = g.iloc[0]
+        return pd.Series(
+            {
+                "job_num": g["job_num"].min(),
+                **{a: first[a] for a in GRID_AXES},
+                "runs": len(g),
+                "status": statuses.index[0]
+                if len(statuses) == 1
+                else ", ".join(f"{n} {k}" for k, n in statuses.items()),
+                "tokens_per_s": ok["tokens_per_s"].median(),
+                "step_time_ms_median": ok["step_time_ms_median"].median(),
+                "iqr_fraction": (ok["step_time_ms_iqr"] / ok["step_time_ms_median"]).median(),
+                "step_time_cv": ok["step_time_cv"].median(),
+                "noisy": bool(ok["noisy"].fillna(False).astype(bool).any()),
+                "unsettled": bool((ok["steady_state"] == False).any()),  # noqa: E712 - null: not checked
+                **{c: first[c] for c in ("speedup", "speedup_ci_lo", "speedup_ci_hi", "speedup_verdict")},
+                "peak_mem_bytes": ok["peak_mem_bytes"].median(),
+                "mfu": ok["mfu"].median(),
+                "gpu_busy_fraction": ok["gpu_busy_fraction"].median(),
+                "bottleneck": ok["bottleneck"].mode().iloc[0] if ok["bottleneck"].notna().any() else None,
+                "error": next((e for e in g["error"] if isinstance(e, str) and e), None),
+            }
+        )
+
+    groups = [combine(g) for _, g in df.groupby("config_hash", sort=False)]
+    return pd.DataFrame(groups).sort_values("job_num", kind="stable").reset_index(drop=True)
+
+
+def _speedup_text(r: pd.Series) -> str:
+    if r["speedup_verdict"] == "baseline":
+        return "baseline"
+    if pd.isna(r["speedup"]):
+        return "-"
+    if pd.isna(r["speedup_ci_lo"]):
+        return f"{r['speedup']:.2f}x"
+    return f"{r['speedup']:.2f}x ({r['speedup_ci_lo']:.2f}-{r['speedup_ci_hi']:.2f}) {r['speedup_verdict']}"
+
+
 def format_summary(df: pd.DataFrame) -> str:
-    """A compact table: only the axes that vary, step time with its p10-p90 spread, memory in MiB."""
+    """A compact table, one row per config (repeats combined): only the axes that vary, tokens/s,
+    the median step time with its IQR and CV, the speedup over the baseline with its 95% interval
+    (or "no measurable difference"), memory in MiB; ``!`` marks a noisy config, ``~`` one whose
+    step time never settled in warmup."""
     varying = [a for a in GRID_AXES if df[a].nunique() > 1] or ["batch", "seq_len"]
-    out = pd.DataFrame({"job": df["job_num"].fillna(-1).astype(int) + 1})
+    per = _per_config(df)
+    out = pd.DataFrame({"job": per["job_num"].fillna(-1).astype(int) + 1})
     for a in varying:
-        out[a] = df[a]
-    out["status"] = df["status"]
-    out["tokens/s"] = df["tokens_per_s"].map(lambda v: f"{v:,.0f}" if pd.notna(v) else "-")
-    out["step ms (p10-p90)"] = [
-        f"{m:.1f} ({lo:.1f}-{hi:.1f})" if pd.notna(m) else "-"
-        for m, lo, hi in zip(df["step_time_ms_median"], df["step_time_ms_p10"], df["step_time_ms_p90"], strict=True)
+        out[a] = per[a]
+    if (per["runs"] > 1).any():
+        out["runs"] = per["runs"]
+    out["status"] = per["status"]
+    out["tokens/s"] = per["tokens_per_s"].map(lambda v: f"{v:,.0f}" if pd.notna(v) else "-")
+    out["step ms (IQR, CV)"] = [
+        f"{m:.1f} ({q:.0%}, {cv:.0%}){'!' if noisy else ''}{'~' if unsettled else ''}" if pd.notna(m) else "-"
+        for m, q, cv, noisy, unsettled in zip(
+            per["step_time_ms_median"],
+            per["iqr_fraction"].fillna(0.0),
+            per["step_time_cv"].fillna(0.0),
+            per["noisy"],
+            per["unsettled"],
+            strict=True,
+        )
     ]
-    out["peak mem MiB"] = df["peak_mem_bytes"].map(lambda v: f"{v / 2**20:,.1f}" if pd.notna(v) else "-")
-    if df["mfu"].notna().any():  # GPUs with a known peak (perfsweep.envinfo.PEAK_FLOPS)
-        out["MFU"] = df["mfu"].map(lambda v: f"{v:.1%}" if pd.notna(v) else "-")
-    if df["bottleneck"].notna().any():  # GPU runs with a profiled window; never shown for CPU
-        out["GPU busy"] = df["gpu_busy_fraction"].map(lambda v: f"{v:.0%}" if pd.notna(v) else "-")
-        out["bound by"] = df["bottleneck"].fillna("-")
-    out["error"] = df["error"].map(lambda e: first_line(e, 70))
-    return out.to_string(index=False)
+    if per["speedup"].notna().sum() > 1:
+        out["speedup (95% CI)"] = [_speedup_text(r) for _, r in per.iterrows()]
+    out["peak mem MiB"] = per["peak_mem_bytes"].map(lambda v: f"{v / 2**20:,.1f}" if pd.notna(v) else "-")
+    if per["mfu"].notna().any():  # GPUs with a known peak (perfsweep.envinfo.PEAK_FLOPS)
+        out["MFU"] = per["mfu"].map(lambda v: f"{v:.1%}" if pd.notna(v) else "-")
+    if per["bottleneck"].notna().any():  # GPU runs with a profiled window; never shown for CPU
+        out["GPU busy"] = per["gpu_busy_fraction"].map(lambda v: f"{v:.0%}" if pd.notna(v) else "-")
+        out["bound by"] = per["bottleneck"].fillna("-")
+    out["error"] = per["error"].map(lambda e: first_line(e, 70))
+    text = out.to_string(index=False)
+    notes = []
+    if per["noisy"].any():
+        notes.append(f"! noisy: step-time IQR above {NOISY_IQR_FRACTION:.0%} of the median")
+    if per["unsettled"].any():
+        notes.append("~ the step time never settled in warmup (steps.max_warmup reached)")
+    return text + ("\n" + "; ".join(notes) if notes else "")
 
 
 def finish_sweep(url: str, sweep_dir: str, make_report: bool = True, status: str = "done") -> None:
@@ -92,6 +219,7 @@ def finish_sweep(url: str, sweep_dir: str, make_report: bool = True, status: str
             return
         store.end_sweep(engine, sweep_id, status)
         fill_compile_payback(engine, sweep_id)
+        fill_speedups(engine, sweep_id)
         df = summary_frame(engine, sweep_id)
         n_ok = int((df["status"] == "ok").sum())
         print(f"\nSweep {sweep_id} ({len(df)} run{'s' if len(df) != 1 else ''}, {n_ok} ok)")

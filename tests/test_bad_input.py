@@ -40,6 +40,8 @@ def seeded_db(tmp_path: Path) -> Path:
 CASES = {
     "device_cuda_without_cuda": (["device=cuda"], "device='cuda'"),
     "fp16_without_cuda": (["amp=true", "amp_dtype=fp16"], "amp_dtype='fp16'"),
+    "events_timing_without_cuda": (["timing=events"], "timing='events'"),
+    "repeat_zero": (["repeat=0"], "repeat=0"),
     "data_path_missing": (["data=textfile", "data.path={tmp}/no/such/file.txt"], "data.path='{tmp}/no/such/file.txt'"),
     "data_path_empty_file": (["data=textfile", "data.path={tmp}/empty.txt"], "data.path='{tmp}/empty.txt'"),
     "data_path_empty_folder": (["data=textfile", "data.path={tmp}/nodocs"], "data.path='{tmp}/nodocs'"),
@@ -56,6 +58,8 @@ CASES = {
 }
 HINTS = {  # what is allowed or what to do, beyond naming key and value
     "device_cuda_without_cuda": "device=cpu",
+    "events_timing_without_cuda": "timing=sync",
+    "repeat_zero": "positive integer",
     "model_preset_typo": "did you mean model=tiny?",
     "data_preset_typo": "did you mean data=synthetic?",
     "data_shorter_than_a_batch": "fewer than one batch",
@@ -69,7 +73,9 @@ HINTS = {  # what is allowed or what to do, beyond naming key and value
 @pytest.mark.parametrize("mode", ["run", "multirun"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_mistake_is_one_line_exit_2_and_writes_nothing(case: str, mode: str, tmp_path: Path, seeded_db: Path):
-    if case in ("device_cuda_without_cuda", "fp16_without_cuda") and torch.cuda.is_available():
+    if case in ("device_cuda_without_cuda", "fp16_without_cuda", "events_timing_without_cuda") and (
+        torch.cuda.is_available()
+    ):
         pytest.skip("CUDA is available here, so this is valid input")
     (tmp_path / "empty.txt").write_text("")
     (tmp_path / "short.txt").write_text("a few words only")

@@ -7,23 +7,46 @@ from perfsweep import metrics
 from perfsweep.metrics import StepRecord, summarize
 
 
-def test_summary_excludes_warmup_and_uses_total_time():
+def test_summary_excludes_warmup_and_uses_the_window_wall_time():
     recs = [StepRecord(0, "warmup", 1000.0, 900.0, 9.0), StepRecord(1, "warmup", 500.0, 1.0, 8.0)]
     recs += [StepRecord(2 + i, "measure", t, 1.0, 7.0 - i) for i, t in enumerate([100.0, 200.0, 100.0, 100.0])]
-    s = summarize(recs, tokens_per_step=512, samples_per_step=4)
+    s = summarize(recs, tokens_per_step=512, samples_per_step=4, measure_wall_ms=512.0)
     assert s.first_step_ms == 1000.0
     assert s.step_time_ms_median == 100.0
     assert s.step_time_ms_p90 == pytest.approx(170.0)
-    # 4 steps x 512 tokens over 0.5 s, not the mean of per-step rates
-    assert s.tokens_per_s == pytest.approx(4 * 512 / 0.5)
-    assert s.samples_per_s == pytest.approx(4 * 4 / 0.5)
+    # 4 steps x 512 tokens over the window's 0.512 s wall time, not the mean of per-step rates
+    assert s.tokens_per_s == pytest.approx(4 * 512 / 0.512)
+    assert s.samples_per_s == pytest.approx(4 * 4 / 0.512)
+    assert s.measure_wall_ms == 512.0
     assert s.data_wait_fraction == pytest.approx(4 / 500)
     assert s.final_loss == 4.0
+    # spread: IQR 100..125 = 25 ms, a quarter of the median: noisy; CV from numpy
+    assert s.step_time_ms_iqr == pytest.approx(25.0) and s.noisy is True
+    assert s.step_time_cv == pytest.approx(np.std([100, 200, 100, 100], ddof=1) / 125.0)
 
 
-def test_summary_needs_measured_steps():
+def test_summary_needs_measured_steps_and_a_window():
     with pytest.raises(ValueError):
-        summarize([StepRecord(0, "warmup", 1.0, 0.0, 1.0)], 1, 1)
+        summarize([StepRecord(0, "warmup", 1.0, 0.0, 1.0)], 1, 1, 1.0)
+    with pytest.raises(ValueError, match="window"):
+        summarize([StepRecord(0, "measure", 1.0, 0.0, 1.0)], 1, 1, 0.0)
+
+
+def test_noisy_rule_is_iqr_over_median():
+    steady_times = [100.0, 101.0, 99.0, 100.5, 100.2, 99.8]
+    recs = [StepRecord(i, "measure", t, 0.0, 1.0) for i, t in enumerate(steady_times)]
+    quiet = summarize(recs, 1, 1, sum(steady_times))
+    assert quiet.noisy is False and quiet.step_time_ms_iqr < 2
+    assert metrics.noisy_iqr(10.1, 100.0) is True and metrics.noisy_iqr(10.0, 100.0) is False  # > 10%, not >=
+    assert metrics.noisy_iqr(5.0, 0.0) is False  # unknown is not noisy
+
+
+def test_steady_state_rule():
+    assert not metrics.steady([100, 100, 100, 100, 100], 3, 0.02)  # fewer than two windows
+    assert metrics.steady([500, 100, 101, 100, 99, 100], 3, 0.02)  # medians 101 vs 100: 1%
+    assert not metrics.steady([300, 200, 150, 120, 110, 105], 3, 0.02)  # still falling: 110 vs 200
+    assert not metrics.steady([100, 100, 100, 103, 103, 103], 3, 0.02)  # 3% apart
+    assert not metrics.steady([1, 2, 3], 0, 0.02)  # window 0: never "steady" (the check is off)
 
 
 @pytest.mark.parametrize(
@@ -106,7 +129,7 @@ def test_step_figures_compile_time_and_spread():
     recs = [StepRecord(0, "warmup", 900.0, 0.0, 9.0)] + [
         StepRecord(1 + i, "measure", t, 0.0, 1.0) for i, t in enumerate([10.0, 12.0, 11.0, 30.0, 10.0])
     ]
-    s = summarize(recs, tokens_per_step=100, samples_per_step=1)
+    s = summarize(recs, tokens_per_step=100, samples_per_step=1, measure_wall_ms=73.0)
     assert s.compile_time_ms == pytest.approx(900.0 - 11.0)  # first step beyond the median
     assert s.step_time_ms_std == pytest.approx(np.std([10.0, 12.0, 11.0, 30.0, 10.0], ddof=1))
     assert s.step_time_ms_p10 == pytest.approx(np.percentile([10, 12, 11, 30, 10], 10))
@@ -153,3 +176,25 @@ def test_ratio_interval_finds_a_known_difference_and_no_difference():
     assert metrics.ratio_interval(drift, same, block=5).hi - metrics.ratio_interval(drift, same, block=5).lo > (
         metrics.ratio_interval(drift, same, block=1).hi - metrics.ratio_interval(drift, same, block=1).lo
     )
+
+
+def test_config_speedup_over_steps_and_over_repeats():
+    rng = np.random.default_rng(7)
+    base_steps = list(100 + rng.normal(0, 3, 30))
+    fast_steps = list(80 + rng.normal(0, 3, 30))
+    s = metrics.config_speedup([0.0], [0.0], fast_steps, base_steps, 512, 512)
+    assert s.speedup_basis == "steps" and s.speedup_verdict == "faster"
+    assert s.speedup == pytest.approx(np.mean(base_steps) / np.mean(fast_steps))  # tokens over mean step
+    assert s.speedup_ci_lo < s.speedup < s.speedup_ci_hi
+    # twice the tokens per step in the same time is twice the throughput
+    double = metrics.config_speedup([0.0], [0.0], base_steps, base_steps, 1024, 512)
+    assert double.speedup == pytest.approx(2.0) and double.speedup_verdict == "faster"
+    same = metrics.config_speedup([0.0], [0.0], list(100 + rng.normal(0, 3, 30)), base_steps, 512, 512)
+    assert same.speedup_verdict == metrics.NO_DIFFERENCE
+    # repeats: the runs' tokens/s, resampled; 3 runs a side with 8% noise and no real difference
+    rep = metrics.config_speedup([1000.0, 1080.0, 950.0], [1010.0, 940.0, 1060.0], [], [], 1, 1)
+    assert rep.speedup_basis == "repeats" and rep.speedup_verdict == metrics.NO_DIFFERENCE
+    assert rep.speedup == pytest.approx(1000.0 / 1010.0)
+    slower = metrics.config_speedup([500.0, 510.0, 490.0], [1010.0, 990.0, 1000.0], [], [], 1, 1)
+    assert slower.speedup_verdict == "slower" and slower.speedup_ci_hi < 1.0
+    assert metrics.step_block(10) == 2 and metrics.step_block(30) == 3 and metrics.step_block(1) == 1

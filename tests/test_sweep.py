@@ -7,9 +7,10 @@ import sqlite3
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from perfsweep import envinfo
+from perfsweep import envinfo, metrics
 from tests.util import TINY, run_perfsweep
 from tests.util import sqlite_rows as rows
 
@@ -57,12 +58,17 @@ def test_default_sweep_rows(default_sweep: Path):
         assert (r["model_name"], r["data_name"], r["batch"], r["seq_len"]) == ("small", "stdlib", 8, 128)
         assert r["warmup_steps"] == 2 and r["measure_steps"] == 4
         assert r["step_time_ms_p10"] <= r["step_time_ms_median"] <= r["step_time_ms_p90"]
-        # tokens/s is batch x seq_len over the measured step time
-        assert r["tokens_per_s"] == pytest.approx(8 * 128 * 1000 / r["step_time_ms_mean"], rel=1e-9)
+        # tokens/s is the measured steps' tokens over the window's wall time, which holds the steps
         steps = rows(db, f"SELECT * FROM steps WHERE run_id = {r['id']} AND phase = 'measure'")
-        assert len(steps) == 4
+        assert len(steps) == 4 and steps[0]["step"] == r["measure_start_step"] == r["warmup_steps"] >= 2
         total_ms = sum(s["step_time_ms"] for s in steps)
-        assert r["tokens_per_s"] == pytest.approx(4 * 8 * 128 * 1000 / total_ms, rel=1e-9)
+        assert total_ms <= r["measure_wall_ms"] < total_ms * 1.1
+        assert r["tokens_per_s"] == pytest.approx(4 * 8 * 128 * 1000 / r["measure_wall_ms"], rel=1e-9)
+        assert r["timing_mode"] == "sync" and r["repeat_index"] == 0 and r["steady_state"] in (0, 1)
+        q25, q75 = np.percentile([s["step_time_ms"] for s in steps], [25, 75])
+        assert r["step_time_ms_iqr"] == pytest.approx(q75 - q25) and r["noisy"] == int(
+            (q75 - q25) > 0.1 * r["step_time_ms_median"]
+        )
         assert r["final_loss"] == steps[-1]["loss"]
         assert 0 < r["unk_token_share"] < 0.2 and r["vocab_size"] == 8192
         assert r["peak_rss_bytes"] > r["rss_before_train_bytes"] > 0
@@ -340,3 +346,31 @@ def test_two_sweeps_started_at_once_in_one_folder_stay_apart(tmp_path: Path):
     err = res.stderr.strip()
     assert len(err.splitlines()) == 1 and "already holds another sweep" in err and err.endswith("no job was started")
     assert len(rows(db, "SELECT id FROM runs")) == 4  # nothing written by the refused sweep
+
+
+def test_repeats_run_in_rounds_share_the_config_and_get_intervals(tmp_path: Path):
+    """repeat=3 order=shuffle over 2 configs: 6 fresh processes in 3 rounds, never one config twice
+    in a row; repeats share their config hash; the speedup over the baseline is over repeats."""
+    res = run_perfsweep(["-m", "amp=true,false", "repeat=3", "order=shuffle", "profile.enabled=false", *TINY], tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    runs = rows(tmp_path / "results.db", "SELECT * FROM runs ORDER BY job_num")
+    assert [r["job_num"] for r in runs] == list(range(6))
+    rounds = [sorted(r["amp"] for r in runs[i : i + 2]) for i in (0, 2, 4)]
+    assert rounds == [[0, 1]] * 3  # every round runs every config once
+    assert [r["repeat_index"] for r in runs] == [0, 0, 1, 1, 2, 2]
+    assert all(a["amp"] != b["amp"] for a, b in zip(runs, runs[1:], strict=False))  # never back to back
+    assert len({r["config_hash"] for r in runs}) == 2 and len({r["job_dir"] for r in runs}) == 6
+    assert all("repeat" not in r["overrides"] and "sweep." not in r["overrides"] for r in runs)
+    base = [r for r in runs if r["amp"] == 0]
+    amp = [r for r in runs if r["amp"] == 1]
+    assert {r["speedup_verdict"] for r in base} == {"baseline"}
+    expected = metrics.ratio_interval([r["tokens_per_s"] for r in amp], [r["tokens_per_s"] for r in base])
+    for r in amp:  # the stored interval is the bootstrap over the three repeats of each side
+        assert r["speedup_basis"] == "repeats" and r["baseline_config_hash"] == base[0]["config_hash"]
+        assert (r["speedup"], r["speedup_ci_lo"], r["speedup_ci_hi"]) == pytest.approx(
+            (expected.value, expected.lo, expected.hi)
+        )
+        assert r["speedup_verdict"] == metrics.verdict(expected)
+    summary = res.stdout[res.stdout.index("Sweep 1") :]
+    assert "runs" in summary and "speedup (95% CI)" in summary and "baseline" in summary
+    assert f"{expected.value:.2f}x ({expected.lo:.2f}-{expected.hi:.2f})" in summary

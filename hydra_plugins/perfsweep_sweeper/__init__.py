@@ -1,10 +1,10 @@
-"""perfsweep's Hydra sweeper: Hydra's basic grid sweeper plus three things a benchmark needs.
+"""perfsweep's Hydra sweeper: Hydra's basic grid sweeper plus what a benchmark needs.
 
 1. Every grid point is composed and checked (perfsweep.preflight: values, device, data, a
    database write) before the first job starts, so a mistake stops the sweep with one line
    and exit code 2 instead of failing job 7 of 8.
-2. Jobs learn the sweep's size, start time and id through ``sweep.*`` overrides (for "3/8",
-   the time left and their sweep's row); with
+2. ``repeat=N`` runs every grid point N times in rounds (perfsweep.schedule); jobs learn the
+   sweep's size, start time and id and their repeat through ``sweep.*`` overrides; with
    ``resume=true`` only the grid points without an ``ok`` run are launched, keeping their
    numbers and folders.
 3. When all jobs are done, ok or not, the summary table and the report are produced from the
@@ -42,8 +42,8 @@ ConfigStore.instance().store(group="hydra/sweeper", name="perfsweep", node=Perfs
 
 class PerfsweepSweeper(BasicSweeper):
     def sweep(self, arguments: list[str]) -> Any:
-        from perfsweep import importer, launcher, preflight, summary
-        from perfsweep.config import ConfigError, to_plain_dict, to_run_config
+        from perfsweep import importer, launcher, preflight, schedule, summary
+        from perfsweep.config import ConfigError, Order, to_plain_dict, to_run_config
 
         assert self.hydra_context is not None and self.config is not None and self.launcher is not None
         params = self._parse_config() + list(arguments)
@@ -69,37 +69,41 @@ class PerfsweepSweeper(BasicSweeper):
         except ConfigError as exc:
             _refuse(str(exc))
         hashes = [launcher.config_hash(to_plain_dict(c)) for c in run_cfgs]
+        if len({(c.repeat, c.order) for c in run_cfgs}) > 1:
+            _refuse("repeat and order must be the same for every grid point (they say how the sweep runs)")
+        order = schedule.plan(len(jobs), first.repeat, first.order == Order.shuffle, first.seed)
         if first.resume:
             try:
                 done = preflight.done_grid_points(url, str(sweep_dir))
             except ConfigError as exc:
                 _refuse(str(exc))
-            todo = [i for i in range(len(jobs)) if (i, hashes[i]) not in done]
+            todo = [p for p, (i, _) in enumerate(order) if (p, hashes[i]) not in done]
             print(
-                f"perfsweep: resuming the sweep in {sweep_dir}: {len(jobs) - len(todo)} of {len(jobs)} "
-                f"grid points already ok, {len(todo)} to run",
+                f"perfsweep: resuming the sweep in {sweep_dir}: {len(order) - len(todo)} of {len(order)} "
+                f"jobs already ok, {len(todo)} to run",
                 file=sys.stderr,
             )
             if not todo:  # nothing to do: leave the sweep, its times and its report as they are
                 return []
         else:
-            todo = list(range(len(jobs)))
+            todo = list(range(len(order)))
         try:
             sweep_id = preflight.reserve_sweep(
                 url,
                 str(sweep_dir),
                 first.name or self.config.hydra.job.config_name or "perfsweep",
                 command=shlex.join(["perfsweep", *sys.argv[1:]]),
-                n_jobs=len(jobs),
+                n_jobs=len(order),
                 hostname=socket.gethostname(),
                 launch_dir=str(launch_dir),
             )
         except ConfigError as exc:
             preflight.unclaim_folder(sweep_dir, created)
             _refuse(str(exc))
-        # the sweep's size, start and id reach each job through its config (perfsweep.config.SweepContext)
-        context = [f"sweep.n_jobs={len(jobs)}", f"sweep.started_at={time.time()}", f"sweep.id={sweep_id}"]
-        jobs = [[*job, *context] for job in jobs]
+        # the sweep's size, start and id and each job's repeat reach the job through its config
+        # (perfsweep.config.SweepContext); a job's number is its place in the plan
+        context = [f"sweep.n_jobs={len(order)}", f"sweep.started_at={time.time()}", f"sweep.id={sweep_id}"]
+        jobs = [[*jobs[i], *context, f"sweep.repeat_index={r}"] for i, r in order]
         print(f"perfsweep: {_jobs(len(todo))}, one process each; job folders under {sweep_dir}", file=sys.stderr)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         returns: list[Any] = []

@@ -1,0 +1,89 @@
+"""Warmup until steady, the measured window, and the timing modes (perfsweep.timing)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+
+from perfsweep import data, metrics
+from perfsweep.config import ConfigError, Device, PerfsweepConfig, StepsConfig, Timing
+from perfsweep.metrics import StepRecord
+from perfsweep.runner import train
+from perfsweep.timing import measure, resolve_timing, warm_up
+from tests.test_profiling import tiny_cfg
+
+
+@dataclass
+class ScriptedSteps:
+    """Step times from a script, for the warmup rule alone (the real trainer is tested below)."""
+
+    times: list[float]
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    i: int = 0
+
+    def step(self) -> tuple[float, float, float]:
+        t = self.times[min(self.i, len(self.times) - 1)]
+        self.i += 1
+        return t, 0.0, 1.0
+
+    def run(self) -> tuple[torch.Tensor, float]:
+        raise AssertionError("sync timing never queues steps without waiting")
+
+
+def test_warmup_goes_on_until_two_windows_agree():
+    script = [900, 300, 200, 150, 120, 105, 101, 100, 100, 100, 100, 100]
+    records: list[StepRecord] = []
+    w = warm_up(ScriptedSteps(script), records, minimum=2, window=3, tolerance=0.02, cap=30, on_step=lambda r: None)
+    # medians of the last two windows of 3: after 10 steps 100 vs 105 (4.8%, not yet);
+    # after 11 steps 100 vs 101 (1%): steady
+    assert (w.steps, w.steady_state) == (11, True)
+    assert [r.phase for r in records] == ["warmup"] * 11 and [r.step for r in records] == list(range(11))
+    assert metrics.steady([r.step_time_ms for r in records], 3, 0.02)
+
+
+def test_warmup_stops_at_the_cap_unsettled_and_is_exact_without_the_check():
+    drifting = [100 + 10 * i for i in range(50)]
+    w = warm_up(ScriptedSteps(drifting), [], minimum=3, window=3, tolerance=0.02, cap=12, on_step=lambda r: None)
+    assert (w.steps, w.steady_state) == (12, False)
+    w = warm_up(ScriptedSteps(drifting), [], minimum=4, window=0, tolerance=0.02, cap=12, on_step=lambda r: None)
+    assert (w.steps, w.steady_state) == (4, None)
+
+
+def test_sync_window_wall_time_covers_its_steps():
+    records: list[StepRecord] = []
+    seen: list[StepRecord] = []
+    wall = measure(ScriptedSteps([5.0]), records, 4, "sync", seen.append)
+    assert [r.phase for r in records] == ["measure"] * 4 and seen == records
+    assert wall >= 0  # scripted steps take no real time; the real trainer is checked below
+
+
+def test_timing_mode_resolution_and_validation():
+    assert resolve_timing("auto", torch.device("cpu")) == "sync"
+    assert resolve_timing("auto", torch.device("cuda", 0)) == "events"
+    assert resolve_timing("sync", torch.device("cuda", 0)) == "sync"
+    with pytest.raises(ConfigError, match=r"timing='events': needs CUDA"):
+        PerfsweepConfig(device=Device.cpu, timing=Timing.events)
+    with pytest.raises(ConfigError, match="steps.max_warmup=2"):
+        StepsConfig(warmup=3, max_warmup=2)
+    with pytest.raises(ValueError, match="CUDA"):
+        measure(ScriptedSteps([1.0]), [], 1, "events", lambda r: None)
+
+
+def test_a_real_job_stores_where_measurement_began(tmp_path: Path):
+    cfg = tiny_cfg(tmp_path)
+    cfg.steps = StepsConfig(warmup=2, measure=5, stable_window=2, stable_tolerance=0.5, max_warmup=20)
+    result = train(cfg, data.prepare(cfg.data), tmp_path / "job", "steady", str(tmp_path))
+    phases = [s["phase"] for s in result["steps"]]
+    warm = result["warmup_steps"]
+    assert 4 <= warm <= 20 and phases[:warm] == ["warmup"] * warm  # two windows of 2 at least
+    assert result["measure_start_step"] == warm and phases[warm : warm + 5] == ["measure"] * 5
+    warm_times = [s["step_time_ms"] for s in result["steps"][:warm]]
+    assert result["steady_state"] == metrics.steady(warm_times, 2, 0.5)
+    assert result["timing_mode"] == "sync"  # CPU
+    measured = [s["step_time_ms"] for s in result["steps"] if s["phase"] == "measure"]
+    # the window's wall time holds its steps and little else; tokens/s is taken over it
+    assert sum(measured) <= result["measure_wall_ms"] <= sum(measured) * 1.5 + 5
+    assert result["tokens_per_s"] == pytest.approx(5 * cfg.tokens_per_step / (result["measure_wall_ms"] / 1000))
