@@ -692,3 +692,37 @@ def test_upgrade_to_provenance_fills_git_dirty_and_changes_no_value(tmp_path: Pa
     for commit, flag in dirty:
         assert flag == (None if commit is None else int(commit.endswith("-dirty")))
     assert any(flag == 1 for _, flag in dirty)
+
+
+def test_upgrade_to_statistics_derives_spread_of_old_rows_from_their_steps(tmp_path: Path):
+    """Schema 0006 on the H100 database: IQR, CV, noisy and the window time of each old run come
+    from its stored measured steps (numpy here), timing_mode is sync, steady_state stays null."""
+    import shutil
+    import sqlite3
+
+    import numpy as np
+
+    db = tmp_path / "old.db"
+    shutil.copy(Path(__file__).parent / "fixtures" / "h100" / "results-fp16-seed-snapshot-gpt2.db", db)
+    store.connect(f"sqlite:///{db}").dispose()
+    con = sqlite3.connect(db)
+    runs = con.execute(
+        "SELECT id, step_time_ms_iqr, step_time_cv, noisy, measure_wall_ms, timing_mode, steady_state, "
+        "measure_start_step, warmup_steps FROM runs WHERE status = 'ok'"
+    ).fetchall()
+    checked = 0
+    for run_id, iqr, cv, noisy, wall, mode, steady, start, warmup in runs:
+        t = [
+            r[0]
+            for r in con.execute("SELECT step_time_ms FROM steps WHERE run_id = ? AND phase = 'measure'", (run_id,))
+        ]
+        assert (mode, steady, start) == ("sync", None, warmup)
+        if not t:
+            continue
+        q25, q75 = np.percentile(t, [25, 75])
+        assert iqr == pytest.approx(q75 - q25) and wall == pytest.approx(sum(t))
+        assert cv == pytest.approx(np.std(t, ddof=1) / np.mean(t))
+        assert noisy == int((q75 - q25) / np.median(t) > 0.10)
+        checked += 1
+    con.close()
+    assert checked >= 6
