@@ -82,6 +82,7 @@ def hydra_main(cfg: DictConfig) -> str:
                 n_jobs=1,
                 hostname=socket.gethostname(),
                 launch_dir=str(launch_dir.resolve()),
+                **preflight.cpu_sweep_fields([run_cfg]),
             )
     except ConfigError as exc:
         if not multirun and (claimed or not (Path(sweep_dir) / preflight.MARKER).exists()):

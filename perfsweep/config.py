@@ -152,7 +152,7 @@ class StepsConfig:
     the check off (exactly ``warmup`` steps)."""
     stable_tolerance: float = 0.02
     """Largest relative change between the two windows' medians that counts as steady."""
-    max_warmup: int = 30
+    max_warmup: int = 20
     """Cap on warmup steps; a run that reaches it unsettled is measured anyway and stored with
     ``steady_state`` false."""
 

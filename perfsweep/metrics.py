@@ -190,6 +190,17 @@ def model_flops_utilisation(
     )
 
 
+def cpu_flops_utilisation(
+    model_tflops_per_s: float | None, compute_dtype: str | None, fp32_flops: float | None, bf16_flops: float | None
+) -> float | None:
+    """A CPU run's model FLOP/s over the sweep's measured matmul peak in its compute dtype (bf16
+    under bf16 autocast, else fp32); None without a measured peak."""
+    peak = bf16_flops if compute_dtype == "bf16" else fp32_flops
+    if model_tflops_per_s is None or not peak:
+        return None
+    return model_tflops_per_s * 1e12 / peak
+
+
 def compile_payback_steps(
     compile_time_ms: float, eager_step_ms: float | None, compiled_step_ms: float | None
 ) -> float | None:

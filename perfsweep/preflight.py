@@ -110,6 +110,17 @@ def check_device(cfgs: list[PerfsweepConfig]) -> None:
             )
 
 
+def cpu_sweep_fields(cfgs: list[PerfsweepConfig]) -> dict[str, float]:
+    """The machine's measured matmul peaks (perfsweep.cpu_peak) when any grid point runs on the
+    CPU, with the jobs' thread count; nothing for an all-GPU sweep."""
+    import torch
+
+    from perfsweep import cpu_peak
+
+    on_cpu = [c for c in cfgs if c.device == Device.cpu or (c.device == Device.auto and not torch.cuda.is_available())]
+    return cpu_peak.sweep_fields(on_cpu[0].threads) if on_cpu else {}
+
+
 def check_data(cfgs: list[PerfsweepConfig]) -> None:
     """Every grid point's corpus exists, is not empty and holds one batch of windows.
 

@@ -39,6 +39,20 @@ def fill_compile_payback(engine: Engine, sweep_id: int) -> None:
             s.execute(update(store.Run).where(store.Run.id == r.id).values(compile_payback_steps=payback))
 
 
+def fill_cpu_utilisation(engine: Engine, sweep_id: int) -> None:
+    """``cpu_flops_utilisation`` of the sweep's CPU runs against its measured matmul peaks."""
+    Run = store.Run
+    with store.session(engine) as s:
+        sweep = s.get(store.Sweep, sweep_id)
+        if sweep is None or not (sweep.cpu_matmul_fp32_flops or sweep.cpu_matmul_bf16_flops):
+            return
+        runs = s.scalars(select(Run).where(Run.sweep_id == sweep_id, Run.device_type == "cpu")).all()
+        for r in runs:
+            r.cpu_flops_utilisation = metrics.cpu_flops_utilisation(
+                r.model_tflops_per_s, r.mfu_compute_dtype, sweep.cpu_matmul_fp32_flops, sweep.cpu_matmul_bf16_flops
+            )
+
+
 BASELINE_RULE = "the first config with amp, ckpt and compile off; else the sweep's first ok config"
 
 
@@ -220,6 +234,7 @@ def finish_sweep(url: str, sweep_dir: str, make_report: bool = True, status: str
         store.end_sweep(engine, sweep_id, status)
         fill_compile_payback(engine, sweep_id)
         fill_speedups(engine, sweep_id)
+        fill_cpu_utilisation(engine, sweep_id)
         df = summary_frame(engine, sweep_id)
         n_ok = int((df["status"] == "ok").sum())
         print(f"\nSweep {sweep_id} ({len(df)} run{'s' if len(df) != 1 else ''}, {n_ok} ok)")

@@ -31,6 +31,7 @@ def default_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "amp=true,false",
             "ckpt=true,false",
             "steps.warmup=2",
+            "steps.max_warmup=8",  # the steady-state check may extend warmup, not by much here
             "steps.measure=4",
             "profile.wait=0",
             "profile.warmup=1",
@@ -56,7 +57,7 @@ def test_default_sweep_rows(default_sweep: Path):
     for r in runs:
         assert r["status"] == "ok" and r["error"] is None
         assert (r["model_name"], r["data_name"], r["batch"], r["seq_len"]) == ("small", "stdlib", 8, 128)
-        assert r["warmup_steps"] == 2 and r["measure_steps"] == 4
+        assert 6 <= r["warmup_steps"] <= 8 and r["measure_steps"] == 4  # two windows of 3 at least; the cap
         assert r["step_time_ms_p10"] <= r["step_time_ms_median"] <= r["step_time_ms_p90"]
         # tokens/s is the measured steps' tokens over the window's wall time, which holds the steps
         steps = rows(db, f"SELECT * FROM steps WHERE run_id = {r['id']} AND phase = 'measure'")
@@ -97,6 +98,15 @@ def test_default_sweep_rows(default_sweep: Path):
         trace = next(a for a in arts if a["kind"] == "trace")
         assert Path(trace["path"]).stat().st_size == trace["bytes"]
         assert Path(trace["path"]).parent == Path(r["job_dir"])
+    # CPU utilisation is against the matmul peak measured on this machine before the jobs, in
+    # the run's compute dtype, and never above 1
+    (sweep,) = rows(db, "SELECT cpu_matmul_fp32_flops, cpu_matmul_bf16_flops FROM sweeps")
+    assert sweep["cpu_matmul_fp32_flops"] > 1e9 and sweep["cpu_matmul_bf16_flops"] > 1e8
+    for r in runs:
+        peak = sweep["cpu_matmul_bf16_flops"] if r["amp"] else sweep["cpu_matmul_fp32_flops"]
+        assert r["mfu_compute_dtype"] == ("bf16" if r["amp"] else "fp32") and r["mfu"] is None  # no GPU: no MFU
+        assert r["cpu_flops_utilisation"] == pytest.approx(r["model_tflops_per_s"] * 1e12 / peak)
+        assert 0 < r["cpu_flops_utilisation"] <= 1.0
     # the same config hashes apart when only amp/ckpt differ
     assert len({r["config_hash"] for r in runs}) == 4
 

@@ -96,6 +96,7 @@ class PerfsweepSweeper(BasicSweeper):
                 n_jobs=len(order),
                 hostname=socket.gethostname(),
                 launch_dir=str(launch_dir),
+                **preflight.cpu_sweep_fields(run_cfgs),
             )
         except ConfigError as exc:
             preflight.unclaim_folder(sweep_dir, created)
