@@ -23,6 +23,7 @@ TINY = [
     "batch=4",
     "seq_len=32",
     "steps.warmup=1",
+    "steps.stable_window=0",  # exactly one warmup step: tests/test_timing.py and the default sweep check the rule
     "steps.measure=3",
     "profile.wait=0",
     "profile.warmup=0",
