@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from perfsweep import store, summary
+from perfsweep.names import STAGES
 from perfsweep.report.build import make_report, results_table
 from tests.h100 import build_h100_db
 
@@ -53,5 +54,32 @@ def test_gpu_chart_shows_why_amp_gains_less_than_its_gpu_work(h100_engine, tmp_p
     widths = sorted(round(p.get_width()) for p in ax_busy.patches)
     assert widths == sorted(round(v * 100) for v in f["gpu_busy_fraction"])
     assert len(ax_kernels.patches) == len(f) * len(kernel_cols)  # one stacked segment per category
+    # each segment is the stored GPU time of its category (ms per profiled step), in category order
+    with h100_engine.connect() as conn:
+        stored = dict(
+            ((r, c), ms) for r, c, ms in conn.exec_driver_sql("SELECT run_id, category, ms_per_step FROM kernels")
+        )
+    ids = chart.frame["id"].tolist()
+    expected = [stored.get((i, c.removeprefix("kernel_ms_")), 0.0) for c in kernel_cols for i in ids]
+    assert [p.get_width() for p in ax_kernels.patches] == pytest.approx(expected)
     table, _ = results_table(rep.runs)
     assert "| GPU busy | bottleneck |" in table and "| 36% | host |" in table
+
+
+def test_breakdown_draws_the_stored_cpu_and_gpu_stage_times(h100_engine):
+    rep = make_report(h100_engine, [1])
+    chart = rep.charts["breakdown"]
+    ax_cpu, ax_gpu = chart.figure.axes[:2]  # CUDA runs: CPU time and GPU kernel time side by side
+    with h100_engine.connect() as conn:
+        stored = {
+            (r, s): (c, d)
+            for r, s, c, d in conn.exec_driver_sql("SELECT run_id, stage, cpu_time_ms, device_time_ms FROM stages")
+        }
+    ids = chart.frame["id"].tolist()
+    assert len(ids) == 4
+    # one stacked segment per stage (in step order) and config (in frame order)
+    cpu = [stored.get((i, s), (0.0, 0.0))[0] for s in STAGES for i in ids]
+    gpu = [stored.get((i, s), (0.0, 0.0))[1] for s in STAGES for i in ids]
+    assert [p.get_height() for p in ax_cpu.patches] == pytest.approx(cpu)
+    assert [p.get_height() for p in ax_gpu.patches] == pytest.approx(gpu)
+    assert "GPU kernel time" in ax_gpu.get_title("left")

@@ -21,10 +21,10 @@ from matplotlib.patches import Rectangle
 from perfsweep import store
 from perfsweep.cli import UserError
 from perfsweep.names import STAGES
-from perfsweep.report import frames
+from perfsweep.report import charts, frames
 from perfsweep.report.__main__ import main
 from perfsweep.report.build import build_report, make_report
-from perfsweep.report.compare import build_compare, compare_frame
+from perfsweep.report.compare import COMPARE, build_compare, compare_frame
 from perfsweep.report.load import load_runs
 
 if TYPE_CHECKING:
@@ -126,9 +126,18 @@ def tokens_from_db(db: Path, sweep_id: int) -> dict[int, float]:
         return dict(conn.execute("SELECT id, tokens_per_s FROM runs WHERE sweep_id = ?", (sweep_id,)).fetchall())
 
 
-def bar_heights(fig: Any) -> list[float]:
-    ax = fig.axes[0]
-    return [p.get_height() for p in ax.patches if isinstance(p, Rectangle) and p.get_width() < 1.0]
+def bar_values(ax: Any, horizontal: bool = False) -> list[float]:
+    """The values the bars of ``ax`` were drawn with, in drawing order (lengths along the value axis)."""
+    return [p.get_width() if horizontal else p.get_height() for p in ax.patches if isinstance(p, Rectangle)]
+
+
+def line_data(ax: Any) -> dict[str, tuple[list[float], list[float]]]:
+    """Each labelled line of ``ax``: its x and y data as drawn."""
+    return {
+        line.get_label(): (list(line.get_xdata()), list(line.get_ydata()))
+        for line in ax.get_lines()
+        if not line.get_label().startswith("_") and line.get_marker() == "o"
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -186,7 +195,7 @@ def test_throughput_bars_are_the_stored_tokens_per_s(report_sweeps: ReportSweeps
     for rid, tps in zip(frame["id"], frame["tokens_per_s"], strict=True):
         assert tps == pytest.approx(stored[rid])
     # and the drawn bars, in frame order
-    np.testing.assert_allclose(bar_heights(chart.figure), frame["tokens_per_s"].to_numpy(), rtol=1e-12)
+    np.testing.assert_allclose(bar_values(chart.figure.axes[0]), frame["tokens_per_s"].to_numpy(), rtol=1e-12)
     # speedup is relative to the default baseline: amp and ckpt off
     base = frame[frame["is_baseline"]]
     assert list(base["label"]) == ["amp=off ckpt=off"]
@@ -263,18 +272,17 @@ def test_factor_effects_of_a_known_2x2(engine: Any, tmp_path: Path) -> None:
             ),
         )
     rep = make_report(engine, [sid])
-    eff = rep.charts["factors"].frame.set_index(["metric", "term"])
-    t = eff.loc["tokens_per_s"]
-    assert t.loc["amp", "effect"] == pytest.approx(70.0)
-    assert t.loc["ckpt", "effect"] == pytest.approx(0.0)
-    assert t.loc["amp x ckpt", "effect"] == pytest.approx(20.0)
-    assert t.loc["amp", "effect_pct"] == pytest.approx(56.0)
-    assert t.loc["amp x ckpt", "effect_pct"] == pytest.approx(16.0)
-    m = eff.loc["peak_mem_bytes"]
-    assert m.loc["amp", "effect"] == pytest.approx(-100.0 * 2**20)
-    assert m.loc["ckpt", "effect"] == pytest.approx(-200.0 * 2**20)
-    assert m.loc["amp x ckpt", "effect"] == pytest.approx(0.0)
-    assert set(eff.index.get_level_values("term")) == {"amp", "ckpt", "amp x ckpt"}
+    chart = rep.charts["factors"]
+    eff = chart.frame.set_index("label")  # one row per term
+    assert list(eff.index) == ["amp", "ckpt", "amp x ckpt"]
+    assert eff["effect_tokens_per_s"].tolist() == pytest.approx([70.0, 0.0, 20.0])
+    assert eff["effect_pct_tokens_per_s"].tolist() == pytest.approx([56.0, 0.0, 16.0])
+    assert eff["effect_peak_mem_bytes"].tolist() == pytest.approx([-100.0 * 2**20, -200.0 * 2**20, 0.0])
+    # drawn: the bars are the effects in % of the mean, tokens/s left, memory right (mean 250 MiB)
+    ax_tokens, ax_mem = chart.figure.axes[:2]
+    assert bar_values(ax_tokens, horizontal=True) == pytest.approx([56.0, 0.0, 16.0])
+    assert bar_values(ax_mem, horizontal=True) == pytest.approx([-40.0, -80.0, 0.0])
+    assert "| amp x ckpt | +20 (+16.0%) | +0.00 MiB (+0.0%) |" in chart.extra_md
 
 
 def test_factor_effects_use_only_complete_blocks(engine: Any, tmp_path: Path) -> None:
@@ -297,10 +305,12 @@ def test_factor_effects_use_only_complete_blocks(engine: Any, tmp_path: Path) ->
         )
     runs = frames.prepare_runs(load_runs(engine, [sid]))
     fx = frames.factorial_effects(runs)
-    assert fx is not None and fx.blocks_used == 1 and fx.blocks_total == 2
-    t = fx.effects.set_index(["metric", "term"]).loc["tokens_per_s"]
-    assert t.loc["amp", "effect"] == pytest.approx(500.0)
-    assert t.loc["ckpt", "effect"] == pytest.approx(0.0)
+    assert fx is not None
+    effects, note = fx
+    assert note.startswith("averaged over 1 of 2 combinations of batch")
+    effects = effects.set_index("label")
+    assert effects.loc["amp", "effect_tokens_per_s"] == pytest.approx(500.0)
+    assert effects.loc["ckpt", "effect_tokens_per_s"] == pytest.approx(0.0)
 
 
 def test_no_factors_when_no_block_is_complete(engine: Any, tmp_path: Path) -> None:
@@ -335,7 +345,7 @@ def test_cuda_memory_chart_draws_allocated_and_reserved(engine: Any, tmp_path: P
     rep = make_report(engine, [sid])
     assert rep.mode == "cuda"
     fig = rep.charts["memory"].figure
-    heights = sorted(bar_heights(fig))
+    heights = sorted(bar_values(fig.axes[0]))
     assert heights == pytest.approx([2.0, 2.5, 3.0, 3.5])  # GiB: allocated and reserved per config
     assert "peak memory (GiB)" in fig.axes[0].get_ylabel()
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
@@ -373,6 +383,116 @@ def test_failed_runs_are_marked_not_dropped(engine: Any, tmp_path: Path) -> None
     assert set(thr["status"]) == {"ok", "oom", "failed"}  # failed configs keep their slot
     md = (build_report(engine, [sid], out_dir=tmp_path / "out")).joinpath("report.md").read_text()
     assert "Did not finish:" in md and "oom" in md
+
+
+def failing_grid(engine: Any, tmp_path: Path) -> int:
+    """batch 4/8/16 x seq_len 64/128, tokens/s and memory proportional to tokens per step; the
+    largest config ran out of memory, and one batch=16 config with workers=2 failed."""
+    sid = new_sweep(engine, tmp_path / "sw")
+    job = itertools.count()
+    for batch, seq in itertools.product((4, 8, 16), (64, 128)):
+        status = "oom" if batch == 16 and seq == 128 else "ok"
+        tps = float(batch * seq * 10) if status == "ok" else None
+        store.save_run(
+            engine,
+            run_row(
+                sid,
+                next(job),
+                batch=batch,
+                seq_len=seq,
+                status=status,
+                tokens_per_s=tps,
+                peak_mem_bytes=batch * seq * 2**14,
+            ),
+        )
+    store.save_run(engine, run_row(sid, next(job), batch=16, seq_len=64, workers=2, status="failed"))
+    return sid
+
+
+def test_scaling_lines_are_the_stored_runs(engine: Any, tmp_path: Path) -> None:
+    sid = failing_grid(engine, tmp_path)
+    rep = make_report(engine, [sid])
+    chart = rep.charts["scaling"]
+    ax_tps, ax_tps_seq, ax_mem, _ = chart.figure.axes[:4]  # rows: tokens/s, memory; columns: batch, seq_len
+    assert ax_tps.get_title("left").startswith("vs batch") and ax_tps_seq.get_title("left").startswith("vs seq_len")
+    lines = line_data(ax_tps)
+    assert lines["seq_len=64 workers=0"] == ([4, 8, 16], [2560.0, 5120.0, 10240.0])
+    assert lines["seq_len=128 workers=0"] == ([4, 8], [5120.0, 10240.0])  # batch 16 ran out of memory
+    assert line_data(ax_mem)["seq_len=128 workers=0"] == ([4, 8], [8.0, 16.0])  # MiB
+    assert "peak memory (MiB)" in ax_mem.get_ylabel()
+    texts = {t.get_text() for t in ax_tps.texts}
+    assert {"OOM", "FAILED"} <= texts  # the runs that did not finish are marked, not dropped
+    frame = chart.frame[chart.frame["axis"] == "batch"].set_index("id")
+    assert set(frame["status"]) == {"ok", "oom", "failed"}
+
+
+def test_heatmap_cells_are_the_stored_tokens_per_s(engine: Any, tmp_path: Path) -> None:
+    sid = failing_grid(engine, tmp_path)
+    rep = make_report(engine, [sid])
+    chart = rep.charts["heatmap"]
+    with sqlite3.connect(tmp_path / "results.db") as conn:
+        stored = dict(
+            ((b, s), t) for b, s, t in conn.execute("SELECT batch, seq_len, tokens_per_s FROM runs WHERE workers = 0")
+        )
+    panels = {ax.get_title("left"): ax for ax in chart.figure.axes if ax.images}
+    assert set(panels) == {"workers=0", "workers=2"}
+    cells = np.ma.filled(panels["workers=0"].images[0].get_array(), np.nan)  # rows seq_len 64, 128; columns batch
+    for (r, seq), (c, batch) in itertools.product(enumerate((64, 128)), enumerate((4, 8, 16))):
+        expected = stored[batch, seq]
+        assert (np.isnan(cells[r, c]) and expected is None) or cells[r, c] == pytest.approx(expected)
+    assert "OOM" in {t.get_text() for t in panels["workers=0"].texts}
+    assert "FAILED" in {t.get_text() for t in panels["workers=2"].texts}
+
+
+def test_pareto_points_and_front_are_the_stored_runs(engine: Any, tmp_path: Path) -> None:
+    sid = failing_grid(engine, tmp_path)
+    rep = make_report(engine, [sid])
+    chart = rep.charts["pareto"]
+    ax = chart.figure.axes[0]
+    front = next(c for c in ax.collections if c.get_label().startswith("Pareto front"))
+    ok = chart.frame[chart.frame["ok"]]
+    expected = ok[ok["on_front"]].sort_values("peak_mem_bytes")
+    np.testing.assert_allclose(front.get_offsets(), np.c_[expected["peak_mem_bytes"] / 2**20, expected["tokens_per_s"]])
+    # every ok run is drawn once: the front plus the rest
+    rest = next(c for c in ax.collections if c.get_label() == "config")
+    assert len(front.get_offsets()) + len(rest.get_offsets()) == len(ok) == 5
+    assert "did not finish: 1 oom, 1 failed" in [t.get_text() for t in chart.figure.legends[0].get_texts()]
+
+
+def test_breakdown_and_loss_are_the_stored_stages_and_steps(engine: Any, tmp_path: Path) -> None:
+    sid = new_sweep(engine, tmp_path / "sw")
+    store.save_run(engine, run_row(sid, 0))
+    store.save_run(engine, run_row(sid, 1, amp=True, step_time_ms_median=80.0))
+    rep = make_report(engine, [sid])
+    breakdown = rep.charts["breakdown"]
+    assert len(breakdown.figure.axes) == 1  # CPU runs: device time = CPU time, one panel
+    ax = breakdown.figure.axes[0]
+    # one stacked segment per stage and config, in step order: what run_row stored (1, 30, 60, 8, 1 ms)
+    assert bar_values(ax) == pytest.approx([1.0, 1.0, 30.0, 30.0, 60.0, 60.0, 8.0, 8.0, 1.0, 1.0])
+    assert [t.get_text() for t in ax.texts if " of " in t.get_text()] == ["100 of 100 ms", "100 of 80 ms"]
+    loss = line_data(rep.charts["loss"].figure.axes[0])
+    assert loss == {"amp=off": ([1, 2, 3], [9.0, 8.9, 8.8]), "amp=on": ([1, 2, 3], [9.0, 8.9, 8.8])}
+
+
+def test_cpu_memory_chart_draws_allocated_and_rss_growth(engine: Any, tmp_path: Path) -> None:
+    sid = new_sweep(engine, tmp_path / "sw")
+    for job, amp in enumerate((False, True)):
+        store.save_run(
+            engine,
+            run_row(
+                sid,
+                job,
+                amp=amp,
+                peak_mem_bytes=(100 - 40 * amp) * 2**20,
+                peak_allocated_bytes=(100 - 40 * amp) * 2**20,
+                rss_growth_bytes=(300 - 50 * amp) * 2**20,
+            ),
+        )
+    rep = make_report(engine, [sid])
+    assert rep.mode == "cpu"
+    ax = rep.charts["memory"].figure.axes[0]
+    assert bar_values(ax) == pytest.approx([100.0, 60.0, 300.0, 250.0])  # MiB: allocated, then RSS growth
+    assert ax.get_ylabel() == "peak memory (MiB)"
 
 
 def test_pareto_front(engine: Any, tmp_path: Path) -> None:
@@ -516,6 +636,14 @@ def test_compare_flags_changes_within_noise(engine: Any, tmp_path: Path) -> None
     assert cmp.loc["amp=on ckpt=off compile=off", "change_pct"] == pytest.approx(50.0)
     assert cmp.loc["amp=off ckpt=on compile=off", "verdict"] == "only in A"
     assert cmp.loc["amp=off ckpt=off compile=on", "verdict"] == "oom in A"
+
+    fig = charts.draw(COMPARE, cmp.reset_index(), "A vs B")
+    ax_tokens, ax_change = fig.axes[:2]
+    expected = cmp.reset_index()
+    drawn = bar_values(ax_tokens, horizontal=True)  # A's bars, then B's: tokens/s, 0 where none
+    np.testing.assert_allclose(drawn, np.nan_to_num([*expected["tokens_per_s_a"], *expected["tokens_per_s_b"]]))
+    np.testing.assert_allclose(bar_values(ax_change, horizontal=True), np.nan_to_num(expected["change_pct"]))
+    assert "oom in A" in {t.get_text().strip() for t in ax_change.texts}
 
     out = build_compare(engine, new, ref, out_dir=tmp_path / "cmp")
     md = (out / "compare.md").read_text()

@@ -1,8 +1,8 @@
 """Reading the result database for a report: which sweeps, which runs, and their detail rows.
 
 Runs come back in one query (all ``runs`` columns but the JSON config), so a report over
-10,000 runs costs one round trip. The child tables (``stages``, ``steps``) are read only for
-the few configs a chart actually draws.
+10,000 runs costs one round trip. The child tables (``stages``, ``kernels``, ``steps``) are read
+only for the few configs a chart actually draws.
 """
 
 from __future__ import annotations
@@ -26,14 +26,13 @@ SKIP_RUN_COLUMNS: frozenset[str] = frozenset({"config_json"})
 
 
 def _ids_sql(ids: Iterable[int]) -> str:
-    return ", ".join(str(int(i)) for i in ids)
+    return ", ".join(str(int(i)) for i in ids) or "NULL"
 
 
 def load_sweeps(engine: Engine, sweep_ids: Sequence[int] | None = None) -> pd.DataFrame:
     sql = "SELECT id, name, sweep_dir, command, n_jobs, hostname, created_at FROM sweeps"
-    if sweep_ids is not None:
-        sql += f" WHERE id IN ({_ids_sql(sweep_ids) or 'NULL'})"
-    return pd.read_sql_query(sql + " ORDER BY id", engine)
+    where = f" WHERE id IN ({_ids_sql(sweep_ids)})" if sweep_ids is not None else ""
+    return pd.read_sql_query(sql + where + " ORDER BY id", engine)
 
 
 def resolve_sweep(engine: Engine, spec: str | int | None, option: str = "--sweep") -> int:
@@ -41,24 +40,19 @@ def resolve_sweep(engine: Engine, spec: str | int | None, option: str = "--sweep
     sweeps = load_sweeps(engine)
     if sweeps.empty:
         raise UserError(f"{option}: the database has no sweeps yet")
+    spec = None if spec is None else str(spec).strip()
     if spec is None:
         return int(sweeps["id"].iloc[-1])
-    text_spec = str(spec).strip()
-    if text_spec.isdigit():
-        sid = int(text_spec)
-        if sid not in set(sweeps["id"]):
+    if spec.isdigit():
+        if int(spec) not in set(sweeps["id"]):
             known = ", ".join(str(i) for i in sweeps["id"].tail(10))
-            raise UserError(f"{option} {text_spec}: no sweep with id {sid} (latest ids: {known})")
-        return sid
-    named = sweeps[sweeps["name"] == text_spec]
+            raise UserError(f"{option} {spec}: no sweep with id {int(spec)} (latest ids: {known})")
+        return int(spec)
+    named = sweeps[sweeps["name"] == spec]
     if named.empty:
         names = ", ".join(sorted(set(sweeps["name"].astype(str)))[:10])
-        raise UserError(f"{option} {text_spec}: no sweep with that id or name (names: {names})")
+        raise UserError(f"{option} {spec}: no sweep with that id or name (names: {names})")
     return int(named["id"].iloc[-1])
-
-
-def run_columns() -> list[str]:
-    return [c.name for c in store.Run.__table__.columns if c.name not in SKIP_RUN_COLUMNS]
 
 
 def load_runs(engine: Engine, sweep_ids: Sequence[int], where: str | None = None) -> pd.DataFrame:
@@ -68,19 +62,15 @@ def load_runs(engine: Engine, sweep_ids: Sequence[int], where: str | None = None
     pasted into SQL, so it can neither write nor reach runs of other sweeps.
     """
     runs = store.Run.__table__
-    # untyped result columns: values come back as the driver gives them (JSON as text), as before
-    query = (
-        select(*(literal_column(name) for name in run_columns()))
-        .select_from(runs)
-        .where(runs.c.sweep_id.in_([int(i) for i in sweep_ids]))
-    )
-    if where:
-        try:
-            query = query.where(parse_where(where, runs, skip=SKIP_RUN_COLUMNS))
-        except WhereError as exc:
-            raise UserError(f"--where {where!r}: {exc}") from None
+    # untyped result columns: values come back as the driver gives them (JSON as text)
+    columns = [literal_column(c.name) for c in runs.columns if c.name not in SKIP_RUN_COLUMNS]
+    query = select(*columns).select_from(runs).where(runs.c.sweep_id.in_([int(i) for i in sweep_ids]))
     try:
+        if where:
+            query = query.where(parse_where(where, runs, skip=SKIP_RUN_COLUMNS))
         df = pd.read_sql_query(query, engine)
+    except WhereError as exc:
+        raise UserError(f"--where {where!r}: {exc}") from None
     except (DBAPIError, pd.errors.DatabaseError) as exc:
         if where:
             raise UserError(f"--where {where!r}: the database rejected it ({first_line(exc)})") from exc
@@ -91,25 +81,19 @@ def load_runs(engine: Engine, sweep_ids: Sequence[int], where: str | None = None
     return df
 
 
+def _child_rows(engine: Engine, table: str, columns: str, run_ids: Iterable[int], extra: str = "", **params: str):
+    sql = f"SELECT run_id, {columns} FROM {table} WHERE run_id IN ({_ids_sql(run_ids)}){extra}"
+    return pd.read_sql_query(text(sql), engine, params=params)
+
+
 def load_stages(engine: Engine, run_ids: Iterable[int]) -> pd.DataFrame:
-    ids = _ids_sql(run_ids)
-    sql = (
-        "SELECT run_id, stage, cpu_time_ms, device_time_ms, device_time_source, calls FROM stages "
-        f"WHERE run_id IN ({ids or 'NULL'})"
-    )
-    return pd.read_sql_query(sql, engine)
+    return _child_rows(engine, "stages", "stage, cpu_time_ms, device_time_ms, device_time_source, calls", run_ids)
 
 
 def load_kernels(engine: Engine, run_ids: Iterable[int]) -> pd.DataFrame:
-    ids = _ids_sql(run_ids)
-    sql = f"SELECT run_id, category, ms_per_step, kernels_per_step FROM kernels WHERE run_id IN ({ids or 'NULL'})"
-    return pd.read_sql_query(sql, engine)
+    return _child_rows(engine, "kernels", "category, ms_per_step, kernels_per_step", run_ids)
 
 
 def load_steps(engine: Engine, run_ids: Iterable[int], phase: str = "measure") -> pd.DataFrame:
-    ids = _ids_sql(run_ids)
-    sql = (
-        "SELECT run_id, step, step_time_ms, data_wait_ms, loss FROM steps "
-        f"WHERE run_id IN ({ids or 'NULL'}) AND phase = :phase ORDER BY run_id, step"
-    )
-    return pd.read_sql_query(text(sql), engine, params={"phase": phase})
+    extra = " AND phase = :phase ORDER BY run_id, step"
+    return _child_rows(engine, "steps", "step, step_time_ms, data_wait_ms, loss", run_ids, extra, phase=phase)

@@ -1,0 +1,88 @@
+"""How numbers are written in the charts, report.md and compare.md: one place for units and text.
+
+A value's unit follows from its column's name (:func:`unit`: ``peak_mem_bytes`` is in bytes);
+:func:`scale` says how a set of values in a unit is shown (bytes in MiB or GiB by the largest
+value, fractions in %), so an axis label, a bar's label and a table column never disagree. The
+markdown helpers build GitHub tables without pandas' optional ``tabulate`` dependency.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+UNITS = {"_pct": "%", "_bytes": "bytes", "_per_s": "tokens/s", "_fraction": "fraction", "_ms": "ms", "loss": "nats"}
+"""The unit of a column, from its name (perfsweep puts units in column names): first match wins."""
+LABELS = {"%": "change", "bytes": "peak memory", "tokens/s": "throughput", "ms": "time per step", "nats": "loss"}
+
+
+def unit(column: str) -> str:
+    return next((u for part, u in UNITS.items() if part in column), "")
+
+
+def scale(unit: str, values: Any) -> tuple[float, str]:
+    """(divisor, unit shown) for ``values`` in ``unit``: bytes in GiB from 1 GiB on, else MiB; a
+    fraction in percent; any other unit as it is."""
+    if unit == "bytes":
+        biggest = np.nanmax(np.abs(np.asarray(values, dtype=float)), initial=0.0)
+        return (2.0**30, "GiB") if biggest >= 2**30 else (2.0**20, "MiB")
+    return (0.01, "%") if unit == "fraction" else (1.0, unit)
+
+
+def missing(v: Any) -> bool:
+    return v is None or v is pd.NA or v is pd.NaT or (isinstance(v, float) and not np.isfinite(v))
+
+
+def si(v: Any, digits: int = 3) -> str:
+    """14109 -> '14.1k': short enough to write on a bar."""
+    if missing(v):
+        return "-"
+    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= div:
+            return f"{v / div:.{digits}g}{suffix}"
+    return f"{v:.{digits}g}"
+
+
+def num(v: Any, spec: str = "{:,.0f}") -> str:
+    return "-" if missing(v) else spec.format(v)
+
+
+def mem(v: Any, signed: bool = False) -> str:
+    """Bytes as text in MiB or GiB, about three significant digits: '4.00 MiB', '+1.5 GiB'."""
+    if missing(v):
+        return "-"
+    div, unit = scale("bytes", [v])
+    x = v / div
+    return f"{x:{'+' if signed else ''},.{2 if abs(x) < 10 else 1 if abs(x) < 100 else 0}f} {unit}"
+
+
+def tokens_range(lo: Any, hi: Any) -> str:
+    return "-" if missing(lo) or missing(hi) else f"{lo:,.0f}-{hi:,.0f}"
+
+
+def listing(items: Any, n: int, sep: str = ", ") -> str:
+    """The first ``n`` of ``items`` joined by ``sep``, saying how many more there are."""
+    items = [str(i) for i in items]
+    return sep.join(items[:n]) + (f" ... (+{len(items) - n} more)" if len(items) > n else "")
+
+
+def clip(text: Any, width: int = 80) -> str:
+    """The first line of a message (an error), at most ``width`` characters."""
+    if not isinstance(text, str) or not text.strip():
+        return ""
+    line = text.strip().splitlines()[0]
+    return line if len(line) <= width else line[: width - 3] + "..."
+
+
+def cell(v: Any) -> str:
+    return "-" if missing(v) else str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def table(df: pd.DataFrame, right: Sequence[str] = ()) -> str:
+    """A GitHub markdown table of ``df`` (already formatted as strings where it matters)."""
+    head = "| " + " | ".join(cell(c) for c in df.columns) + " |"
+    rule = "|" + "|".join("---:" if c in right else "---" for c in df.columns) + "|"
+    return "\n".join([head, rule, *("| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(False))])
