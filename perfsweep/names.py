@@ -9,6 +9,10 @@ from __future__ import annotations
 GRID_AXES: tuple[str, ...] = ("amp", "ckpt", "batch", "seq_len", "compile", "workers")
 """The sweep axes: top-level keys of ``PerfsweepConfig`` and real columns of ``runs``."""
 
+ON_OFF_AXES: tuple[str, ...] = ("amp", "ckpt", "compile")
+"""Grid axes that switch a technique on or off: the factors of the factorial analysis; the
+default baseline has them all off."""
+
 ENVIRONMENT_COLUMNS: tuple[str, ...] = (
     "hostname",
     "device_name",

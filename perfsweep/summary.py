@@ -11,7 +11,7 @@ from sqlalchemy.engine import Engine
 
 from perfsweep import metrics, store
 from perfsweep.cli import first_line
-from perfsweep.names import GRID_AXES, NOISY_IQR_FRACTION
+from perfsweep.names import GRID_AXES, NOISY_IQR_FRACTION, ON_OFF_AXES
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def fill_speedups(engine: Engine, sweep_id: int) -> None:
         configs: dict[str, list[store.Run]] = {}
         for r in runs:
             configs.setdefault(r.config_hash or f"run {r.id}", []).append(r)
-        base_key = next((k for k, rs in configs.items() if not (rs[0].amp or rs[0].ckpt or rs[0].compile)), None)
+        base_key = next((k for k, rs in configs.items() if not any(getattr(rs[0], a) for a in ON_OFF_AXES)), None)
         base_key = base_key or next(iter(configs))
         times: dict[int, list[float]] = {}
         for run_id, ms in s.execute(
