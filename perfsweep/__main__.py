@@ -66,6 +66,10 @@ def hydra_main(cfg: DictConfig) -> str:
                 raise ConfigError(
                     "invalid config: resume=true: only a multirun sweep can be resumed; use perfsweep resume SWEEP_ID"
                 )
+            if run_cfg.order.value != "grid":
+                raise ConfigError(
+                    f"invalid config: order={run_cfg.order.value}: orders the rounds of a multirun; add -m"
+                )
             if run_cfg.repeat > 1:
                 raise ConfigError(
                     f"invalid config: repeat={run_cfg.repeat}: repeats run as a multirun, each in its own "
@@ -172,7 +176,11 @@ def main() -> None:
         sys.exit(2)
     except KeyboardInterrupt:
         # The sweeper has printed the summary of the jobs that finished; they are stored.
-        print("perfsweep: interrupted; finished jobs are in the database", file=sys.stderr)
+        print(
+            "perfsweep: interrupted; finished jobs are in the database; run the rest with: "
+            "perfsweep resume SWEEP_ID (the number in the summary above)",
+            file=sys.stderr,
+        )
         sys.exit(130)
 
 

@@ -152,9 +152,16 @@ class StepsConfig:
     the check off (exactly ``warmup`` steps)."""
     stable_tolerance: float = 0.02
     """Largest relative change between the two windows' medians that counts as steady."""
-    max_warmup: int = 20
-    """Cap on warmup steps; a run that reaches it unsettled is measured anyway and stored with
-    ``steady_state`` false."""
+    max_warmup: int | None = None
+    """Cap on warmup steps (default: 20, or ``warmup + 2 * stable_window`` if that is more); a run
+    that reaches it unsettled is measured anyway and stored with ``steady_state`` false."""
+
+    @property
+    def warmup_cap(self) -> int:
+        """The most warmup steps a job runs."""
+        if self.stable_window == 0:
+            return self.warmup
+        return self.max_warmup if self.max_warmup is not None else max(20, self.warmup + 2 * self.stable_window)
 
     def __post_init__(self) -> None:
         _require(self.warmup >= 0, "steps.warmup", self.warmup, "must be >= 0")
@@ -163,12 +170,15 @@ class StepsConfig:
         _require(
             0 < self.stable_tolerance < 1, "steps.stable_tolerance", self.stable_tolerance, "must be between 0 and 1"
         )
-        _require(
-            self.max_warmup >= self.warmup,
-            "steps.max_warmup",
-            self.max_warmup,
-            f"must be >= steps.warmup={self.warmup}",
-        )
+        if self.max_warmup is not None and self.stable_window > 0:
+            least = max(self.warmup, 2 * self.stable_window)
+            _require(
+                self.max_warmup >= least,
+                "steps.max_warmup",
+                self.max_warmup,
+                f"must be >= {least} (steps.warmup={self.warmup}, and two windows of "
+                f"steps.stable_window={self.stable_window} to compare) or null",
+            )
 
 
 @dataclass
@@ -242,6 +252,9 @@ class SweepContext:
     """``sweeps.id`` the sweeper reserved before any job started."""
     repeat_index: int = 0
     """Which repeat of its grid point this job is (0-based; see ``repeat``)."""
+    grid_index: int = 0
+    """The job's grid point, in the grid's own order (``job_num`` is its place in the run order,
+    which ``order=shuffle`` changes)."""
 
     def __post_init__(self) -> None:
         _require(self.n_jobs >= 1, "sweep.n_jobs", self.n_jobs, "must be >= 1")

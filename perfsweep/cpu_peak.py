@@ -18,7 +18,7 @@ CALL_BUDGET_S = 0.02
 (where a 1024-square bf16 matmul takes seconds) is measured at a size it finishes quickly."""
 
 
-def matmul_flops(dtype_name: str, threads: int | None = None, seconds: float = 0.15) -> float:
+def matmul_flops(dtype_name: str, threads: int | None = None, seconds: float = 0.3) -> float:
     """Best FLOP/s of square matmuls in ``dtype_name`` (fp32 or bf16) over about ``seconds``."""
     import torch
 
@@ -57,9 +57,13 @@ def matmul_flops(dtype_name: str, threads: int | None = None, seconds: float = 0
         torch.set_num_threads(before)
 
 
-def sweep_fields(threads: int | None) -> dict[str, float]:
-    """The ``sweeps`` columns of a CPU sweep: fp32 and bf16 matmul peaks."""
+def sweep_fields(threads: int | None) -> dict[str, float | int]:
+    """The ``sweeps`` columns of a CPU sweep: fp32 and bf16 matmul peaks and the thread count
+    they were measured with (``threads``, or torch's default as the jobs will get it)."""
+    import torch
+
     return {
         "cpu_matmul_fp32_flops": matmul_flops("fp32", threads),
         "cpu_matmul_bf16_flops": matmul_flops("bf16", threads),
+        "cpu_matmul_threads": threads or torch.get_num_threads(),
     }

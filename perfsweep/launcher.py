@@ -310,6 +310,8 @@ def run_job(spec: JobSpec) -> tuple[int | None, str]:
         hostname=socket.gethostname(),
         pid=os.getpid(),
         run_uid=uuid.uuid4().hex,
+        repeat_index=cfg.sweep.repeat_index,  # on the row from the start: a failed repeat says which it was
+        grid_index=cfg.sweep.grid_index,
     )
     run_id = _begin(engine, row)
     try:

@@ -21,7 +21,6 @@ from perfsweep.names import (
     DATA_BOUND_WAIT_FRACTION,
     GPU_BOUND_BUSY_FRACTION,
     NOISY_IQR_FRACTION,
-    NOISY_STEP_TIME_RATIO,
 )
 
 
@@ -115,6 +114,12 @@ def summarize(
         samples_per_s=samples_per_step * len(measured) / window_s,
         final_loss=measured[-1].loss,
     )
+
+
+def iqr(values: ArrayLike) -> float:
+    """Interquartile range (p75 - p25, linear interpolation) of ``values``."""
+    p25, p75 = np.percentile(np.asarray(values, dtype=float), [25, 75])
+    return float(p75 - p25)
 
 
 def steady(step_times_ms: Sequence[float], window: int, tolerance: float) -> bool:
@@ -232,18 +237,6 @@ def noisy_iqr(step_time_ms_iqr: ArrayLike, step_time_ms_median: ArrayLike):
     index = getattr(step_time_ms_iqr, "index", None)
     if index is not None:  # a pandas Series in, a Series out (pandas is not imported here)
         return type(step_time_ms_iqr)(flag, index=index)
-    return flag if flag.ndim else bool(flag)
-
-
-def noisy(step_time_ms_p10: ArrayLike, step_time_ms_p90: ArrayLike):
-    """TRANSITIONAL (the report until it reads ``runs.noisy``): p90/p10 above 1.5."""
-    p10 = np.asarray(step_time_ms_p10, dtype=float)
-    p90 = np.asarray(step_time_ms_p90, dtype=float)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        flag = np.nan_to_num(p90 / p10, nan=0.0, posinf=0.0) > NOISY_STEP_TIME_RATIO
-    index = getattr(step_time_ms_p10, "index", None)
-    if index is not None:
-        return type(step_time_ms_p10)(flag, index=index)
     return flag if flag.ndim else bool(flag)
 
 

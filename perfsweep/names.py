@@ -57,9 +57,6 @@ KERNEL_CATEGORIES: tuple[str, ...] = (
 
 # --- timing quality ------------------------------------------------------------------------
 
-NOISY_STEP_TIME_RATIO = 1.5
-"""TRANSITIONAL: the report's p90/p10 rule until it reads ``runs.noisy``."""
-
 NOISY_IQR_FRACTION = 0.10
 """A run whose measured step times have an interquartile range above this share of their median
 is flagged noisy (``runs.noisy``): differences of that size between configs may be noise."""

@@ -112,7 +112,8 @@ def check_device(cfgs: list[PerfsweepConfig]) -> None:
 
 def cpu_sweep_fields(cfgs: list[PerfsweepConfig]) -> dict[str, float]:
     """The machine's measured matmul peaks (perfsweep.cpu_peak) when any grid point runs on the
-    CPU, with the jobs' thread count; nothing for an all-GPU sweep."""
+    CPU, with the first such grid point's thread count (runs with another count get no
+    utilisation: the peak depends on it); nothing for an all-GPU sweep."""
     import torch
 
     from perfsweep import cpu_peak

@@ -205,6 +205,7 @@ def _train(
         optimizer_fused=fused,
         measure_steps=cfg.steps.measure,
         repeat_index=cfg.sweep.repeat_index,
+        grid_index=cfg.sweep.grid_index,
         flops_per_token=float(raw.flops_per_token(cfg.seq_len)),
     )
 
@@ -212,11 +213,14 @@ def _train(
     probe.before_training()
     records: list[StepRecord] = []
     steps = cfg.steps
-    total = steps.warmup + steps.measure + (device.type == "cpu") + cfg.profile.steps
+    after_warmup = steps.measure + (device.type == "cpu") + cfg.profile.steps
+    warmup_so_far = [steps.warmup]
 
     def report(rec: StepRecord) -> None:
+        if rec.phase == "warmup":  # warmup may go on: the total grows with it
+            warmup_so_far[0] = max(warmup_so_far[0], len(records))
         if progress is not None:
-            progress(rec.phase, len(records), total, rec.step_time_ms, rec.loss)
+            progress(rec.phase, len(records), warmup_so_far[0] + after_warmup, rec.step_time_ms, rec.loss)
 
     def run_step(phase: str) -> None:
         ms, wait_ms, loss = trainer.step()
@@ -224,9 +228,8 @@ def _train(
         report(records[-1])
 
     warm = warm_up(
-        trainer, records, steps.warmup, steps.stable_window, steps.stable_tolerance, steps.max_warmup, report
+        trainer, records, steps.warmup, steps.stable_window, steps.stable_tolerance, steps.warmup_cap, report
     )
-    total += warm.steps - steps.warmup
     mode = resolve_timing(cfg.timing.value, device)
     result.update(warmup_steps=warm.steps, measure_start_step=len(records), steady_state=warm.steady_state)
     result["timing_mode"] = mode

@@ -97,6 +97,8 @@ class Sweep(Base):
     # jobs' thread count (perfsweep.cpu_peak); the denominator of runs.cpu_flops_utilisation
     cpu_matmul_fp32_flops: Mapped[float | None] = mapped_column(Float)
     cpu_matmul_bf16_flops: Mapped[float | None] = mapped_column(Float)
+    cpu_matmul_threads: Mapped[int | None] = mapped_column(Integer)
+    """torch threads the peaks were measured with; only runs with as many get a utilisation."""
 
     runs: Mapped[list[Run]] = relationship(back_populates="sweep")
 
@@ -167,6 +169,8 @@ class Run(Base):
     optimizer_fused: Mapped[bool | None] = mapped_column(Boolean)
     # timing (measured steps only; warmup excluded)
     repeat_index: Mapped[int | None] = mapped_column(Integer)
+    grid_index: Mapped[int | None] = mapped_column(Integer)
+    """The run's grid point in the grid's own order (job_num is its place in the run order)."""
     """Which repeat of its config this run is (0-based; ``repeat=N``); repeats share config_hash."""
     warmup_steps: Mapped[int | None] = mapped_column(Integer)
     """Warmup steps actually run: at least steps.warmup, more until the step time was steady."""

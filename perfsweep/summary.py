@@ -48,12 +48,14 @@ def fill_cpu_utilisation(engine: Engine, sweep_id: int) -> None:
             return
         runs = s.scalars(select(Run).where(Run.sweep_id == sweep_id, Run.device_type == "cpu")).all()
         for r in runs:
+            if sweep.cpu_matmul_threads is not None and r.torch_threads != sweep.cpu_matmul_threads:
+                continue  # the peak was measured with another thread count: no figure, not a wrong one
             r.cpu_flops_utilisation = metrics.cpu_flops_utilisation(
                 r.model_tflops_per_s, r.mfu_compute_dtype, sweep.cpu_matmul_fp32_flops, sweep.cpu_matmul_bf16_flops
             )
 
 
-BASELINE_RULE = "the first config with amp, ckpt and compile off; else the sweep's first ok config"
+BASELINE_RULE = "the first config in grid order with amp, ckpt and compile off; else the grid's first ok config"
 
 
 def fill_speedups(engine: Engine, sweep_id: int) -> None:
@@ -65,7 +67,7 @@ def fill_speedups(engine: Engine, sweep_id: int) -> None:
         runs = s.scalars(
             select(Run)
             .where(Run.sweep_id == sweep_id, Run.status == "ok", Run.tokens_per_s.is_not(None))
-            .order_by(Run.job_num, Run.id)
+            .order_by(Run.grid_index, Run.job_num, Run.id)  # grid order: the shuffle must not pick the baseline
         ).all()
         if not runs:
             return
@@ -91,8 +93,10 @@ def fill_speedups(engine: Engine, sweep_id: int) -> None:
                     "speedup_basis": None,
                     "speedup_verdict": "baseline",
                 }
-            elif not (times.keys() & {r.id for r in rs}) or not (times.keys() & {r.id for r in base}):
-                continue  # no measured steps stored (an imported or partial row): nothing to resample
+            elif (len(rs) < 2 or len(base) < 2) and not (
+                times.keys() & {r.id for r in rs} and times.keys() & {r.id for r in base}
+            ):
+                continue  # one run a side and no measured steps stored (an imported row): nothing to resample
             else:
                 values = metrics.config_speedup(
                     [r.tokens_per_s for r in rs],
@@ -142,6 +146,8 @@ def _per_config(df: pd.DataFrame) -> pd.DataFrame:
         ok = g[g["ok"]]
         statuses = g["status"].value_counts()
         first = g.iloc[0]
+        scored = g[g["speedup_verdict"].notna()]  # the config's speedup is on each of its ok runs
+        figure = scored.iloc[0] if len(scored) else first
         return pd.Series(
             {
                 "job_num": g["job_num"].min(),
@@ -154,9 +160,11 @@ def _per_config(df: pd.DataFrame) -> pd.DataFrame:
                 "step_time_ms_median": ok["step_time_ms_median"].median(),
                 "iqr_fraction": (ok["step_time_ms_iqr"] / ok["step_time_ms_median"]).median(),
                 "step_time_cv": ok["step_time_cv"].median(),
-                "noisy": bool(ok["noisy"].fillna(False).astype(bool).any()),
+                # noisy within a run, or across its repeats (their tokens/s spread the same way)
+                "noisy": bool(ok["noisy"].fillna(False).astype(bool).any())
+                or (len(ok) > 1 and metrics.noisy_iqr(metrics.iqr(ok["tokens_per_s"]), ok["tokens_per_s"].median())),
                 "unsettled": bool((ok["steady_state"] == False).any()),  # noqa: E712 - null: not checked
-                **{c: first[c] for c in ("speedup", "speedup_ci_lo", "speedup_ci_hi", "speedup_verdict")},
+                **{c: figure[c] for c in ("speedup", "speedup_ci_lo", "speedup_ci_hi", "speedup_verdict")},
                 "peak_mem_bytes": ok["peak_mem_bytes"].median(),
                 "mfu": ok["mfu"].median(),
                 "gpu_busy_fraction": ok["gpu_busy_fraction"].median(),
@@ -204,7 +212,7 @@ def format_summary(df: pd.DataFrame) -> str:
             strict=True,
         )
     ]
-    if per["speedup"].notna().sum() > 1:
+    if len(per) > 1 and per["speedup"].notna().any():
         out["speedup (95% CI)"] = [_speedup_text(r) for _, r in per.iterrows()]
     out["peak mem MiB"] = per["peak_mem_bytes"].map(lambda v: f"{v / 2**20:,.1f}" if pd.notna(v) else "-")
     if per["mfu"].notna().any():  # GPUs with a known peak (perfsweep.envinfo.PEAK_FLOPS)
@@ -216,7 +224,7 @@ def format_summary(df: pd.DataFrame) -> str:
     text = out.to_string(index=False)
     notes = []
     if per["noisy"].any():
-        notes.append(f"! noisy: step-time IQR above {NOISY_IQR_FRACTION:.0%} of the median")
+        notes.append(f"! noisy: step-time (or repeats' tokens/s) IQR above {NOISY_IQR_FRACTION:.0%} of the median")
     if per["unsettled"].any():
         notes.append("~ the step time never settled in warmup (steps.max_warmup reached)")
     return text + ("\n" + "; ".join(notes) if notes else "")

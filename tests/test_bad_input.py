@@ -132,3 +132,18 @@ def test_a_plain_run_does_not_reuse_another_runs_folder(tmp_path: Path):
     assert "hydra.run.dir=" in again.stderr and "already holds another sweep" in again.stderr
     assert counts(tmp_path / "results.db") == before
     assert (tmp_path / "mine" / ".hydra").is_dir()  # the first run's folder is kept as it was
+
+
+@pytest.mark.parametrize("grid", [["repeat=1,2"], ["order=grid,shuffle"]])
+def test_how_the_sweep_runs_is_not_a_grid_axis(grid: list[str], tmp_path: Path):
+    res = run_perfsweep(["-m", *grid, *TINY], tmp_path)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1, res.stderr[-2000:]
+    assert grid[0] in lines[0] and "one value for the whole sweep" in lines[0]
+    assert not list(tmp_path.glob("multirun/*/*/.perfsweep-sweep"))  # no folder claimed
+    assert not (tmp_path / "results.db").exists()
+
+
+def test_order_needs_a_multirun(tmp_path: Path):
+    res = run_perfsweep(["order=shuffle", *TINY], tmp_path)
+    assert res.returncode == 2 and "order=shuffle" in res.stderr and "add -m" in res.stderr

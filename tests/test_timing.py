@@ -66,8 +66,13 @@ def test_timing_mode_resolution_and_validation():
     assert resolve_timing("sync", torch.device("cuda", 0)) == "sync"
     with pytest.raises(ConfigError, match=r"timing='events': needs CUDA"):
         PerfsweepConfig(device=Device.cpu, timing=Timing.events)
-    with pytest.raises(ConfigError, match="steps.max_warmup=2"):
+    with pytest.raises(ConfigError, match=r"steps.max_warmup=2: must be >= 6 \(steps.warmup=3, and two windows"):
         StepsConfig(warmup=3, max_warmup=2)
+    # the cap: 20, or room for the minimum plus two windows; none without the check
+    assert StepsConfig().warmup_cap == 20
+    assert StepsConfig(warmup=25).warmup_cap == 31  # a long minimum warmup is not refused
+    assert StepsConfig(warmup=25, stable_window=0).warmup_cap == 25
+    assert StepsConfig(stable_window=15).warmup_cap == 33  # two windows of 15 fit
     with pytest.raises(ValueError, match="CUDA"):
         measure(ScriptedSteps([1.0]), [], 1, "events", lambda r: None)
 

@@ -61,6 +61,12 @@ class PerfsweepSweeper(BasicSweeper):
             preflight.check_all(run_cfgs)
         except ConfigError as exc:
             _refuse(str(exc))
+        for key in ("repeat", "order"):
+            values = sorted({str(getattr(getattr(c, key), "value", getattr(c, key))) for c in run_cfgs})
+            if len(values) > 1:
+                _refuse(
+                    f"invalid config: {key}={','.join(values)}: must be one value for the whole sweep, not a grid axis"
+                )
         launch_dir = Path(self.config.hydra.runtime.cwd).resolve()
         sweep_dir = Path(self.config.hydra.sweep.dir).resolve()
         url = launcher.db_url(first, launch_dir)
@@ -69,8 +75,6 @@ class PerfsweepSweeper(BasicSweeper):
         except ConfigError as exc:
             _refuse(str(exc))
         hashes = [launcher.config_hash(to_plain_dict(c)) for c in run_cfgs]
-        if len({(c.repeat, c.order) for c in run_cfgs}) > 1:
-            _refuse("repeat and order must be the same for every grid point (they say how the sweep runs)")
         order = schedule.plan(len(jobs), first.repeat, first.order == Order.shuffle, first.seed)
         if first.resume:
             try:
@@ -104,7 +108,7 @@ class PerfsweepSweeper(BasicSweeper):
         # the sweep's size, start and id and each job's repeat reach the job through its config
         # (perfsweep.config.SweepContext); a job's number is its place in the plan
         context = [f"sweep.n_jobs={len(order)}", f"sweep.started_at={time.time()}", f"sweep.id={sweep_id}"]
-        jobs = [[*jobs[i], *context, f"sweep.repeat_index={r}"] for i, r in order]
+        jobs = [[*jobs[i], *context, f"sweep.repeat_index={r}", f"sweep.grid_index={i}"] for i, r in order]
         print(f"perfsweep: {_jobs(len(todo))}, one process each; job folders under {sweep_dir}", file=sys.stderr)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         returns: list[Any] = []

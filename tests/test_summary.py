@@ -1,0 +1,74 @@
+"""The end-of-sweep figures and table (perfsweep.summary) on a real SQLite database."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from perfsweep import metrics, store, summary
+from tests.util import run_row
+
+
+def _sweep(tmp_path: Path, runs: list[dict]) -> tuple[object, int]:
+    engine = store.connect(f"sqlite:///{tmp_path / 'results.db'}")
+    sid = store.get_or_create_sweep(engine, str(tmp_path), "s")
+    quiet = {"step_time_ms_median": 100.0, "step_time_ms_iqr": 2.0, "step_time_cv": 0.01, "noisy": False}
+    for i, r in enumerate(runs):
+        store.save_run(engine, run_row(sid, job_num=i, run_uid=f"u{i}", **{**quiet, **r}))
+    return engine, sid
+
+
+def test_repeats_combine_with_the_speedup_of_their_ok_runs(tmp_path: Path):
+    """A config whose first run failed still shows its speedup; the baseline is chosen in grid
+    order, not run order; a config whose repeats disagree is flagged noisy."""
+    a = {"amp": False, "config_hash": "A", "grid_index": 0}
+    b = {"amp": True, "config_hash": "B", "grid_index": 1}
+    c = {"amp": False, "batch": 8, "config_hash": "C", "grid_index": 2}
+    engine, sid = _sweep(
+        tmp_path,
+        [
+            {**c, "tokens_per_s": 1000.0, "repeat_index": 0},  # C runs first (shuffled), but A is the baseline
+            {**b, "status": "failed", "tokens_per_s": None, "error": "boom", "repeat_index": 0},
+            {**a, "tokens_per_s": 1000.0, "repeat_index": 0},
+            {**b, "tokens_per_s": 2000.0, "repeat_index": 1},
+            {**a, "tokens_per_s": 1010.0, "repeat_index": 1},
+            {**b, "tokens_per_s": 2100.0, "repeat_index": 2},
+            {**c, "tokens_per_s": 2000.0, "repeat_index": 1},
+            {**a, "tokens_per_s": 990.0, "repeat_index": 2},
+        ],
+    )
+    summary.fill_speedups(engine, sid)
+    df = summary.summary_frame(engine, sid)
+    assert set(df.loc[df["config_hash"] == "A", "speedup_verdict"]) == {"baseline"}
+    expected = metrics.ratio_interval([2000.0, 2100.0], [1000.0, 1010.0, 990.0])
+    got = df[(df["config_hash"] == "B") & (df["status"] == "ok")].iloc[0]
+    assert (got["speedup"], got["speedup_ci_lo"], got["speedup_ci_hi"]) == pytest.approx(
+        (expected.value, expected.lo, expected.hi)
+    )
+    text = summary.format_summary(df)
+    rows = {line.split()[0]: line for line in text.splitlines()[1:] if line.split() and line.split()[0].isdigit()}
+    assert f"{expected.value:.2f}x ({expected.lo:.2f}-{expected.hi:.2f}) faster" in rows["2"]  # B: first run failed
+    assert "2 ok, 1 failed" in rows["2"] and "baseline" in rows["3"]
+    assert "!" in rows["1"] and "!" not in rows["3"]  # C's repeats: 1000 vs 2000 tokens/s
+    engine.dispose()
+
+
+def test_cpu_utilisation_only_for_runs_with_the_measured_thread_count(tmp_path: Path):
+    engine, sid = _sweep(
+        tmp_path,
+        [
+            {"device_type": "cpu", "torch_threads": 2, "model_tflops_per_s": 0.05, "mfu_compute_dtype": "fp32"},
+            {"device_type": "cpu", "torch_threads": 1, "model_tflops_per_s": 0.05, "mfu_compute_dtype": "fp32"},
+            {"device_type": "cpu", "torch_threads": 2, "model_tflops_per_s": 0.004, "mfu_compute_dtype": "bf16"},
+        ],
+    )
+    with store.session(engine) as s:
+        sweep = s.get(store.Sweep, sid)
+        sweep.cpu_matmul_fp32_flops, sweep.cpu_matmul_bf16_flops, sweep.cpu_matmul_threads = 100e9, 10e9, 2
+    summary.fill_cpu_utilisation(engine, sid)
+    with store.session(engine) as s:
+        got = [r.cpu_flops_utilisation for r in s.query(store.Run).order_by(store.Run.job_num)]
+    assert got[0] == pytest.approx(0.05e12 / 100e9) and got[2] == pytest.approx(0.004e12 / 10e9)  # fp32, bf16
+    assert got[1] is None  # measured with 2 threads: a 1-thread run gets no figure, not a wrong one
+    engine.dispose()
