@@ -32,7 +32,8 @@ from sqlalchemy import insert
 from perfsweep import store
 from perfsweep.metrics import bottleneck_verdict
 from perfsweep.names import STAGES
-from perfsweep.report.build import build_report, make_report, write_report
+from perfsweep.report import charts
+from perfsweep.report.build import CHARTS, build_report, load_report_runs, make_report
 
 GIB = 2**30
 DEVICE_BYTES = 80 * GIB
@@ -247,14 +248,17 @@ def main(argv: list[str] | None = None) -> int:
         )
 
         t = time.perf_counter()
+        load_report_runs(engine, [sweep_id], None)
+        parts, load_s = [], time.perf_counter() - t
         report = make_report(engine, [sweep_id])
-        write_report(report, out)
-        print(
-            f"breakdown of one more build ({time.perf_counter() - t:.2f} s): loading {report.load_seconds:.2f} s; "
-            + ", ".join(
-                f"{c.name} {c.seconds:.2f} s" if not c.skipped else f"{c.name} skipped" for c in report.charts.values()
-            )
-        )
+        for spec in CHARTS.values():  # each chart again: its frame, drawing and PNG
+            if report.charts[spec.name].skipped:
+                parts.append(f"{spec.name} skipped")
+                continue
+            t = time.perf_counter()
+            charts.save(charts.draw(spec, *spec.frame(report)), out / f"{spec.name}.png")
+            parts.append(f"{spec.name} {time.perf_counter() - t:.2f} s")
+        print(f"breakdown: loading and shaping {load_s:.2f} s; " + ", ".join(parts))
         engine.dispose()
         if args.keep:
             print(f"kept: {db} and {out / 'report.md'}")

@@ -62,7 +62,7 @@ def test_gpu_chart_shows_why_amp_gains_less_than_its_gpu_work(h100_engine, tmp_p
     ids = chart.frame["id"].tolist()
     expected = [stored.get((i, c.removeprefix("kernel_ms_")), 0.0) for c in kernel_cols for i in ids]
     assert [p.get_width() for p in ax_kernels.patches] == pytest.approx(expected)
-    table, _ = results_table(rep.runs)
+    table, _ = results_table(rep.configs)
     assert "| GPU busy | bottleneck |" in table and "| 36% | host |" in table
 
 
@@ -80,6 +80,6 @@ def test_breakdown_draws_the_stored_cpu_and_gpu_stage_times(h100_engine):
     # one stacked segment per stage (in step order) and config (in frame order)
     cpu = [stored.get((i, s), (0.0, 0.0))[0] for s in STAGES for i in ids]
     gpu = [stored.get((i, s), (0.0, 0.0))[1] for s in STAGES for i in ids]
-    assert [p.get_height() for p in ax_cpu.patches] == pytest.approx(cpu)
-    assert [p.get_height() for p in ax_gpu.patches] == pytest.approx(gpu)
+    assert [p.get_width() for p in ax_cpu.patches] == pytest.approx(cpu)
+    assert [p.get_width() for p in ax_gpu.patches] == pytest.approx(gpu)
     assert "GPU kernel time" in ax_gpu.get_title("left")

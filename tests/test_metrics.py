@@ -138,12 +138,11 @@ def test_step_figures_compile_time_and_spread():
 def test_display_figures_are_vectorised_and_honest_about_missing_values():
     import pandas as pd
 
-    p10 = pd.Series([10.0, 10.0, np.nan, 0.0], index=[7, 8, 9, 10])
-    p90 = pd.Series([16.0, 14.0, 20.0, 5.0], index=p10.index)
-    flags = metrics.noisy(p10, p90)
+    iqr = pd.Series([16.0, 4.0, np.nan, 5.0], index=[7, 8, 9, 10])
+    median = pd.Series([100.0, 100.0, 20.0, 0.0], index=iqr.index)
+    flags = metrics.noisy_iqr(iqr, median)
     assert list(flags.index) == [7, 8, 9, 10]  # aligned with the runs it flags
-    assert flags.tolist() == [True, False, False, False]  # 1.6 > 1.5; 1.4 is not; unknown is not noisy
-    assert metrics.noisy(10.0, 15.1) is True and metrics.noisy(10.0, 15.0) is False
+    assert flags.tolist() == [True, False, False, False]  # 16% > 10%; 4% is not; unknown is not noisy
 
     lo, hi = metrics.throughput_range(pd.Series([512]), pd.Series([100.0]), pd.Series([200.0]))
     assert (lo.iloc[0], hi.iloc[0]) == (2560.0, 5120.0)  # 512 tokens in 0.2 s and in 0.1 s

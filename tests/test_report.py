@@ -16,14 +16,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 import pytest
+from matplotlib.colors import to_hex
 from matplotlib.patches import Rectangle
 
-from perfsweep import store
+from perfsweep import metrics, store, summary
 from perfsweep.cli import UserError
+from perfsweep.metrics import StepRecord, summarize
 from perfsweep.names import STAGES
 from perfsweep.report import charts, frames
 from perfsweep.report.__main__ import main
-from perfsweep.report.build import build_report, make_report
+from perfsweep.report.build import INTERVALS, build_report, make_report, results_table
 from perfsweep.report.compare import COMPARE, build_compare, compare_frame
 from perfsweep.report.load import load_runs
 
@@ -48,8 +50,12 @@ ALL_CHARTS = {
 # hand-made rows through perfsweep.store
 
 
-def run_row(sweep_id: int, job: int, **kw: Any) -> dict[str, Any]:
-    """A complete ``runs`` row (with 3 measured steps and 5 stages) as a job would store it."""
+def run_row(sweep_id: int, job: int, times: list[float] | None = None, **kw: Any) -> dict[str, Any]:
+    """A complete ``runs`` row (with 3 measured steps and 5 stages) as a job would store it.
+
+    With ``times``, those are the measured step times, and the step figures (tokens/s, IQR, the
+    noisy flag, ...) are computed from them by :func:`metrics.summarize`, as a job does.
+    """
     row: dict[str, Any] = {
         "sweep_id": sweep_id,
         "job_num": job,
@@ -78,6 +84,10 @@ def run_row(sweep_id: int, job: int, **kw: Any) -> dict[str, Any]:
         "warmup_steps": 1,
     }
     row.update(kw)
+    if times is not None:
+        records = [StepRecord(1 + i, "measure", t, 0.1, 9.0 - 0.1 * i) for i, t in enumerate(times)]
+        figures = summarize(records, row["batch"] * row["seq_len"], row["batch"], sum(times)).row()
+        row.update({k: v for k, v in figures.items() if k not in kw})
     if row["status"] != "ok":
         for k in ("step_time_ms_median", "step_time_ms_p10", "step_time_ms_p90", "tokens_per_s"):
             row.setdefault(k, None)
@@ -89,11 +99,11 @@ def run_row(sweep_id: int, job: int, **kw: Any) -> dict[str, Any]:
             {
                 "step": 1 + i,
                 "phase": "measure",
-                "step_time_ms": row["step_time_ms_median"],
+                "step_time_ms": t,
                 "data_wait_ms": 0.1,
                 "loss": 9.0 - 0.1 * i,
             }
-            for i in range(3)
+            for i, t in enumerate(times or [row["step_time_ms_median"]] * 3)
         ]
         row["stages"] = [
             {
@@ -126,9 +136,9 @@ def tokens_from_db(db: Path, sweep_id: int) -> dict[int, float]:
         return dict(conn.execute("SELECT id, tokens_per_s FROM runs WHERE sweep_id = ?", (sweep_id,)).fetchall())
 
 
-def bar_values(ax: Any, horizontal: bool = False) -> list[float]:
-    """The values the bars of ``ax`` were drawn with, in drawing order (lengths along the value axis)."""
-    return [p.get_width() if horizontal else p.get_height() for p in ax.patches if isinstance(p, Rectangle)]
+def bar_values(ax: Any) -> list[float]:
+    """The values the bars of ``ax`` were drawn with (bars lie down), in drawing order."""
+    return [p.get_width() for p in ax.patches if isinstance(p, Rectangle)]
 
 
 def line_data(ax: Any) -> dict[str, tuple[list[float], list[float]]]:
@@ -162,7 +172,7 @@ def test_amp_ckpt_sweep_gets_its_charts_and_skips_the_rest(report_sweeps: Report
     assert "| batch |" not in header
     csv = pd.read_csv(out / "runs.csv")
     assert len(csv) == 4 and "config_json" not in csv.columns
-    assert "## Environment" in md and "| torch |" in md and "| hostname |" in md
+    assert "## Environment" in md and "| torch_version |" in md and "| hostname |" in md
 
 
 @pytest.mark.slow
@@ -196,10 +206,24 @@ def test_throughput_bars_are_the_stored_tokens_per_s(report_sweeps: ReportSweeps
         assert tps == pytest.approx(stored[rid])
     # and the drawn bars, in frame order
     np.testing.assert_allclose(bar_values(chart.figure.axes[0]), frame["tokens_per_s"].to_numpy(), rtol=1e-12)
-    # speedup is relative to the default baseline: amp and ckpt off
+    # speedup is relative to the default baseline (amp and ckpt off), the one the sweep stored its
+    # speedups against: each bar's label is the stored speedup with its stored 95% interval
     base = frame[frame["is_baseline"]]
     assert list(base["label"]) == ["amp=off ckpt=off"]
-    np.testing.assert_allclose(frame["speedup"], frame["tokens_per_s"] / base["tokens_per_s"].iloc[0])
+    with sqlite3.connect(report_sweeps.db) as conn:
+        speedups = pd.read_sql_query(
+            "SELECT id, speedup, speedup_ci_lo, speedup_ci_hi, speedup_basis, speedup_verdict, baseline_config_hash, "
+            f"config_hash FROM runs WHERE sweep_id = {report_sweeps.amp_ckpt}",
+            conn,
+        ).set_index("id")
+    assert (speedups["baseline_config_hash"] == base["config_hash"].iloc[0]).all()
+    labels = {t.get_text().strip() for t in chart.figure.axes[0].texts}
+    for rid in frame.loc[~frame["is_baseline"], "id"]:
+        s = speedups.loc[rid]
+        assert s["speedup_basis"] == "steps" and s["speedup_ci_lo"] <= s["speedup"] <= s["speedup_ci_hi"]
+        assert f"{s['speedup']:.2f}x ({s['speedup_ci_lo']:.2f}-{s['speedup_ci_hi']:.2f})" in labels
+    np.testing.assert_allclose(frame["speedup"], speedups.loc[frame["id"], "speedup"])
+    assert frame["speedup_verdict"].tolist() == speedups.loc[frame["id"], "speedup_verdict"].tolist()
 
 
 @pytest.mark.slow
@@ -249,6 +273,110 @@ def test_cli_where_and_baseline(report_sweeps: ReportSweeps, tmp_path: Path) -> 
 
 
 # --------------------------------------------------------------------------------------------
+# repeats, stored speedup intervals and the stored noise flag (rows through perfsweep.store, the
+# intervals written by perfsweep.summary.fill_speedups as at the end of a sweep)
+
+
+def stored_runs(db: Path, columns: str) -> pd.DataFrame:
+    with sqlite3.connect(db) as conn:
+        return pd.read_sql_query(f"SELECT id, {columns} FROM runs ORDER BY id", conn).set_index("id")
+
+
+def test_repeats_are_one_bar_at_their_median_with_their_range(engine: Any, tmp_path: Path) -> None:
+    """amp=on three times (one run noisy), amp=off twice: one bar per config at the median of its
+    runs' stored tokens/s, the whisker over their range, runs = N in the table, every run in runs.csv."""
+    sid = new_sweep(engine, tmp_path / "sw")
+    job = itertools.count()
+    repeats = {True: ([50.0] * 4, [40.0] * 4, [45.0, 46.0, 60.0, 70.0]), False: ([100.0] * 4, [90.0] * 4)}
+    for amp, times in repeats.items():
+        for i, t in enumerate(times):
+            store.save_run(engine, run_row(sid, next(job), t, amp=amp, config_hash=f"amp={amp}", repeat_index=i))
+    summary.fill_speedups(engine, sid)
+    db = stored_runs(tmp_path / "results.db", "amp, tokens_per_s, noisy, speedup, speedup_ci_lo, speedup_ci_hi")
+    tokens = db.groupby("amp")["tokens_per_s"]
+    assert db["noisy"].tolist() == [0, 0, 1, 0, 0]  # IQR/median of 45, 46, 60, 70 ms is 32%
+
+    rep = make_report(engine, [sid])
+    chart = rep.charts["throughput"]
+    ax = chart.figure.axes[0]
+    assert chart.frame["label"].tolist() == ["amp=on", "amp=off"] and chart.frame["runs"].tolist() == [3, 2]
+    np.testing.assert_allclose(bar_values(ax), [tokens.median()[1], tokens.median()[0]])
+    whiskers = [sorted(seg[:, 0]) for c in ax.collections for seg in c.get_segments()]
+    np.testing.assert_allclose(whiskers, [[tokens.min()[a], tokens.max()[a]] for a in (1, 0)])
+    # the bar for amp=on is the run nearest its median; its label, the stored interval (over repeats)
+    on = db[db["amp"] == 1].iloc[0]
+    assert chart.frame["id"].iloc[0] == db.index[db["tokens_per_s"] == tokens.median()[1]][0]
+    texts = {t.get_text().strip() for t in ax.texts}
+    assert f"{on['speedup']:.2f}x ({on['speedup_ci_lo']:.2f}-{on['speedup_ci_hi']:.2f})" in texts
+
+    table, _ = results_table(rep.configs)
+    lo, hi = tokens.min()[1], tokens.max()[1]
+    assert f"| on | 3 | ok | {tokens.median()[1]:,.0f} | {lo:,.0f}-{hi:,.0f} | {on['speedup']:.2f}x (" in table
+    # one run is noisy, and the runs' tokens/s spread more than 10% of their median: the summary's rule
+    assert "| noisy (step-time IQR/median > 10%) in 1 of 3 runs; the repeats' tokens/s disagree" in table
+    assert "| off | 2 | ok |" in table and "| baseline |" in table
+    out = build_report(engine, [sid], out_dir=tmp_path / "out")
+    assert sorted(pd.read_csv(out / "runs.csv")["id"]) == sorted(db.index)  # runs.csv: one row per run
+    assert INTERVALS in (out / "report.md").read_text()
+
+
+def test_interval_verdicts_and_a_baseline_of_your_own(engine: Any, tmp_path: Path) -> None:
+    """A config whose interval contains 1 is drawn in the neutral colour; against a baseline other
+    than the stored one, speedups are point figures and report.md says whose intervals they were."""
+    sid = new_sweep(engine, tmp_path / "sw")
+    base = [100.0, 101.0, 99.0, 100.0, 102.0, 98.0]
+    for job, (kw, times) in enumerate(
+        (({}, base), ({"ckpt": True}, [101.0, 100.0, 99.0, 102.0, 98.0, 100.0]), ({"amp": True}, [t / 2 for t in base]))
+    ):
+        store.save_run(engine, run_row(sid, job, times, **kw))
+    summary.fill_speedups(engine, sid)
+    db = stored_runs(tmp_path / "results.db", "tokens_per_s, speedup, speedup_ci_lo, speedup_ci_hi, speedup_verdict")
+    assert db["speedup_verdict"].tolist() == ["baseline", metrics.NO_DIFFERENCE, "faster"]
+
+    rep = make_report(engine, [sid])
+    ax = rep.charts["throughput"].figure.axes[0]
+    assert [to_hex(p.get_facecolor()) for p in ax.patches] == [
+        to_hex(c) for c in (charts.BASE, charts.LIGHT, charts.BAR)
+    ]
+    assert metrics.NO_DIFFERENCE in [t.get_text() for t in rep.charts["throughput"].figure.legends[0].get_texts()]
+    texts = [t.get_text().strip() for t in ax.texts]
+    for r in db.iloc[1:].itertuples():
+        assert f"{r.speedup:.2f}x ({r.speedup_ci_lo:.2f}-{r.speedup_ci_hi:.2f})" in texts
+    table, _ = results_table(rep.configs)
+    assert f"{db['speedup'].iloc[1]:.2f}x ({db['speedup_ci_lo'].iloc[1]:.2f}-" in table
+    assert "no measurable difference |" in table and "faster |" in table
+
+    out = build_report(engine, [sid], out_dir=tmp_path / "own", baseline={"amp": True})
+    md = (out / "report.md").read_text()
+    assert "They are for each sweep's default baseline" in md
+    own = make_report(engine, [sid], baseline={"amp": True}).configs
+    np.testing.assert_allclose(own["speedup"], db["tokens_per_s"] / db["tokens_per_s"].iloc[2])
+    assert own["speedup_ci_lo"].isna().all() and own["speedup_verdict"].isna().all()
+    ratio = db["tokens_per_s"].iloc[0] / db["tokens_per_s"].iloc[2]
+    assert f"| {ratio:.2f}x | " in md and "-" + f"{db['speedup_ci_hi'].iloc[1]:.2f})" not in md
+
+
+def test_noise_is_the_stored_flag(engine: Any, tmp_path: Path) -> None:
+    """The report flags what runs.noisy says, not a rule of its own: a run stored noisy with a
+    narrow p10-p90 is flagged; one stored quiet with a wide p10-p90 is not."""
+    sid = new_sweep(engine, tmp_path / "sw")
+    quiet_but_wide = {"step_time_ms_p10": 50.0, "step_time_ms_p90": 200.0, "noisy": False}
+    noisy = {"noisy": True, "step_time_ms_iqr": 15.0}
+    for job, (amp, ckpt) in enumerate(itertools.product((False, True), repeat=2)):
+        kw = noisy if (amp, ckpt) == (True, False) else quiet_but_wide if amp else {}
+        store.save_run(engine, run_row(sid, job, amp=amp, ckpt=ckpt, tokens_per_s=1000.0 + 100 * job, **kw))
+    flagged = stored_runs(tmp_path / "results.db", "noisy, step_time_ms_iqr, step_time_ms_median")
+    row = flagged[flagged["noisy"] == 1].iloc[0]
+    out = build_report(engine, [sid], out_dir=tmp_path / "out")
+    md = (out / "report.md").read_text()
+    assert f"noisy (step-time IQR/median > 10%): IQR {row['step_time_ms_iqr']:.1f} ms, median 100.0 ms" in md
+    assert md.count("noisy (step-time") == 1  # amp=on ckpt=on, wide but stored quiet, is not flagged
+    assert "**Noisy timings:** 1 of 4 ok configs have noisy timings (step-time IQR/median > 10%" in md
+    assert "that disagree) (amp=on ckpt=off);" in md
+    assert "Caution: 1 of 4 ok configs have noisy timings" in md  # the factor effects' caption
+
+
+# --------------------------------------------------------------------------------------------
 # factor effects on a hand-made 2x2 with known effects
 
 
@@ -280,8 +408,8 @@ def test_factor_effects_of_a_known_2x2(engine: Any, tmp_path: Path) -> None:
     assert eff["effect_peak_mem_bytes"].tolist() == pytest.approx([-100.0 * 2**20, -200.0 * 2**20, 0.0])
     # drawn: the bars are the effects in % of the mean, tokens/s left, memory right (mean 250 MiB)
     ax_tokens, ax_mem = chart.figure.axes[:2]
-    assert bar_values(ax_tokens, horizontal=True) == pytest.approx([56.0, 0.0, 16.0])
-    assert bar_values(ax_mem, horizontal=True) == pytest.approx([-40.0, -80.0, 0.0])
+    assert bar_values(ax_tokens) == pytest.approx([56.0, 0.0, 16.0])
+    assert bar_values(ax_mem) == pytest.approx([-40.0, -80.0, 0.0])
     assert "| amp x ckpt | +20 (+16.0%) | +0.00 MiB (+0.0%) |" in chart.extra_md
 
 
@@ -304,9 +432,7 @@ def test_factor_effects_use_only_complete_blocks(engine: Any, tmp_path: Path) ->
             ),
         )
     runs = frames.prepare_runs(load_runs(engine, [sid]))
-    fx = frames.factorial_effects(runs)
-    assert fx is not None
-    effects, note = fx
+    effects, note = frames.factorial_effects(frames.per_config(runs))
     assert note.startswith("averaged over 1 of 2 combinations of batch")
     effects = effects.set_index("label")
     assert effects.loc["amp", "effect_tokens_per_s"] == pytest.approx(500.0)
@@ -343,11 +469,10 @@ def test_cuda_memory_chart_draws_allocated_and_reserved(engine: Any, tmp_path: P
             ),
         )
     rep = make_report(engine, [sid])
-    assert rep.mode == "cuda"
     fig = rep.charts["memory"].figure
     heights = sorted(bar_values(fig.axes[0]))
     assert heights == pytest.approx([2.0, 2.5, 3.0, 3.5])  # GiB: allocated and reserved per config
-    assert "peak memory (GiB)" in fig.axes[0].get_ylabel()
+    assert "peak memory (GiB)" in fig.axes[0].get_xlabel()
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert any("allocated" in s for s in labels) and any("reserved" in s for s in labels)
     assert any("baseline" in s for s in labels)
@@ -469,7 +594,7 @@ def test_breakdown_and_loss_are_the_stored_stages_and_steps(engine: Any, tmp_pat
     ax = breakdown.figure.axes[0]
     # one stacked segment per stage and config, in step order: what run_row stored (1, 30, 60, 8, 1 ms)
     assert bar_values(ax) == pytest.approx([1.0, 1.0, 30.0, 30.0, 60.0, 60.0, 8.0, 8.0, 1.0, 1.0])
-    assert [t.get_text() for t in ax.texts if " of " in t.get_text()] == ["100 of 100 ms", "100 of 80 ms"]
+    assert [t.get_text().strip() for t in ax.texts if " of " in t.get_text()] == ["100 of 100 ms", "100 of 80 ms"]
     loss = line_data(rep.charts["loss"].figure.axes[0])
     assert loss == {"amp=off": ([1, 2, 3], [9.0, 8.9, 8.8]), "amp=on": ([1, 2, 3], [9.0, 8.9, 8.8])}
 
@@ -489,10 +614,9 @@ def test_cpu_memory_chart_draws_allocated_and_rss_growth(engine: Any, tmp_path: 
             ),
         )
     rep = make_report(engine, [sid])
-    assert rep.mode == "cpu"
     ax = rep.charts["memory"].figure.axes[0]
     assert bar_values(ax) == pytest.approx([100.0, 60.0, 300.0, 250.0])  # MiB: allocated, then RSS growth
-    assert ax.get_ylabel() == "peak memory (MiB)"
+    assert ax.get_xlabel() == "peak memory (MiB)"
 
 
 def test_pareto_front(engine: Any, tmp_path: Path) -> None:
@@ -543,7 +667,8 @@ def test_baseline_falls_back_to_first_ok_run(engine: Any, tmp_path: Path) -> Non
     store.save_run(engine, run_row(sid, 1, amp=True, batch=4, tokens_per_s=500.0))
     store.save_run(engine, run_row(sid, 2, amp=True, batch=2, tokens_per_s=250.0))
     rep = make_report(engine, [sid])
-    assert rep.baseline.label == "batch=4" and "first ok run" in rep.baseline.how
+    assert rep.configs.loc[rep.configs["is_baseline"], "label"].tolist() == ["batch=4"]
+    assert "first ok config" in rep.baseline
     with pytest.raises(UserError, match="no ok run matches amp=False"):
         make_report(engine, [sid], baseline={"amp": False})
 
@@ -640,9 +765,9 @@ def test_compare_flags_changes_within_noise(engine: Any, tmp_path: Path) -> None
     fig = charts.draw(COMPARE, cmp.reset_index(), "A vs B")
     ax_tokens, ax_change = fig.axes[:2]
     expected = cmp.reset_index()
-    drawn = bar_values(ax_tokens, horizontal=True)  # A's bars, then B's: tokens/s, 0 where none
+    drawn = bar_values(ax_tokens)  # A's bars, then B's: tokens/s, 0 where none
     np.testing.assert_allclose(drawn, np.nan_to_num([*expected["tokens_per_s_a"], *expected["tokens_per_s_b"]]))
-    np.testing.assert_allclose(bar_values(ax_change, horizontal=True), np.nan_to_num(expected["change_pct"]))
+    np.testing.assert_allclose(bar_values(ax_change), np.nan_to_num(expected["change_pct"]))
     assert "oom in A" in {t.get_text().strip() for t in ax_change.texts}
 
     out = build_compare(engine, new, ref, out_dir=tmp_path / "cmp")

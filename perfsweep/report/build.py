@@ -11,8 +11,6 @@ lists the charts it left out and why, so a missing picture is never a silent fai
 
 from __future__ import annotations
 
-import logging
-import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,18 +22,27 @@ from matplotlib.figure import Figure
 from sqlalchemy.engine import Engine
 
 from perfsweep import metrics
-from perfsweep.cli import UserError
-from perfsweep.names import BOTTLENECK_RULE, GPU_BOUND_BUSY_FRACTION, KERNEL_CATEGORIES, NOISY_STEP_TIME_RATIO, STAGES
+from perfsweep.cli import UserError, first_line
+from perfsweep.names import BOTTLENECK_RULE, GPU_BOUND_BUSY_FRACTION, KERNEL_CATEGORIES, NOISY_IQR_FRACTION, STAGES
 from perfsweep.report import charts, fmt, frames
 from perfsweep.report.charts import ChartSpec, Panel
 from perfsweep.report.load import load_runs, load_sweeps
-
-log = logging.getLogger(__name__)
 
 TOP_BARS = 30
 """Most configs a bar chart shows; larger sweeps show the fastest ones (plus the baseline)."""
 TOP_TABLE = 50
 """Most rows of the report.md table; runs.csv always has every run."""
+RANGE = "the range over its repeats, or for a config with one run the throughput at its p90 and p10 step time"
+"""What a config's tokens/s range (whisker) is, in report.md, compare.md and the captions."""
+NOISE_RULE = f"step-time IQR/median > {NOISY_IQR_FRACTION:.0%}"
+"""The rule of the stored ``noisy`` flag (:func:`perfsweep.metrics.noisy_iqr`), as report.md names it."""
+REPEATS = f"; the repeats' tokens/s disagree (IQR/median > {NOISY_IQR_FRACTION:.0%})"
+INTERVALS = (
+    "Speedup intervals are 95% bootstrap intervals: over repeats when both sides have more than one run, otherwise "
+    "over the measured steps, resampled in blocks of n^(1/3) steps so autocorrelated steps do not fake precision; an "
+    'interval that contains 1 is reported as "no measurable difference".'
+)
+"""How the stored intervals are computed (:func:`perfsweep.metrics.config_speedup`), in README.md's words."""
 
 
 @dataclass
@@ -48,7 +55,6 @@ class Chart:
     figure: Figure | None = None
     frame: pd.DataFrame | None = None
     skipped: str | None = None
-    seconds: float = 0.0
     extra_md: str = ""
     file = property(lambda self: f"{self.name}.png")
 
@@ -59,19 +65,21 @@ class Report:
 
     engine: Engine
     sweeps: pd.DataFrame
-    runs: pd.DataFrame
-    baseline: frames.Baseline
-    shown: pd.DataFrame  # the configs of the bar charts: all, or the ``top`` fastest plus the baseline
-    shown_note: str
-    mode: str  # frames.memory_mode
-    where: str | None
+    runs: pd.DataFrame  # one row per run, as in runs.csv
+    configs: pd.DataFrame  # one row per config (frames.per_config) with its speedup: the charts and the table
+    baseline: str  # how the baseline config (``is_baseline`` in configs) was chosen
+    where: str | None = None
+    top: int = TOP_BARS
     charts: dict[str, Chart] = field(default_factory=dict)
-    load_seconds: float = 0.0
     db = property(lambda self: self.engine.url.render_as_string(hide_password=True))
+
+    def __post_init__(self) -> None:
+        """``shown``: the configs of the bar charts, all or the ``top`` fastest plus the baseline."""
+        self.shown, self.shown_note = frames.top_configs(self.configs, self.configs, self.top)
 
 
 # --------------------------------------------------------------------------------------------
-# what the panels write and colour, and what report.md says about each chart
+# what the panels write and colour
 
 
 def _effects(metric: str, name: str, better: int) -> Panel:
@@ -83,89 +91,43 @@ def _effects(metric: str, name: str, better: int) -> Panel:
         helps = zip(f[pct] * better > 0, f["label"], strict=True)
         return [to_rgba(charts.GOOD if h else charts.BAD, 0.5 if " x " in term else 1.0) for h, term in helps]
 
-    return Panel(
-        (pct,),
-        title=name,
-        color=colors,
-        text=lambda f: f[f"{name} effect"],
-        label=f"effect on {name}, of the mean",
-        ref=0,
-    )
+    label = f"effect on {name}, of the mean"
+    return Panel((pct,), title=name, color=colors, text=lambda f: f[f"{name} effect"], label=label, ref=0)
 
 
-def _base_colors(f: pd.DataFrame) -> list[str]:
-    return [charts.BASE if b else charts.BAR for b in f["is_baseline"]]
-
-
-def _verdict_colors(f: pd.DataFrame) -> list[str]:
-    return [charts.BOTTLENECK_COLORS.get(v, charts.BASE) for v in f["bottleneck"]]
+def _speedup_colors(f: pd.DataFrame) -> list[str]:
+    """The baseline grey, a config whose interval contains 1 in a neutral colour."""
+    verdicts = zip(f["is_baseline"], f["speedup_verdict"], strict=True)
+    return [charts.BASE if b else charts.LIGHT if v == metrics.NO_DIFFERENCE else charts.BAR for b, v in verdicts]
 
 
 def _speedup_text(f: pd.DataFrame) -> list[str]:
-    rows = zip(f["is_baseline"], f["speedup"], f["tokens_per_s"], f["status"], strict=True)
-    return [
-        "base" if b else f"{s:.2f}x" if pd.notna(s) else fmt.si(t) if pd.notna(t) else st.upper()
-        for b, s, t, st in rows
-    ]
+    rows = f[["is_baseline", "speedup", "speedup_ci_lo", "speedup_ci_hi", "status"]].itertuples(False)
+    return ["base" if b else fmt.speedup(s, lo, hi) if pd.notna(s) else st.upper() for b, s, lo, hi, st in rows]
 
 
-def _busy_text(f: pd.DataFrame) -> list[str]:
-    busy = zip(f["gpu_busy_fraction"], f["bottleneck"], strict=True)
-    return [f"{b:.0%} {v}" if pd.notna(b) else "no GPU profile" for b, v in busy]
-
-
-def _caution(r: Report) -> str:
-    ok = r.runs[r.runs["ok"]]
-    if not (noisy := int(ok["noisy_p90_p10"].sum())):
-        return ""
-    return (
-        f" Caution: {noisy} of {len(ok)} ok configs have noisy timings (p90/p10 step time > "
-        f"{NOISY_STEP_TIME_RATIO}), so effects of that size can be noise."
-    )
+def noisy_md(configs: pd.DataFrame) -> str:
+    """'2 of 4 ok configs have noisy timings (...)', by :func:`frames.per_config`'s ``noisy``; "" if none."""
+    ok = configs[configs["ok"]]
+    n = int(ok["noisy"].sum())
+    return f"{n} of {len(ok)} ok configs have noisy timings ({NOISE_RULE}, or repeats that disagree)" if n else ""
 
 
 # --------------------------------------------------------------------------------------------
 # the charts, in the order report.md shows them, and what report.md says about each
 
-CAPTIONS = {
-    "throughput": "Tokens per second over all measured steps (warmup excluded); whiskers span the throughput at the "
-    "p90 and p10 step time; the label on each bar is the speedup vs the baseline.",
-    "gpu": "GPU busy share = union of kernel intervals in a profiled step / the measured (unprofiled) median step. A "
-    "GPU that is idle most of the step waits for the host to launch work: making its kernels faster then buys little "
-    f"tokens/s. Kernel categories follow the name rules of perfsweep.trace. Verdict rule: {BOTTLENECK_RULE}.",
-    "memory": "Peak memory over the measured steps: {memory}. Dashed line: the baseline.",
-    "pareto": "Every finished config as tokens/s against peak memory; the orange staircase is the Pareto front (no "
-    "other config is both faster and leaner). Configs that did not finish are marked x on the bottom edge. On the "
-    "front, leanest first: {front}.",
-    "breakdown": "Time per step in each stage (data_to_device, forward, backward, optimizer_step, zero_grad), averaged "
-    "over the profiler's active steps; the dashed line is the measured (unprofiled) median step. {panels}",
-    "scaling": "Throughput (top) and peak memory (bottom) against {axes}, one line per combination of the other "
-    "differing axes; x at the bottom edge = run did not finish (e.g. OOM).",
-    "heatmap": "tokens/s for every batch x seq_len cell (median of repeats); red cells did not finish and say why "
-    "(OOM, FAILED, TIMEOUT).",
-    "factors": "Design-of-experiments effects from ok runs: main effect = mean with the axis on minus mean with it "
-    "off; A x B = two-factor interaction (how much the effect of A changes with B, coded -1/+1); bars are % of the "
-    "overall mean, absolute values in brackets.{computed}{caution}",
-    "loss": "Training loss of every measured step (steps table, phase='measure'), one line per config.",
+MEMORY_TEXT = {  # the memory chart's columns, and what report.md says each is
+    "peak_allocated_bytes": "peak allocated (live tensors; on CPU parameters, optimizer state and the peak of one "
+    "step's allocations, counted by torch.profiler)",
+    "peak_reserved_bytes": "CUDA peak reserved (held by the caching allocator)",
+    "rss_growth_bytes": "on CPU the growth of the process's resident set during training, which also holds memory "
+    "glibc kept after frees",
+    "peak_mem_bytes": "peak bytes of live tensors",
 }
-"""Caption templates, filled by each chart's ``facts``."""
-MEMORY_TEXT = {
-    "cuda": "CUDA peak allocated (live tensors) and peak reserved (held by the caching allocator)",
-    "cpu": "CPU peak allocated (live tensors: parameters, optimizer state and the peak of one step's allocations, "
-    "counted by torch.profiler) beside the growth of the process's resident set during training, which also holds "
-    "memory glibc kept after frees",
-    "mixed": "peak bytes of live tensors on each run's device",
-}
-PANELS_TEXT = {
-    True: "Left panel: CPU (host) time; right panel: GPU kernel time attributed to the stage.",
-    False: "On CPU the device time equals the CPU time, so each config has one bar.",
-}
-STEP, TOKENS, RANGE = "step_time_ms_median", ("tokens_per_s",), (("tokens_per_s_lo", "tokens_per_s_hi"),)
-MEMORY_COLUMNS = ("peak_allocated_bytes", "peak_reserved_bytes", "rss_growth_bytes", "peak_mem_bytes")
-MEMORY_NAMES = ("peak allocated (tensors)", "peak reserved (caching allocator)", "process RSS growth during training")
-MEMORY_NAMES += ("peak allocated (tensors, on each run's device)",)
-MEMORY_COLORS = (charts.BAR, charts.LIGHT, charts.LIGHT, charts.BAR)
-STAGE_PANEL = {"kind": "stacked", "names": STAGES, "colors": tuple(charts.STAGE_COLORS.values()), "marker": STEP}
+MEMORY_COLORS = {"peak allocated (tensors)": charts.BAR, "peak reserved (caching allocator)": charts.LIGHT}
+MEMORY_COLORS |= {"process RSS growth during training": charts.LIGHT, "peak memory (tensors)": charts.BAR}
+STEP, TOKENS = "step_time_ms_median", ("tokens_per_s",)
+STAGE_PANEL = {"kind": "stacked", "colors": charts.STAGE_COLORS, "marker": STEP}
 
 THROUGHPUT = ChartSpec(
     "throughput",
@@ -173,16 +135,23 @@ THROUGHPUT = ChartSpec(
     (
         Panel(
             TOKENS,
-            title="label: speedup vs the baseline; whisker: throughput at the p90 and p10 step time",
-            color=_base_colors,
+            title="label: speedup vs the baseline (95% interval); whisker: range over repeats, or for one run the "
+            "throughput at its p90..p10 step time",
+            color=_speedup_colors,
             text=_speedup_text,
-            err=RANGE,
+            err=(("tokens_per_s_lo", "tokens_per_s_hi"),),
             baseline=True,
         ),
     ),
-    lambda r: (r.shown, r.shown_note),
-    needs=(frames.several_configs, lambda r: None if r.runs["ok"].any() else "no run finished ok"),
-    legend=(("tokens/s over all measured steps", charts.BAR), ("baseline config", charts.BASE)),
+    frames.shown,
+    legend=(
+        ("tokens/s (median over repeats)", charts.BAR),
+        (metrics.NO_DIFFERENCE, charts.LIGHT),
+        ("baseline config", charts.BASE),
+    ),
+    caption="Tokens per second over all measured steps (warmup excluded), the median over a config's repeats; "
+    f"whiskers span {RANGE}; the label on each bar is the speedup vs the baseline, with its 95% interval where "
+    "one is stored.",
 )
 GPU = ChartSpec(
     "gpu",
@@ -192,8 +161,8 @@ GPU = ChartSpec(
         Panel(
             ("gpu_busy_fraction",),
             title=f"GPU busy share and verdict\ndashed: {GPU_BOUND_BUSY_FRACTION:.0%}, gpu-bound at or above",
-            color=_verdict_colors,
-            text=_busy_text,
+            color=lambda f: [charts.BOTTLENECK_COLORS.get(v, charts.BASE) for v in f["bottleneck"]],
+            text=lambda f: [f"{b:.0%} {v}" for b, v in f[["gpu_busy_fraction", "bottleneck"]].values],
             label="GPU busy, of the measured step",
             ref=GPU_BOUND_BUSY_FRACTION,
         ),
@@ -201,86 +170,86 @@ GPU = ChartSpec(
             tuple(f"kernel_ms_{c}" for c in KERNEL_CATEGORIES),
             "stacked",
             "GPU work by kernel category\ndashed: the measured step",
-            names=KERNEL_CATEGORIES,
-            colors=tuple(charts.KERNEL_COLORS.values()),
+            colors=charts.KERNEL_COLORS,
             marker=STEP,
         ),
     ),
     frames.gpu,
-    needs=(frames.several_configs,),
     side_by_side=True,
-    horizontal=True,
     legend=tuple((f"{v}-bound", c) for v, c in charts.BOTTLENECK_COLORS.items()),
+    caption="GPU busy share = union of kernel intervals in a profiled step / the measured (unprofiled) median step. "
+    "A GPU that is idle most of the step waits for the host to launch work: making its kernels faster then buys "
+    f"little tokens/s. Kernel categories follow the name rules of perfsweep.trace. Verdict rule: {BOTTLENECK_RULE}.",
 )
 MEMORY = ChartSpec(
     "memory",
     "Peak memory",
-    (Panel(MEMORY_COLUMNS, title="over the measured steps", names=MEMORY_NAMES, colors=MEMORY_COLORS, baseline=True),),
+    (Panel(tuple(MEMORY_TEXT), colors=MEMORY_COLORS, baseline=True),),
     frames.memory,
-    lambda f, note, r: {"memory": MEMORY_TEXT[r.mode]},
-    needs=(frames.several_configs,),
+    lambda f, note, r: {"memory": "; ".join(text for c, text in MEMORY_TEXT.items() if c in f)},
+    caption="Peak memory over the measured steps: {memory}. Dashed line: the baseline.",
 )
 PARETO = ChartSpec(
     "pareto",
     "Throughput vs memory (Pareto front)",
-    (
-        Panel(
-            TOKENS,
-            "scatter",
-            "front (orange): no other config is both faster and leaner; up and to the left is better",
-            x="peak_mem_bytes",
-        ),
-    ),
+    (Panel(TOKENS, "scatter", "up and to the left is better", x="peak_mem_bytes"),),
     frames.pareto,
     lambda f, note, r: {"front": fmt.listing(f[f["on_front"]].sort_values("peak_mem_bytes")["label"], 4, "; ")},
+    caption="Every finished config as tokens/s against peak memory; the orange staircase is the Pareto front (no "
+    "other config is both faster and leaner). Configs that did not finish are marked x on the bottom edge. On the "
+    "front, leanest first: {front}.",
 )
 BREAKDOWN = ChartSpec(
     "breakdown",
     "Step-time breakdown by stage",
     (
-        Panel(
-            tuple(f"cpu_ms_{s}" for s in STAGES),
-            title="CPU (host) time, incl. kernel launches, per profiled step",
-            **STAGE_PANEL,
-        ),
-        Panel(
-            tuple(f"gpu_ms_{s}" for s in STAGES), title="GPU kernel time, by the stage that launched it", **STAGE_PANEL
-        ),
+        Panel(tuple(f"cpu_ms_{s}" for s in STAGES), title="CPU (host) time, incl. kernel launches", **STAGE_PANEL),
+        Panel(tuple(f"gpu_ms_{s}" for s in STAGES), title="GPU kernel time, by launching stage", **STAGE_PANEL),
     ),
     frames.breakdown,
     lambda f, note, r: {"panels": PANELS_TEXT["gpu_ms_forward" in f]},
     side_by_side=True,
+    caption="Time per step in each stage (data_to_device, forward, backward, optimizer_step, zero_grad), averaged "
+    "over the profiler's active steps; the dashed line is the measured (unprofiled) median step. {panels}",
 )
+PANELS_TEXT = {
+    True: "Left panel: CPU (host) time; right panel: GPU kernel time attributed to the stage that launched it.",
+    False: "On CPU the device time equals the CPU time, so each config has one bar.",
+}
 SCALING = ChartSpec(
     "scaling",
     "Scaling with batch / seq_len",
-    (
-        Panel(TOKENS, "lines", x="x", group="line", grid_x=True),
-        Panel(("peak_mem_bytes",), "lines", x="x", group="line", grid_x=True),
-    ),
+    tuple(Panel((y,), "lines", grid_x=True) for y in ("tokens_per_s", "peak_mem_bytes")),
     frames.scaling,
     lambda f, note, r: {"axes": " and ".join(f["axis"].unique())},
-    needs=(lambda r: frames.batch_and_seq(r, both=False),),
     facet="axis",
     facet_title="vs {}",
+    caption="Throughput (top) and peak memory (bottom) against {axes}, one line per combination of the other "
+    "differing axes; x at the bottom edge = run did not finish (e.g. OOM).",
 )
 HEATMAP = ChartSpec(
     "heatmap",
     "batch x seq_len heatmap",
     (Panel(TOKENS, "heatmap", x="batch", group="seq_len"),),
     frames.heatmap,
-    needs=(lambda r: frames.batch_and_seq(r, both=True),),
     facet="panel",
+    caption="tokens/s for every batch x seq_len cell (median of repeats); red cells did not finish and say why "
+    "(OOM, FAILED, TIMEOUT).",
 )
 FACTORS = ChartSpec(
     "factors",
     "Factor effects",
     (_effects("tokens_per_s", "tokens/s", 1), _effects("peak_mem_bytes", "peak memory", -1)),
-    frames.factors,
-    lambda f, note, r: {"computed": f" Computed {note}." if note else "", "caution": _caution(r)},
+    lambda r: frames.factorial_effects(r.configs),
+    lambda f, note, r: {
+        "computed": f" Computed {note}." if note else "",
+        "caution": noisy_md(r.configs) and f" Caution: {noisy_md(r.configs)}, so effects of that size can be noise.",
+    },
     side_by_side=True,
-    horizontal=True,
     legend=(("helps", charts.GOOD), ("hurts", charts.BAD)),
+    caption="Design-of-experiments effects from ok runs: main effect = mean with the axis on minus mean with it "
+    "off; A x B = two-factor interaction (how much the effect of A changes with B, coded -1/+1); bars are % of the "
+    "overall mean, absolute values in brackets.{computed}{caution}",
 )
 LOSS = ChartSpec(
     "loss",
@@ -289,15 +258,13 @@ LOSS = ChartSpec(
         Panel(
             ("loss",),
             "lines",
-            "same seed and data order in every config: curves overlap unless a setting changes numerics",
-            label="training loss (cross-entropy)",
-            x="step",
-            group="label",
+            "same seed and data order in every config: curves overlap unless numerics change",
             from_zero=False,
             xlabel="optimizer step (warmup steps come first and are not shown)",
         ),
     ),
     frames.loss,
+    caption="Training loss (cross-entropy) of every measured step (steps table, phase='measure'), one line per config.",
 )
 CHARTS = {s.name: s for s in (THROUGHPUT, GPU, MEMORY, PARETO, BREAKDOWN, SCALING, HEATMAP, FACTORS, LOSS)}
 
@@ -309,46 +276,34 @@ def make_report(
     engine: Engine, sweep_ids: list[int], baseline: dict | None = None, where: str | None = None, top: int = TOP_BARS
 ) -> Report:
     """Load the runs of ``sweep_ids``, shape them, and draw every chart that fits (in memory)."""
-    t0 = time.perf_counter()
     sweeps, runs = load_report_runs(engine, sweep_ids, where)
     try:
-        base = frames.pick_baseline(runs, baseline)
+        configs, how = frames.baseline(frames.per_config(runs), baseline)
     except ValueError as exc:
         raise UserError(f"--baseline {','.join(f'{k}={v}' for k, v in (baseline or {}).items())}: {exc}") from None
-    runs = runs.assign(
-        is_baseline=runs.index == base.index, speedup=metrics.speedup(runs["tokens_per_s"], base.get("tokens_per_s"))
-    )
-    report = Report(
-        engine, sweeps, runs, base, *frames.top_configs(runs, runs, top, base), frames.memory_mode(runs), where
-    )
-    report.load_seconds = time.perf_counter() - t0
+    base = configs[configs["is_baseline"]]
+    base_runs = runs["sweep_id"].isin(base["sweep_id"]) & runs["config_hash"].isin(base["config_hash"])
+    report = Report(engine, sweeps, runs.assign(is_baseline=base_runs), configs, how, where, top)
     for spec in CHARTS.values():
-        t = time.perf_counter()
         chart = report.charts[spec.name] = Chart(spec.name, spec.title)
         try:
-            chart.skipped = next(filter(None, (need(report) for need in spec.needs)), None)
-            if chart.skipped is None:
-                chart.frame, note = spec.frame(report)
-                chart.figure = charts.draw(spec, chart.frame, note)
-                chart.caption = CAPTIONS[spec.name].format(**spec.facts(chart.frame, note, report))
+            chart.frame, note = spec.frame(report)
+            chart.figure = charts.draw(spec, chart.frame, note)
+            chart.caption = spec.caption.format(**spec.facts(chart.frame, note, report))
         except frames.Skip as why:
             chart.skipped = str(why)
-        chart.seconds = time.perf_counter() - t
-        log.info("chart %s: %s (%.2f s)", spec.name, chart.skipped or "drawn", chart.seconds)
     if (factors := report.charts["factors"].frame) is not None:
         table = factors.rename(columns={"label": "term"})[["term", "tokens/s effect", "peak memory effect"]]
-        report.charts["factors"].extra_md = fmt.table(table, right=("tokens/s effect", "peak memory effect"))
+        report.charts["factors"].extra_md = fmt.table(table, right=("tokens/s effect", "peak memory effect")) + "\n\n"
     return report
 
 
 def load_report_runs(engine: Engine, sweep_ids: list[int], where: str | None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The sweeps and their prepared runs (:func:`frames.prepare_runs`); a missing sweep or no run is a UserError."""
     sweeps = load_sweeps(engine, sweep_ids)
-    missing = sorted(set(sweep_ids) - set(sweeps["id"])) or ([] if sweep_ids else ["(none)"])
-    if missing:
+    if missing := sorted(set(sweep_ids) - set(sweeps["id"])) or ([] if sweep_ids else ["(none)"]):
         raise UserError(f"--sweep {missing[0]}: no sweep with id {missing[0]}")
-    runs = load_runs(engine, sweep_ids, where)
-    if runs.empty:
+    if (runs := load_runs(engine, sweep_ids, where)).empty:
         which = ", ".join(str(s) for s in sweep_ids)
         raise UserError(
             f"--where {where!r}: no runs of sweep {which} match" if where else f"--sweep {which}: the sweep has no runs"
@@ -360,16 +315,13 @@ def write_report(report: Report, out_dir: Path) -> Path:
     """PNGs, report.md and runs.csv into ``out_dir``; stale PNGs of now-skipped charts are removed."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for chart in report.charts.values():
-        t = time.perf_counter()
-        if chart.figure is None:
-            (out_dir / chart.file).unlink(missing_ok=True)
-        else:
+        (out_dir / chart.file).unlink(missing_ok=True)
+        if chart.figure is not None:
             charts.save(chart.figure, out_dir / chart.file)
-        chart.seconds += time.perf_counter() - t
     front = ["id", "sweep_id", "label", "status", "tokens_per_s", "tokens_per_s_lo", "tokens_per_s_hi", "speedup"]
     front += ["is_baseline", "peak_mem_bytes"]  # runs.csv: what people look for first, then every runs column
-    rest = [c for c in report.runs.columns if c not in front and c not in ("ok", "noisy_p90_p10")]
-    report.runs[front + rest].to_csv(out_dir / "runs.csv", index=False)
+    columns = front + [c for c in report.runs if c not in front and c != "ok"]
+    report.runs[columns].to_csv(out_dir / "runs.csv", index=False)
     (out_dir / "report.md").write_text(report_md(report))
     return out_dir
 
@@ -382,22 +334,15 @@ def default_out_dir(sweeps: pd.DataFrame, sweep_id: int | None, sub: str, elsewh
     return Path.cwd() / elsewhere
 
 
-def build_report(
-    engine: Engine,
-    sweep_ids: list[int],
-    out_dir: Path | None = None,
-    baseline: dict | None = None,
-    where: str | None = None,
-    top: int = TOP_BARS,
-) -> Path:
+def build_report(engine: Engine, sweep_ids: list[int], out_dir: Path | None = None, **options: Any) -> Path:
     """Write the report of ``sweep_ids`` and return its folder (``report.md`` is inside).
 
-    ``baseline`` selects the reference config by axis values, e.g. ``{"amp": False}``
-    (default: amp, ckpt and compile off); ``where`` is a filter over runs columns (see
-    perfsweep.where); ``top`` caps the configs per bar chart.
+    ``options`` are :func:`make_report`'s: ``baseline`` selects the reference config by axis values,
+    e.g. ``{"amp": False}`` (default: amp, ckpt and compile off); ``where`` is a filter over runs
+    columns (see perfsweep.where); ``top`` caps the configs per bar chart.
     """
     ids = list(sweep_ids)
-    report = make_report(engine, ids, baseline=baseline, where=where, top=top)
+    report = make_report(engine, ids, **options)
     default = default_out_dir(
         report.sweeps, ids[0] if len(ids) == 1 else None, "report", f"report_{'_'.join(map(str, ids))}"
     )
@@ -408,147 +353,132 @@ def build_report(
 # report.md
 
 
-def results_table(runs: pd.DataFrame, limit: int = TOP_TABLE) -> tuple[str, str]:
-    """The report.md table (differing axes, tokens/s with range, speedup, memory, status) and a note."""
-    rows, note = runs, ""
-    if len(runs) > limit:
-        rows = runs.sort_values("tokens_per_s", ascending=False, na_position="last").head(limit)
-        note = f"Top {limit} of {len(runs):,} runs by tokens/s; every run is in runs.csv."
-    axes = frames.label_axes(runs) or ["batch", "seq_len"]
+def _note(r: Any) -> str:
+    """Why a config did not finish, or why its timings are noisy: a run's stored flag, or repeats that disagree."""
+    if r.status != "ok" or not r.noisy:
+        return first_line(r.error, 70) if r.status != "ok" else ""
+    if r.runs == 1:
+        return f"noisy ({NOISE_RULE}): IQR {r.step_time_ms_iqr:,.1f} ms, median {r.step_time_ms_median:,.1f} ms"
+    return f"noisy ({NOISE_RULE}) in {r.noisy_runs} of {r.ok_runs} runs" + (REPEATS if r.repeats_disagree else "")
+
+
+def results_table(configs: pd.DataFrame, limit: int = TOP_TABLE) -> tuple[str, str]:
+    """The report.md table, one row per config (differing axes, runs when there are repeats, tokens/s with its
+    range, speedup with its interval, memory, status) and a note."""
+    rows, note = configs, ""
+    if len(configs) > limit:
+        rows = configs.sort_values("tokens_per_s", ascending=False, na_position="last").head(limit)
+        note = f"Top {limit} of {len(configs):,} configs by tokens/s; every run is in runs.csv."
+    axes = frames.label_axes(configs) or ["batch", "seq_len"]
     out = pd.DataFrame(
         {frames.SHORT_NAMES.get(a, a): [frames.axis_text(a, v).split("=")[1] for v in rows[a]] for a in axes}
     )
     left = [*out.columns, "status", "note"]
+    if (configs["runs"] > 1).any():
+        out["runs"] = [f"{n}" if k in (0, n) else f"{k} ok of {n}" for n, k in rows[["runs", "ok_runs"]].values]
     out["status"] = rows["status"].to_numpy()
     out["tokens/s"] = [fmt.num(v) for v in rows["tokens_per_s"]]
-    out["p10-p90 tokens/s"] = [
-        fmt.tokens_range(lo, hi) for lo, hi in zip(rows["tokens_per_s_lo"], rows["tokens_per_s_hi"], strict=True)
-    ]
+    out["range"] = [fmt.span(lo, hi) for lo, hi in rows[["tokens_per_s_lo", "tokens_per_s_hi"]].values]
+    speed = rows[["is_baseline", "speedup", "speedup_ci_lo", "speedup_ci_hi", "speedup_verdict"]].itertuples(False)
     out["speedup"] = [
-        "baseline" if b else fmt.num(s, "{:.2f}x") for s, b in zip(rows["speedup"], rows["is_baseline"], strict=True)
+        "baseline" if b else fmt.speedup(s, lo, hi) + (f" {v}" if isinstance(v, str) else "")
+        for b, s, lo, hi, v in speed
     ]
     out["step ms (median)"] = [fmt.num(v, "{:,.1f}") for v in rows["step_time_ms_median"]]
-    for col, name in (("peak_mem_bytes", "peak mem"), ("peak_reserved_bytes", "reserved")):
-        if col == "peak_mem_bytes" or rows[col].notna().any():
-            div, unit = fmt.scale("bytes", rows[col])
-            out[f"{name} {unit}"] = [fmt.num(v / div, "{:,.1f}") for v in rows[col]]
+    div, unit = fmt.scale("bytes", rows["peak_mem_bytes"])
+    out[f"peak mem {unit}"] = [fmt.num(v / div, "{:,.1f}") for v in rows["peak_mem_bytes"]]
     if rows["mfu"].notna().any():
-        mfu = zip(rows["mfu"], rows["mfu_compute_dtype"], strict=True)
+        mfu = rows[["mfu", "mfu_compute_dtype"]].values
         out["MFU"] = [fmt.num(v, "{:.1%}") + (f" of {d}" if isinstance(d, str) else "") for v, d in mfu]
     if rows["gpu_busy_fraction"].notna().any():
         out["GPU busy"] = [fmt.num(v, "{:.0%}") for v in rows["gpu_busy_fraction"]]
         out["bottleneck"] = rows["bottleneck"].fillna("-").to_numpy()
-    notes = rows[["status", "error", "noisy_p90_p10", "step_time_ms_p10", "step_time_ms_p90"]].itertuples(index=False)
-    out["note"] = [
-        fmt.clip(error, 70) if status != "ok" else f"noisy: p10-p90 step time {p10:,.1f}-{p90:,.1f} ms" if noisy else ""
-        for status, error, noisy, p10, p90 in notes
-    ]
+    out["note"] = [_note(r) for r in rows.itertuples(index=False)]
     return fmt.table(out, right=[c for c in out.columns if c not in left]), note
 
 
+def intervals_md(report: Report) -> str:
+    """How the speedups' intervals were computed, and whether this report's speedups have them."""
+    if report.runs["speedup_ci_lo"].isna().all():
+        return "No speedup intervals are stored for these runs: speedups are ratios of median tokens/s."
+    if report.configs.loc[report.configs["ok"] & ~report.configs["is_baseline"], "speedup_ci_lo"].notna().all():
+        return INTERVALS
+    return (
+        f"{INTERVALS} They are for each sweep's default baseline (amp, ckpt and compile off, else its first ok "
+        "config), not shown against another baseline: there a speedup is the ratio of median tokens/s."
+    )
+
+
 def headline_md(report: Report) -> list[str]:
-    runs, base = report.runs, report.baseline
-    ok, bad, lines = runs[runs["ok"]], runs[runs["status"] != "ok"], []
-    if base.index is not None:
-        lines.append(
-            f"- **Baseline:** {base.label} ({base.how}): {fmt.num(base.get('tokens_per_s'))} tokens/s, "
-            f"peak memory {fmt.mem(base.get('peak_mem_bytes'))}."
-        )
+    configs, lines = report.configs, []
+    ok, bad, base = configs[configs["ok"]], configs[configs["status"] != "ok"], configs[configs["is_baseline"]]
+    for b in base.itertuples():
+        tokens, memory = fmt.num(b.tokens_per_s), fmt.mem(b.peak_mem_bytes)
+        lines.append(f"- **Baseline:** {b.label} ({report.baseline}): {tokens} tokens/s, peak memory {memory}.")
     if len(ok) > 1:
         fast = ok.loc[ok["tokens_per_s"].idxmax()]
-        speed = f", {fast['speedup']:.2f}x the baseline." if pd.notna(fast["speedup"]) else "."
-        lines.append(f"- **Fastest:** {fast['label']}: {fast['tokens_per_s']:,.0f} tokens/s{speed}")
+        speed = fmt.speedup(fast["speedup"], fast["speedup_ci_lo"], fast["speedup_ci_hi"])
+        lines.append(f"- **Fastest:** {fast['label']}: {fast['tokens_per_s']:,.0f} tokens/s, {speed} vs the baseline.")
         if ok["peak_mem_bytes"].notna().any():
             lean = ok.loc[ok["peak_mem_bytes"].idxmin()]
-            ratio = metrics.speedup(lean["peak_mem_bytes"], base.get("peak_mem_bytes"))
+            ratio = metrics.speedup(lean["peak_mem_bytes"], base["peak_mem_bytes"].sum())
             ratio_text = f" ({ratio:.2f}x the baseline)" if pd.notna(ratio) else ""
             lines.append(f"- **Least memory:** {lean['label']}: {fmt.mem(lean['peak_mem_bytes'])}{ratio_text}.")
     if not bad.empty:
         counts = ", ".join(f"{c} {s}" for s, c in bad["status"].value_counts().items())
         lines.append(f"- **Did not finish:** {counts}: {fmt.listing(bad['label'], 6)}.")
-    if ok["noisy_p90_p10"].any():
-        noisy = ok.loc[ok["noisy_p90_p10"], "label"]
+    if noisy := noisy_md(configs):
         lines.append(
-            f"- **Noisy timings:** {len(noisy)} of {len(ok)} ok configs have a p90 step time more than "
-            f"{NOISY_STEP_TIME_RATIO}x their p10 ({fmt.listing(noisy, 4)}); compare them with care, or rerun with "
-            "more `steps.measure` on a quieter machine."
+            f"- **Noisy timings:** {noisy} ({fmt.listing(ok.loc[ok['noisy'], 'label'], 4)}); compare them "
+            "with care, or rerun with more `steps.measure` on a quieter machine."
         )
     return lines
 
 
-def environment_md(runs: pd.DataFrame) -> str:
-    def values(*cols: str, sep: str = " / ") -> str:  # the distinct values of each column, at most 4 each
-        return sep.join(fmt.listing(list(dict.fromkeys(src[c].dropna().astype(str))), 4, "; ") or "-" for c in cols)
-
-    src = runs[runs["device_type"].notna()] if runs["device_type"].notna().any() else runs
-    start, end = runs["started_at"].min(), runs["finished_at"].max()
-    date = "-" if pd.isna(start) else f"{start:%Y-%m-%d %H:%M}" + (f" - {end:%H:%M}" if pd.notna(end) else "") + " UTC"
-    rows = {
-        "device": values("device_type", "device_name", sep=": "),
-        "CPUs / torch threads": values("cpu_count", "torch_threads"),
-        "torch": values("torch_version"),
-        "CUDA": values("cuda_version"),
-        "python": values("python_version"),
-        "hostname": values("hostname"),
-        "git commit": values("git_commit"),
-        "model / data": values("model_name", "data_name"),
-        "steps (warmup + measured)": values("warmup_steps", "measure_steps", sep=" + "),
-        "date": date,
-    }
-    return fmt.table(pd.DataFrame({"": list(rows), "value": list(rows.values())}))
-
-
 def report_md(report: Report) -> str:
     runs, sweeps, charts_ = report.runs, report.sweeps, report.charts.values()
-    sources = (("command", "command"), ("folder", "sweep_dir"))
-    sweep_lines = [
-        f"- Sweep {s['id']} {what}: `{s[c]}`"
-        for _, s in sweeps.iterrows()
-        for what, c in sources
-        if isinstance(s[c], str)
+    sources = [
+        (s.id, what, v) for s in sweeps.itertuples() for what, v in (("command", s.command), ("folder", s.sweep_dir))
     ]
-    sweep_lines += [f"- Filter (`--where`): `{report.where}`"] if report.where else []
-    memory = {
-        "cuda": "CUDA peak allocated (reserved beside it)",
-        "cpu": "peak allocated bytes of live tensors (see Peak memory)",
-    }
-    table, note = results_table(runs)
-    drawn = [
-        f"### {c.title}\n\n{c.caption}\n\n![{c.title}]({c.file})\n\n" + (c.extra_md and f"{c.extra_md}\n\n")
-        for c in charts_
-        if c.figure
-    ]
+    lines = [f"- Sweep {i} {what}: `{v}`\n" for i, what, v in sources if isinstance(v, str)]
+    lines += [f"- Filter (`--where`): `{report.where}`\n"] if report.where else []
+    table = "\n\n".join(filter(None, results_table(report.configs)))
+    drawn = [f"### {c.title}\n\n{c.caption}\n\n![{c.title}]({c.file})\n\n{c.extra_md}" for c in charts_ if c.figure]
     skipped = "".join(f"- `{c.file}` ({c.title}): {c.skipped}.\n" for c in charts_ if c.skipped)
     skipped = f"### Charts not drawn for this sweep\n\n{skipped}\n" if skipped else ""
     counts = ", ".join(f"{c} {s}" for s, c in runs["status"].value_counts().items())
-    names = ", ".join(dict.fromkeys(sweeps["name"].astype(str)))
+    start, end = runs["started_at"].min(), runs["finished_at"].max()
+    when = "" if pd.isna(start) else f", run {start:%Y-%m-%d %H:%M}" + (f" - {end:%H:%M}" if pd.notna(end) else "")
+    names = f"{', '.join(map(str, sweeps['id']))} ({', '.join(dict.fromkeys(sweeps['name'].astype(str)))})"
     headline = "\n".join(headline_md(report))
-    return f"""# perfsweep report: sweep {", ".join(map(str, sweeps["id"]))} ({names})
+    return f"""# perfsweep report: sweep {names}
 
-{len(runs):,} runs ({counts}); generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC} from `{report.db}`.
+{len(runs):,} runs ({counts}){when} UTC; generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC} from `{report.db}`.
 
-{"".join(line + chr(10) for line in sweep_lines)}
+{"".join(lines)}
 ## Headline
 
 {headline}
 
 ## Results
 
-tokens/s is over all measured steps; the p10-p90 range is the throughput at the p90 and p10 step time; speedup is \
-vs the baseline; peak memory is {memory.get(report.mode, "peak allocated bytes of live tensors")}.
+One row per config: tokens/s is over all measured steps, the median over the config's ok runs (runs), and the \
+other figures are those of the run nearest that median; range is {RANGE}; speedup is vs the baseline; peak mem is \
+the peak of live tensors. {intervals_md(report)}
 
-{table}{note and f"{chr(10)}{chr(10)}{note}"}
+{table}
 
 ## Charts
 
 {"".join(drawn)}{skipped}## Environment
 
-{environment_md(runs)}
+{fmt.environment({"value": runs})}
 
 ## Data
 
-- `runs.csv`: every run with every `runs` column (but `config_json`) plus `label`, `speedup`, `tokens_per_s_lo`/`_hi`.
-- Database: `{report.db}`, e.g. `SELECT amp, ckpt, tokens_per_s, peak_mem_bytes FROM runs WHERE sweep_id = \
+- `runs.csv`: every run with every `runs` column (but `config_json`) plus `label`, `is_baseline`, \
+`tokens_per_s_lo`/`_hi`; its `speedup` columns are the stored ones, over each sweep's default baseline.
+- Database: `{report.db}`, e.g. `SELECT amp, ckpt, tokens_per_s, speedup, speedup_verdict FROM runs WHERE sweep_id = \
 {sweeps["id"].iloc[0]}`; per-step times in `steps`, stage times in `stages`, top operators in `ops`, traces in \
 `artifacts`.
 """

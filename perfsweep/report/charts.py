@@ -24,6 +24,7 @@ import pandas as pd
 from matplotlib import rc_context
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import EngFormatter, FuncFormatter, MaxNLocator
@@ -32,8 +33,6 @@ from matplotlib.transforms import blended_transform_factory
 from perfsweep.names import KERNEL_CATEGORIES, STAGES
 from perfsweep.report import fmt, frames
 
-VERTICAL_MAX = 12
-"""Up to this many configs, bars stand vertically with a multi-line label under each."""
 DPI = 150
 STYLE: dict[str, Any] = {
     "font.size": 11,
@@ -56,6 +55,7 @@ BAR, FRONT, GOOD, BAD, BASE, LIGHT = DEEP[0], DEEP[1], DEEP[2], DEEP[3], DEEP[7]
 STAGE_COLORS = dict(zip(STAGES, (DEEP[4], DEEP[0], DEEP[1], DEEP[2], DEEP[5]), strict=True))
 KERNEL_COLORS = dict(zip(KERNEL_CATEGORIES, ("#1B3A6B", *(DEEP[i] for i in (6, 9, 5, 0, 8, 4, 7))), strict=True))
 BOTTLENECK_COLORS = {"gpu": GOOD, "host": BAD, "data": FRONT}
+MEASURED = "measured step (median)"
 AXIS_TEXT = {"batch": "batch (sequences per step)", "seq_len": "seq_len (tokens per sequence)"}
 BOX = {"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "none", "alpha": 0.8}
 CROSS = {"marker": "x", "ms": 9, "mew": 2.5, "ls": "none", "clip_on": False, "scaley": False}
@@ -71,11 +71,11 @@ class Panel:
     color: Callable[[pd.DataFrame], Sequence[Any]] | None = None  # bars: a colour per row, not per column
     text: Callable[[pd.DataFrame], Sequence[str]] | None = None  # bars: on each bar, or where it is missing
     label: str = ""  # value-axis label (default by unit, fmt.LABELS); the unit is added
-    x: str = "label"  # bars: each row's category; lines, scatter, heatmap: the x column
-    group: str | None = None  # lines: one line per value; heatmap: the rows
-    names: tuple[str, ...] = ()  # legend name of each y column
-    colors: tuple[str, ...] = (BAR, BASE)
+    x: str = "x"  # lines, scatter, heatmap: the x column (bars: a bar per row, named by its ``label``)
+    group: str = "line"  # lines: one line per value; heatmap: the rows
+    colors: dict[str, str] | None = None  # legend name: colour of each y column (default: one unnamed, BAR)
     err: tuple[tuple[str, str], ...] = ()  # bars: (low, high) whisker columns of each y column
+    err_label: str = "whisker: range over repeats (one run: p90..p10 step)"
     ref: float | None = None  # a fixed line on the value axis (0 for bars of either sign)
     marker: str | None = None  # stacked: a column drawn as a dashed tick across each bar
     baseline: bool = False  # bars: the baseline config's value as a dashed line
@@ -89,9 +89,8 @@ class Panel:
 class ChartSpec:
     """One chart: when it applies, the frame it is drawn from, its panels, what report.md says.
 
-    ``needs`` are checks of the report that return why the chart does not apply (or None);
-    ``frame`` returns the frame and a note for the title, or raises ``build.Skip`` when the data
-    turn out not to fit; ``facts`` of (frame, note, report) fill in the caption's blanks.
+    ``frame`` returns the frame and a note for the title, or raises ``frames.Skip`` saying why the
+    chart does not fit the sweep; ``facts`` of (frame, note, report) fill in the caption's blanks.
     """
 
     name: str
@@ -99,12 +98,11 @@ class ChartSpec:
     panels: tuple[Panel, ...]
     frame: Callable[[Any], tuple[pd.DataFrame, str]] | None = None
     facts: Callable[[pd.DataFrame, str, Any], dict[str, str]] = lambda frame, note, report: {}
-    needs: tuple[Callable[[Any], str | None], ...] = ()
     facet: str | None = None  # a column (a row, with one panel) of panels per value of this column
     facet_title: str = "{}"
-    side_by_side: bool = False  # panels in a row, sharing the configs (horizontal) or the value axis
-    horizontal: bool | None = None  # bars lie down; None: when there are more than VERTICAL_MAX configs
-    legend: tuple[tuple[str, str], ...] = ()  # (name, colour) entries for colours given per row
+    side_by_side: bool = False  # panels in a row, sharing the configs (bars) or the value axis
+    legend: tuple[tuple[str, str], ...] = ()  # (name, colour) entries for colours given per row, where used
+    caption: str = ""  # report.md's text under the chart, its {blanks} filled by ``facts``
 
 
 class Scale(NamedTuple):
@@ -126,12 +124,14 @@ def draw(spec: ChartSpec, frame: pd.DataFrame, note: str = "") -> Figure:
     """The figure of ``spec`` drawn from ``frame``: its panels (and facets) in a grid, one legend."""
     panels = [p for p in spec.panels if any(c in frame for c in p.y)]
     facets = list(dict.fromkeys(frame[spec.facet])) if spec.facet else [None]
-    horizontal = spec.horizontal if spec.horizontal is not None else len(frame) > VERTICAL_MAX
     if spec.side_by_side or len(panels) > 1:
         nrow, ncol = (1, len(panels)) if spec.side_by_side else (len(panels), len(facets))
     else:
         nrow, ncol = math.ceil(len(facets) / 2), min(len(facets), 2)
-    width, height = _size(panels[0].kind, len(frame) // len(facets), nrow, ncol, horizontal)
+    if panels[0].kind in ("bars", "stacked"):  # bars lie down, a config per row: long labels stay on one line
+        width, height = max(11.0, 4.2 * ncol + 3.0), max(4.5, 0.38 * len(frame) + 2.8)
+    else:
+        width, height = 6.5 * ncol + 2.5, 4.2 * nrow + 1.8
     with rc_context(STYLE):
         fig = Figure(figsize=(width, height), layout="constrained")
         FigureCanvasAgg(fig)  # render with Agg whatever backend the process uses
@@ -145,11 +145,11 @@ def draw(spec: ChartSpec, frame: pd.DataFrame, note: str = "") -> Figure:
             label = f"{p.label or fmt.LABELS.get(p.unit, '')} ({unit})" if unit else p.label
             for ax, facet in zip(row, facets, strict=False):
                 sub = frame if facet is None else frame[frame[spec.facet] == facet].reset_index(drop=True)
-                image = KINDS[p.kind](ax, sub, p, scale, horizontal)
+                image = KINDS[p.kind](ax, sub, p, scale)
                 heading = spec.facet_title.format(facet) if facet is not None and p is panels[0] else ""
                 ax.set_title(_wrap("\n".join(t for t in (heading, p.title) if t), 12 * width / ncol))
                 if p.kind != "heatmap":
-                    (ax.set_xlabel if horizontal and p.kind in ("bars", "stacked") else ax.set_ylabel)(label)
+                    (ax.set_xlabel if p.kind in ("bars", "stacked") else ax.set_ylabel)(label)
                 if p.kind == "lines" and (p is panels[-1] or spec.side_by_side):
                     ax.set_xlabel(p.xlabel or AXIS_TEXT.get(facet, str(facet)))
             if image is not None:
@@ -157,7 +157,8 @@ def draw(spec: ChartSpec, frame: pd.DataFrame, note: str = "") -> Figure:
         for ax in grid.flat[len(panels) * (1 if spec.side_by_side else len(facets)) :]:
             ax.set_visible(False)
         fig.suptitle(_wrap(spec.title + (f" ({note})" if note else ""), 7 * width))
-        handles = {name: Patch(color=color) for name, color in spec.legend}
+        used = {to_rgba(p.get_facecolor(), 1.0) for ax in grid.flat for p in ax.patches}
+        handles = {name: Patch(color=color) for name, color in spec.legend if to_rgba(color) in used}
         for ax in grid.flat:
             handles |= {name: h for h, name in zip(*ax.get_legend_handles_labels(), strict=True) if name not in handles}
         if handles:
@@ -170,47 +171,31 @@ def _wrap(text: str, width: float) -> str:
     return "\n".join(textwrap.fill(line, int(width)) for line in text.splitlines())
 
 
-def _size(kind: str, n: int, nrow: int, ncol: int, horizontal: bool) -> tuple[float, float]:
-    if kind not in ("bars", "stacked"):
-        return 6.5 * ncol + 2.5, 4.2 * nrow + 1.8
-    return (
-        (max(11.0, 4.2 * ncol + 3.0), max(4.5, 0.38 * n + 2.8)) if horizontal else (max(7.5, 0.9 * n * ncol + 3), 6.5)
-    )
-
-
-def _categories(ax: Axes, labels: pd.Series, horizontal: bool) -> np.ndarray:
-    """Positions of the configs and their tick labels; lying down, the first is on top."""
+def _categories(ax: Axes, labels: pd.Series) -> np.ndarray:
+    """Positions of the configs and their tick labels, the first on top."""
     pos = np.arange(len(labels), dtype=float)
-    if horizontal:
-        ax.set(yticks=pos, yticklabels=[str(s) for s in labels], ylim=(len(pos) - 0.5, -0.5))
-    else:
-        ax.set(xticks=pos, xticklabels=[str(s).replace(" ", "\n") for s in labels], xlim=(-0.6, len(pos) - 0.4))
-    ax.grid(axis="y" if horizontal else "x", visible=False)
+    ax.set(yticks=pos, yticklabels=[str(s) for s in labels], ylim=(len(pos) - 0.5, -0.5))
+    ax.grid(axis="y", visible=False)
     return pos
 
 
-def _write(ax: Axes, at: float, x: float, text: str, horizontal: bool, **kw: Any) -> None:
+def _write(ax: Axes, at: float, x: float, text: str, **kw: Any) -> None:
     """``text`` at the end of the bar of value ``x`` at position ``at``."""
-    if horizontal:
-        ax.text(x, at, f" {text} ", ha="left" if x >= 0 else "right", va="center", fontsize=9, **kw)
-    else:
-        ax.text(at, x, text, ha="center", va="bottom" if x >= 0 else "top", fontsize=9, **kw)
+    ax.text(x, at, f" {text} ", ha="left" if x >= 0 else "right", va="center", fontsize=9, **kw)
 
 
-def _limits(ax: Axes, lo: float, hi: float, horizontal: bool, room: float) -> None:
+def _limits(ax: Axes, lo: float, hi: float, room: float) -> None:
     """From 0 (or below, for negative values) to past the largest value, with ``room`` for labels;
     an axis shared with another panel keeps covering that panel's values too."""
     lo, hi = min(0.0, lo), max(0.0, hi)
-    span = (hi - lo) or 1.0
-    now = ax.get_xlim() if horizontal else ax.get_ylim()
-    low, high = min(now[0], lo - room * span if lo < 0 else 0.0), max(now[1], hi + (room if hi > 0 else 0.05) * span)
-    (ax.set_xlim if horizontal else ax.set_ylim)(low, high)
+    span, now = (hi - lo) or 1.0, ax.get_xlim()
+    ax.set_xlim(min(now[0], lo - room * span if lo < 0 else 0.0), max(now[1], hi + (room if hi > 0 else 0.05) * span))
 
 
-def bars(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale, horizontal: bool) -> None:
+def bars(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale) -> None:
     """A bar per row and y column with its value written on it, whiskers, the baseline's value as a
     dashed line, and where a bar is missing, why (OOM, FAILED, ... or the panel's text)."""
-    pos = _categories(ax, df[p.x], horizontal)
+    pos = _categories(ax, df["label"])
     cols = [c for c in p.y if c in df]
     status = df["status"].where(df["status"] != "ok", "").str.upper() if "status" in df else [""] * len(df)
     base = df["is_baseline"].to_numpy(dtype=bool) if p.baseline else np.zeros(len(df), bool)
@@ -218,58 +203,52 @@ def bars(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale, horizontal: bool) -> No
         n, width = p.y.index(col), 0.8 / len(cols)
         at, v = pos + (k - (len(cols) - 1) / 2) * width, df[col].to_numpy(dtype=float) / s.div
         end = v  # where the bar's text goes: past its whisker, if any
-        color, name = (p.color(df), None) if p.color else (p.colors[n], p.names[n] if p.names else None)
-        (ax.barh if horizontal else ax.bar)(at, np.nan_to_num(v), width * 0.85, color=color, label=name, zorder=2)
+        name, color = list(p.colors.items())[n] if p.colors else (None, BAR)
+        ax.barh(at, np.nan_to_num(v), width * 0.85, color=p.color(df) if p.color else color, label=name, zorder=2)
         if n < len(p.err):
             lo, hi = (df[c].to_numpy(dtype=float) / s.div for c in p.err[n])
-            ok = np.isfinite(v) & np.isfinite(lo) & np.isfinite(hi)
-            err = {"xerr" if horizontal else "yerr": np.vstack([v - lo, hi - v]).clip(0)[:, ok]}
-            xy, end = (v[ok], at[ok]) if horizontal else (at[ok], v[ok]), np.where(ok, np.fmax(v, hi), v)
-            ax.errorbar(
-                *xy, **err, fmt="none", ecolor="#222222", capsize=4, zorder=3, label="whisker: p90..p10 step time"
-            )
+            ok, end = np.isfinite(v) & np.isfinite(lo) & np.isfinite(hi), np.fmax(v, hi)
+            err = np.vstack([v - lo, hi - v]).clip(0)[:, ok]
+            ax.errorbar(v[ok], at[ok], xerr=err, fmt="none", ecolor="#222222", capsize=4, zorder=3, label=p.err_label)
         texts = p.text(df) if p.text else [fmt.si(x) if np.isfinite(x) else st for x, st in zip(v, status, strict=True)]
         for a, x, e, text in zip(at, v, end, texts, strict=True):
             if np.isfinite(x):
-                _write(ax, a, e, text, horizontal, fontweight="bold" if len(cols) == 1 else "normal", bbox=BOX)
+                _write(ax, a, e, text, fontweight="bold" if len(cols) == 1 else "normal", bbox=BOX)
             elif text and k == 0:
-                _write(ax, a, 0.0, text, horizontal, color=BAD, fontweight="bold", rotation=0 if horizontal else 90)
+                _write(ax, a, 0.0, text, color=BAD, fontweight="bold")
         if base.any() and np.isfinite(v[base][0]):
             what, line = f"baseline{f' {name}'.split(' (')[0] if len(cols) > 1 else ''}", "--" if k == 0 else ":"
-            label = f"{what}: {fmt.si(v[base][0])} {s.unit}"
-            (ax.axvline if horizontal else ax.axhline)(v[base][0], color="#555555", ls=line, zorder=1, label=label)
+            ax.axvline(v[base][0], color="#555555", ls=line, zorder=1, label=f"{what}: {fmt.si(v[base][0])} {s.unit}")
     if p.ref is not None:
-        (ax.axvline if horizontal else ax.axhline)(p.ref / s.div, color="#444444", ls="--" if p.ref else "-", lw=1)
-    _limits(ax, s.lo, s.hi, horizontal, 0.4 if horizontal else 0.15)
+        ax.axvline(p.ref / s.div, color="#444444", ls="--" if p.ref else "-", lw=1)
+    _limits(ax, s.lo, s.hi, 0.4)
     if p.unit == "tokens/s":
-        (ax.xaxis if horizontal else ax.yaxis).set_major_formatter(EngFormatter(sep=""))
+        ax.xaxis.set_major_formatter(EngFormatter(sep=""))
 
 
-def stacked(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale, horizontal: bool) -> None:
+def stacked(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale) -> None:
     """The y columns stacked per row, large segments labelled, the total (and the ``marker``
     column, e.g. the measured step, as a dashed tick) at the end of each bar."""
-    pos, end, segments = _categories(ax, df[p.x], horizontal), np.zeros(len(df)), []
-    for col, name, color in zip(p.y, p.names, p.colors, strict=True):
+    pos, end, segments = _categories(ax, df["label"]), np.zeros(len(df)), []
+    for col, (name, color) in zip(p.y, (p.colors or {}).items(), strict=True):
         if col in df:
             v = np.nan_to_num(df[col].to_numpy(dtype=float) / s.div)
-            (ax.barh if horizontal else ax.bar)(pos, v, 0.6, end, color=color, label=name, edgecolor="white", zorder=2)
+            ax.barh(pos, v, 0.6, end, color=color, label=name, edgecolor="white", zorder=2)
             segments, end = [*segments, (end, v)], end + v
     mark = df[p.marker].to_numpy(dtype=float) / s.div if p.marker else np.full(len(df), np.nan)
     top = float(np.max(np.fmax(end, np.nan_to_num(mark)), initial=1e-9))
     for start, v in segments:
         for i in np.flatnonzero(v > 0.07 * top):
-            xy = (start[i] + v[i] / 2, pos[i]) if horizontal else (pos[i], start[i] + v[i] / 2)
-            ax.text(*xy, f"{v[i]:.3g}", ha="center", va="center", fontsize=8, color="white", fontweight="bold")
+            ax.text(start[i] + v[i] / 2, pos[i], f"{v[i]:.3g}", ha="center", va="center", fontsize=8, color="white")
     if p.marker:
-        tick = {"colors": "black", "linestyles": "--", "lw": 1.5, "zorder": 4, "label": "measured step (median)"}
-        (ax.vlines if horizontal else ax.hlines)(mark, pos - 0.42, pos + 0.42, **tick)
+        ax.vlines(mark, pos - 0.42, pos + 0.42, colors="black", linestyles="--", lw=1.5, zorder=4, label=MEASURED)
     for at, total, m in zip(pos, end, mark, strict=True):
         text = f"{total:.3g}" + (f" of {m:.3g}" if np.isfinite(m) else "") + f" {s.unit}"
-        _write(ax, at, max(total, np.nan_to_num(m)), text, horizontal)
-    _limits(ax, 0.0, top, horizontal, 0.5 if horizontal else 0.12)
+        _write(ax, at, max(total, np.nan_to_num(m)), text)
+    _limits(ax, 0.0, top, 0.5)
 
 
-def lines(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale, horizontal: bool) -> None:
+def lines(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale) -> None:
     """One line per ``group``, the first widest so that lines on top of each other still show;
     runs that did not finish are an x in their line's colour at the bottom edge, saying why."""
     y, ok = p.y[0], df["ok"] if "ok" in df else df[p.y[0]].notna()
@@ -303,7 +282,7 @@ def lines(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale, horizontal: bool) -> N
         ax.yaxis.set_major_formatter(EngFormatter(sep=""))
 
 
-def scatter(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale, horizontal: bool, max_labels: int = 8) -> None:
+def scatter(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale, max_labels: int = 8) -> None:
     """``y`` against ``x`` (bytes) for the ok runs, the Pareto front (``on_front``) as a staircase,
     the baseline ringed, and the runs that did not finish as an x on the bottom edge."""
     y, ok, bad = p.y[0], df[df["ok"] & df[p.x].notna()], df[~df["ok"]]
@@ -312,11 +291,9 @@ def scatter(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale, horizontal: bool, ma
     front, rest, base = ok[ok["on_front"]].sort_values(p.x), ok[~ok["on_front"]], ok[ok["is_baseline"]]
     ax.scatter(rest[p.x] / div, rest[y], s=size, color=BAR, alpha=0.6 if len(ok) > 50 else 0.9, label="config")
     ax.step(front[p.x] / div, front[y], where="post", color=FRONT, lw=1.5, zorder=3)
-    ring = {"edgecolor": "black", "zorder": 4}
-    ax.scatter(
-        front[p.x] / div, front[y], s=max(size, 40) * 1.6, color=FRONT, **ring, label=f"Pareto front ({len(front)})"
-    )
-    ax.scatter(base[p.x] / div, base[y], s=max(size, 40) * 2.4, facecolor="none", lw=1.5, **ring, label="baseline")
+    ring, big = {"edgecolor": "black", "zorder": 4}, max(size, 40)
+    ax.scatter(front[p.x] / div, front[y], s=big * 1.6, color=FRONT, **ring, label=f"Pareto front ({len(front)})")
+    ax.scatter(base[p.x] / div, base[y], s=big * 2.4, facecolor="none", lw=1.5, **ring, label="baseline")
     xs = pd.concat([ok[p.x], bad[p.x]]).dropna() / div
     log = bool(len(xs) and xs.min() > 0 and xs.max() / xs.min() > 20)  # else the lean end is squashed
     ax.set_xscale("log" if log else "linear")
@@ -337,15 +314,16 @@ def scatter(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale, horizontal: bool, ma
         offset = (-8 if right else 8, 6 if i % 2 == 0 else -14)  # alternately above and below: ties stay legible
         kw = {"textcoords": "offset points", "fontsize": 9, "ha": "right" if right else "left", "fontweight": weight}
         ax.annotate(text, (r[p.x] / div, r[y]), offset, **kw)
-    if len(bad):
-        known, edge = bad[p.x].notna().to_numpy(), blended_transform_factory(ax.transData, ax.transAxes)
+    if len(bad):  # at the memory it had reached, else at the largest memory shown
         what = "did not finish: " + ", ".join(f"{c} {status}" for status, c in bad["status"].value_counts().items())
-        for where, x, tr in ((known, bad[p.x] / div, edge), (~known, np.full(len(bad), 0.97), ax.transAxes)):
-            if where.any():  # at the memory it had reached, else at the right edge
-                ax.plot(np.asarray(x)[where], np.full(where.sum(), 0.03), transform=tr, color=BAD, **CROSS, label=what)
+        x, edge = (
+            (bad[p.x] / div).fillna(xs.max() if len(xs) else 1.0),
+            blended_transform_factory(ax.transData, ax.transAxes),
+        )
+        ax.plot(x, np.full(len(bad), 0.03), transform=edge, color=BAD, **CROSS, label=what)
 
 
-def heatmap(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale, horizontal: bool) -> Any:
+def heatmap(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale) -> Any:
     """``y`` over ``group`` (rows) x ``x`` (columns) on one colour scale for all panels; a cell
     that did not finish is red and says why, a cell never run says so."""
     z = df.pivot(index=p.group, columns=p.x, values=p.y[0]).astype(float)

@@ -14,9 +14,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from perfsweep.names import ENVIRONMENT_COLUMNS
+
 UNITS = {"_pct": "%", "_bytes": "bytes", "_per_s": "tokens/s", "_fraction": "fraction", "_ms": "ms", "loss": "nats"}
 """The unit of a column, from its name (perfsweep puts units in column names): first match wins."""
 LABELS = {"%": "change", "bytes": "peak memory", "tokens/s": "throughput", "ms": "time per step", "nats": "loss"}
+SETUP_COLUMNS = ("device_type", *ENVIRONMENT_COLUMNS, "model_name", "data_name", "warmup_steps", "measure_steps")
+"""What the environment tables list: where the runs ran, and what they trained for how long."""
 
 
 def unit(column: str) -> str:
@@ -59,22 +63,19 @@ def mem(v: Any, signed: bool = False) -> str:
     return f"{x:{'+' if signed else ''},.{2 if abs(x) < 10 else 1 if abs(x) < 100 else 0}f} {unit}"
 
 
-def tokens_range(lo: Any, hi: Any) -> str:
-    return "-" if missing(lo) or missing(hi) else f"{lo:,.0f}-{hi:,.0f}"
+def span(lo: Any, hi: Any, spec: str = "{:,.0f}") -> str:
+    return "-" if missing(lo) or missing(hi) else f"{spec.format(lo)}-{spec.format(hi)}"
+
+
+def speedup(value: Any, lo: Any, hi: Any) -> str:
+    """'1.23x (1.10-1.35)': a speedup with its 95% interval where it has one."""
+    return num(value, "{:.2f}x") + ("" if missing(lo) else f" ({span(lo, hi, '{:.2f}')})")
 
 
 def listing(items: Any, n: int, sep: str = ", ") -> str:
     """The first ``n`` of ``items`` joined by ``sep``, saying how many more there are."""
     items = [str(i) for i in items]
     return sep.join(items[:n]) + (f" ... (+{len(items) - n} more)" if len(items) > n else "")
-
-
-def clip(text: Any, width: int = 80) -> str:
-    """The first line of a message (an error), at most ``width`` characters."""
-    if not isinstance(text, str) or not text.strip():
-        return ""
-    line = text.strip().splitlines()[0]
-    return line if len(line) <= width else line[: width - 3] + "..."
 
 
 def cell(v: Any) -> str:
@@ -86,3 +87,18 @@ def table(df: pd.DataFrame, right: Sequence[str] = ()) -> str:
     head = "| " + " | ".join(cell(c) for c in df.columns) + " |"
     rule = "|" + "|".join("---:" if c in right else "---" for c in df.columns) + "|"
     return "\n".join([head, rule, *("| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(False))])
+
+
+def environment(runs: dict[str, pd.DataFrame]) -> str:
+    """A table of the distinct values (at most 4) of each of :data:`SETUP_COLUMNS` that has any, in
+    each named set of runs; with two sets, whether they agree: a difference can explain a difference
+    in the numbers."""
+    cols = [c for c in SETUP_COLUMNS if any(r[c].notna().any() for r in runs.values())]
+    values = {
+        name: [listing(dict.fromkeys(r[c].dropna().astype(str)), 4, "; ") or "-" for c in cols]
+        for name, r in runs.items()
+    }
+    out = pd.DataFrame({"": cols} | values)
+    if len(runs) == 2:
+        out["same"] = ["yes" if a == b else "**no**" for a, b in zip(*values.values(), strict=True)]
+    return table(out)

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Iterable, Sequence
 
 import pandas as pd
-from sqlalchemy import literal_column, select, text
+from sqlalchemy import literal_column, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 
@@ -81,19 +81,17 @@ def load_runs(engine: Engine, sweep_ids: Sequence[int], where: str | None = None
     return df
 
 
-def _child_rows(engine: Engine, table: str, columns: str, run_ids: Iterable[int], extra: str = "", **params: str):
-    sql = f"SELECT run_id, {columns} FROM {table} WHERE run_id IN ({_ids_sql(run_ids)}){extra}"
-    return pd.read_sql_query(text(sql), engine, params=params)
+CHILD_COLUMNS = {
+    "stages": "stage, cpu_time_ms, device_time_ms, device_time_source",
+    "kernels": "category, ms_per_step",
+    "steps": "step, step_time_ms, loss",
+}
+"""What the charts read of each child table."""
 
 
-def load_stages(engine: Engine, run_ids: Iterable[int]) -> pd.DataFrame:
-    return _child_rows(engine, "stages", "stage, cpu_time_ms, device_time_ms, device_time_source, calls", run_ids)
-
-
-def load_kernels(engine: Engine, run_ids: Iterable[int]) -> pd.DataFrame:
-    return _child_rows(engine, "kernels", "category, ms_per_step, kernels_per_step", run_ids)
-
-
-def load_steps(engine: Engine, run_ids: Iterable[int], phase: str = "measure") -> pd.DataFrame:
-    extra = " AND phase = :phase ORDER BY run_id, step"
-    return _child_rows(engine, "steps", "step, step_time_ms, data_wait_ms, loss", run_ids, extra, phase=phase)
+def load_child(engine: Engine, table: str, run_ids: Iterable[int]) -> pd.DataFrame:
+    """The ``table`` rows of ``run_ids``; of ``steps`` the measured ones, in order."""
+    steps = " AND phase = 'measure' ORDER BY run_id, step" if table == "steps" else ""
+    return pd.read_sql_query(
+        f"SELECT run_id, {CHILD_COLUMNS[table]} FROM {table} WHERE run_id IN ({_ids_sql(run_ids)}){steps}", engine
+    )
