@@ -227,6 +227,12 @@ def throughput_range(tokens_per_step: ArrayLike, step_time_ms_p10: ArrayLike, st
         return tokens_per_step * 1000.0 / step_time_ms_p90, tokens_per_step * 1000.0 / step_time_ms_p10
 
 
+def iqr_fraction(step_time_ms_iqr: ArrayLike, step_time_ms_median: ArrayLike):
+    """IQR over median step time: the spread the noisy rule judges, for display."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return step_time_ms_iqr / step_time_ms_median
+
+
 def noisy_iqr(step_time_ms_iqr: ArrayLike, step_time_ms_median: ArrayLike):
     """True where IQR / median step time exceeds :data:`NOISY_IQR_FRACTION`; False where unknown.
     Stored per run as ``runs.noisy``; this is the one place the rule is written."""

@@ -158,7 +158,7 @@ def _per_config(df: pd.DataFrame) -> pd.DataFrame:
                 else ", ".join(f"{n} {k}" for k, n in statuses.items()),
                 "tokens_per_s": ok["tokens_per_s"].median(),
                 "step_time_ms_median": ok["step_time_ms_median"].median(),
-                "iqr_fraction": (ok["step_time_ms_iqr"] / ok["step_time_ms_median"]).median(),
+                "iqr_fraction": metrics.iqr_fraction(ok["step_time_ms_iqr"], ok["step_time_ms_median"]).median(),
                 "step_time_cv": ok["step_time_cv"].median(),
                 # noisy within a run, or across its repeats (their tokens/s spread the same way)
                 "noisy": bool(ok["noisy"].fillna(False).astype(bool).any())
