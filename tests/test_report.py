@@ -479,23 +479,7 @@ def test_cuda_memory_chart_draws_allocated_and_reserved(engine: Any, tmp_path: P
 
 
 def test_failed_runs_are_marked_not_dropped(engine: Any, tmp_path: Path) -> None:
-    sid = new_sweep(engine, tmp_path / "sw")
-    job = itertools.count()
-    for batch, seq in itertools.product((4, 8, 16), (64, 128)):
-        status = "oom" if batch == 16 and seq == 128 else "ok"
-        store.save_run(
-            engine,
-            run_row(
-                sid,
-                next(job),
-                batch=batch,
-                seq_len=seq,
-                status=status,
-                tokens_per_s=float(batch * seq * 10),
-                peak_mem_bytes=batch * seq * 2**14,
-            ),
-        )
-    store.save_run(engine, run_row(sid, next(job), batch=16, seq_len=64, workers=2, status="failed"))
+    sid = failing_grid(engine, tmp_path)
     rep = make_report(engine, [sid])
     pareto = rep.charts["pareto"].frame
     assert set(pareto.loc[~pareto["ok"], "status"]) == {"oom", "failed"}
