@@ -146,6 +146,7 @@ def full_result(sweep_id: int, job_num: int = 3) -> dict[str, Any]:
         "cudnn_benchmark": False,
         "cuda_alloc_conf": "expandable_segments:True",
         "repeat_index": 2,
+        "grid_index": 1,
         "measure_start_step": 5,
         "steady_state": False,
         "timing_mode": "events",
