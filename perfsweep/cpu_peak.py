@@ -18,7 +18,7 @@ CALL_BUDGET_S = 0.02
 (where a 1024-square bf16 matmul takes seconds) is measured at a size it finishes quickly."""
 
 
-def matmul_flops(dtype_name: str, threads: int | None = None, seconds: float = 0.3) -> float:
+def matmul_flops(dtype_name: str, threads: int | None = None, seconds: float = 0.2) -> float:
     """Best FLOP/s of square matmuls in ``dtype_name`` (fp32 or bf16) over about ``seconds``."""
     import torch
 
@@ -30,15 +30,13 @@ def matmul_flops(dtype_name: str, threads: int | None = None, seconds: float = 0
         gen = torch.Generator().manual_seed(0)
 
         def timed(a: torch.Tensor, b: torch.Tensor) -> float:
-            """One product by each path torch takes for a model's matmuls, the faster one: an
-            nn.Linear goes through oneDNN, which on some CPUs runs bf16 ten times faster than
-            torch.mm's BLAS path (measured: 12 vs 1.2 GFLOP/s, AMD EPYC, torch 2.13)."""
-            best = float("inf")
-            for op in (torch.mm, torch.nn.functional.linear):
-                t0 = time.perf_counter()
-                op(a, b)
-                best = min(best, time.perf_counter() - t0)
-            return best
+            """One product through the path an nn.Linear takes (F.linear: oneDNN on CPU), which is
+            where a GPT's FLOPs are. torch.mm's BLAS path can be far slower: on this VM bf16 ran at
+            1.2 GFLOP/s through mm and 12-16 through linear (AMD EPYC, torch 2.13), and a peak
+            taken from mm would have let utilisation exceed 1."""
+            t0 = time.perf_counter()
+            torch.nn.functional.linear(a, b)
+            return time.perf_counter() - t0
 
         size = 256
         while True:
