@@ -31,7 +31,7 @@ def default_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "amp=true,false",
             "ckpt=true,false",
             "steps.warmup=2",
-            "steps.max_warmup=8",  # the steady-state check may extend warmup, not by much here
+            "steps.stable_window=0",  # bf16 steps of this model take ~14 s on a CPU without bf16 units
             "steps.measure=4",
             "profile.wait=0",
             "profile.warmup=1",
@@ -57,7 +57,7 @@ def test_default_sweep_rows(default_sweep: Path):
     for r in runs:
         assert r["status"] == "ok" and r["error"] is None
         assert (r["model_name"], r["data_name"], r["batch"], r["seq_len"]) == ("small", "stdlib", 8, 128)
-        assert 6 <= r["warmup_steps"] <= 8 and r["measure_steps"] == 4  # two windows of 3 at least; the cap
+        assert r["warmup_steps"] == 2 and r["measure_steps"] == 4 and r["steady_state"] is None  # check off
         assert r["step_time_ms_p10"] <= r["step_time_ms_median"] <= r["step_time_ms_p90"]
         # tokens/s is the measured steps' tokens over the window's wall time, which holds the steps
         steps = rows(db, f"SELECT * FROM steps WHERE run_id = {r['id']} AND phase = 'measure'")
@@ -65,7 +65,7 @@ def test_default_sweep_rows(default_sweep: Path):
         total_ms = sum(s["step_time_ms"] for s in steps)
         assert total_ms <= r["measure_wall_ms"] < total_ms * 1.1
         assert r["tokens_per_s"] == pytest.approx(4 * 8 * 128 * 1000 / r["measure_wall_ms"], rel=1e-9)
-        assert r["timing_mode"] == "sync" and r["repeat_index"] == 0 and r["steady_state"] in (0, 1)
+        assert r["timing_mode"] == "sync" and r["repeat_index"] == 0
         q25, q75 = np.percentile([s["step_time_ms"] for s in steps], [25, 75])
         assert r["step_time_ms_iqr"] == pytest.approx(q75 - q25) and r["noisy"] == int(
             (q75 - q25) > 0.1 * r["step_time_ms_median"]
