@@ -11,7 +11,9 @@ from sqlalchemy.engine import Engine
 
 from perfsweep import metrics, store
 from perfsweep.cli import first_line
+from perfsweep.configs import per_config, prepare_runs
 from perfsweep.names import GRID_AXES, NOISY_IQR_FRACTION, ON_OFF_AXES
+from perfsweep.results import load_runs
 
 log = logging.getLogger(__name__)
 
@@ -109,103 +111,40 @@ def fill_speedups(engine: Engine, sweep_id: int) -> None:
             s.execute(update(Run).where(Run.id.in_([r.id for r in rs])).values(**values, baseline_config_hash=base_key))
 
 
-SUMMARY_COLUMNS: tuple[str, ...] = (
-    "job_num",
-    "config_hash",
-    "repeat_index",
-    *GRID_AXES,
-    "status",
-    "tokens_per_s",
-    "step_time_ms_median",
-    "step_time_ms_iqr",
-    "step_time_cv",
-    "noisy",
-    "steady_state",
-    "speedup",
-    "speedup_ci_lo",
-    "speedup_ci_hi",
-    "speedup_verdict",
-    "peak_mem_bytes",
-    "mfu",
-    "gpu_busy_fraction",
-    "bottleneck",
-    "error",
-)
-
-
 def summary_frame(engine: Engine, sweep_id: int) -> pd.DataFrame:
-    cols = ", ".join(SUMMARY_COLUMNS)
-    return pd.read_sql_query(f"SELECT {cols} FROM runs WHERE sweep_id = {int(sweep_id)} ORDER BY job_num, id", engine)
+    """The sweep's runs as the report reads them (:func:`perfsweep.configs.prepare_runs`)."""
+    return prepare_runs(load_runs(engine, [sweep_id]))
 
 
-def _per_config(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per config: repeats combined (medians over their ok runs), in order of first job."""
-    df = df.assign(config_hash=df["config_hash"].fillna(df["job_num"].astype(str)), ok=df["status"] == "ok")
-
-    def combine(g: pd.DataFrame) -> pd.Series:
-        ok = g[g["ok"]]
-        statuses = g["status"].value_counts()
-        first = g.iloc[0]
-        scored = g[g["speedup_verdict"].notna()]  # the config's speedup is on each of its ok runs
-        figure = scored.iloc[0] if len(scored) else first
-        return pd.Series(
-            {
-                "job_num": g["job_num"].min(),
-                **{a: first[a] for a in GRID_AXES},
-                "runs": len(g),
-                "status": statuses.index[0]
-                if len(statuses) == 1
-                else ", ".join(f"{n} {k}" for k, n in statuses.items()),
-                "tokens_per_s": ok["tokens_per_s"].median(),
-                "step_time_ms_median": ok["step_time_ms_median"].median(),
-                "iqr_fraction": metrics.iqr_fraction(ok["step_time_ms_iqr"], ok["step_time_ms_median"]).median(),
-                "step_time_cv": ok["step_time_cv"].median(),
-                # noisy within a run, or across its repeats (their tokens/s spread the same way)
-                "noisy": bool(ok["noisy"].fillna(False).astype(bool).any())
-                or (len(ok) > 1 and metrics.noisy_iqr(metrics.iqr(ok["tokens_per_s"]), ok["tokens_per_s"].median())),
-                "unsettled": bool((ok["steady_state"] == False).any()),  # noqa: E712 - null: not checked
-                **{c: figure[c] for c in ("speedup", "speedup_ci_lo", "speedup_ci_hi", "speedup_verdict")},
-                "peak_mem_bytes": ok["peak_mem_bytes"].median(),
-                "mfu": ok["mfu"].median(),
-                "gpu_busy_fraction": ok["gpu_busy_fraction"].median(),
-                "bottleneck": ok["bottleneck"].mode().iloc[0] if ok["bottleneck"].notna().any() else None,
-                "error": next((e for e in g["error"] if isinstance(e, str) and e), None),
-            }
-        )
-
-    groups = [combine(g) for _, g in df.groupby("config_hash", sort=False)]
-    return pd.DataFrame(groups).sort_values("job_num", kind="stable").reset_index(drop=True)
-
-
-def _speedup_text(r: pd.Series) -> str:
-    if r["speedup_verdict"] == "baseline":
+def _speedup_text(verdict: str | None, value: float, lo: float, hi: float) -> str:
+    if verdict == "baseline":
         return "baseline"
-    if pd.isna(r["speedup"]):
+    if pd.isna(value):
         return "-"
-    if pd.isna(r["speedup_ci_lo"]):
-        return f"{r['speedup']:.2f}x"
-    return f"{r['speedup']:.2f}x ({r['speedup_ci_lo']:.2f}-{r['speedup_ci_hi']:.2f}) {r['speedup_verdict']}"
+    return f"{value:.2f}x" if pd.isna(lo) else f"{value:.2f}x ({lo:.2f}-{hi:.2f}) {verdict}"
 
 
-def format_summary(df: pd.DataFrame) -> str:
-    """A compact table, one row per config (repeats combined): only the axes that vary, tokens/s,
-    the median step time with its IQR and CV, the speedup over the baseline with its 95% interval
-    (or "no measurable difference"), memory in MiB; ``!`` marks a noisy config, ``~`` one whose
-    step time never settled in warmup."""
-    varying = [a for a in GRID_AXES if df[a].nunique() > 1] or ["batch", "seq_len"]
-    per = _per_config(df)
-    out = pd.DataFrame({"job": per["job_num"].fillna(-1).astype(int) + 1})
+def format_summary(runs: pd.DataFrame) -> str:
+    """A compact table, one row per config (:func:`perfsweep.configs.per_config`: repeats
+    combined, as the report shows them): only the axes that vary, tokens/s, the median step time
+    with its IQR and CV, the speedup over the baseline with its 95% interval (or "no measurable
+    difference"), memory in MiB; ``!`` marks a noisy config, ``~`` one whose step time never
+    settled in warmup."""
+    varying = [a for a in GRID_AXES if runs[a].nunique() > 1] or ["batch", "seq_len"]
+    per = per_config(runs)
+    out = pd.DataFrame({"job": per["first_job_num"].fillna(-1).astype(int) + 1})
     for a in varying:
         out[a] = per[a]
     if (per["runs"] > 1).any():
         out["runs"] = per["runs"]
-    out["status"] = per["status"]
+    out["status"] = per["statuses"]
     out["tokens/s"] = per["tokens_per_s"].map(lambda v: f"{v:,.0f}" if pd.notna(v) else "-")
+    iqr = metrics.iqr_fraction(per["step_time_ms_iqr"], per["step_time_ms_median"]).fillna(0.0)
     out["step ms (IQR, CV)"] = [
         f"{m:.1f} ({q:.0%}, {cv:.0%}){'!' if noisy else ''}{'~' if unsettled else ''}" if pd.notna(m) else "-"
         for m, q, cv, noisy, unsettled in zip(
-            per["step_time_ms_median"],
-            per["iqr_fraction"].fillna(0.0),
+            per["step_time_ms_median"].where(per["ok"]),
+            iqr,
             per["step_time_cv"].fillna(0.0),
             per["noisy"],
             per["unsettled"],
@@ -213,20 +152,23 @@ def format_summary(df: pd.DataFrame) -> str:
         )
     ]
     if len(per) > 1 and per["speedup"].notna().any():
-        out["speedup (95% CI)"] = [_speedup_text(r) for _, r in per.iterrows()]
+        speed = per[["speedup_verdict", "speedup", "speedup_ci_lo", "speedup_ci_hi"]].itertuples(index=False)
+        out["speedup (95% CI)"] = [_speedup_text(*r) for r in speed]
     out["peak mem MiB"] = per["peak_mem_bytes"].map(lambda v: f"{v / 2**20:,.1f}" if pd.notna(v) else "-")
     if per["mfu"].notna().any():  # GPUs with a known peak (perfsweep.envinfo.PEAK_FLOPS)
         out["MFU"] = per["mfu"].map(lambda v: f"{v:.1%}" if pd.notna(v) else "-")
     if per["bottleneck"].notna().any():  # GPU runs with a profiled window; never shown for CPU
         out["GPU busy"] = per["gpu_busy_fraction"].map(lambda v: f"{v:.0%}" if pd.notna(v) else "-")
         out["bound by"] = per["bottleneck"].fillna("-")
-    out["error"] = per["error"].map(lambda e: first_line(e, 70))
+    errors = runs["error"].where(runs["error"].map(lambda e: isinstance(e, str) and bool(e.strip())))
+    first_error = errors.groupby(runs["config_hash"].fillna(runs["id"].astype(str)), sort=False).first()
+    out["error"] = per["config_hash"].fillna(per["id"].astype(str)).map(first_error).map(lambda e: first_line(e, 70))
     text = out.to_string(index=False)
     notes = []
     if per["noisy"].any():
         notes.append(f"! noisy: step-time (or repeats' tokens/s) IQR above {NOISY_IQR_FRACTION:.0%} of the median")
     if per["unsettled"].any():
-        notes.append("~ the step time never settled in warmup (steps.max_warmup reached)")
+        notes.append("~ the step time never settled in warmup (steps.max_warmup or steps.max_warmup_s reached)")
     return text + ("\n" + "; ".join(notes) if notes else "")
 
 

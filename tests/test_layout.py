@@ -123,6 +123,8 @@ def _third_party(path: Path, module: str) -> set[str]:
         ("perfsweep.cli", set()),
         ("perfsweep.trace", {"perfsweep"}),
         ("perfsweep.metrics", {"perfsweep", "numpy"}),  # the job process imports it; pandas is not needed
+        # configs: the summary's and the report's shared grouping, without matplotlib or torch
+        ("perfsweep.configs", {"perfsweep", "numpy", "pandas"}),
         # config imports only what it validates with: Hydra's schema store and OmegaConf
         ("perfsweep.config", {"hydra", "omegaconf"}),
     ],

@@ -13,7 +13,7 @@ from sqlalchemy import text
 
 from perfsweep import store
 from perfsweep.cli import UserError
-from perfsweep.report.load import load_runs
+from perfsweep.results import load_runs
 from perfsweep.where import WhereError, parse_where
 from tests.util import new_db_url, run_row
 

@@ -15,10 +15,10 @@ from sqlalchemy.engine import Engine
 
 from perfsweep import store
 from perfsweep.cli import OneLineParser, UserError
+from perfsweep.configs import parse_config_spec
 from perfsweep.report.build import TOP_BARS, build_report
 from perfsweep.report.compare import build_compare
-from perfsweep.report.frames import parse_config_spec
-from perfsweep.report.load import resolve_sweep
+from perfsweep.results import resolve_sweep
 
 
 def parser() -> argparse.ArgumentParser:

@@ -23,10 +23,12 @@ from sqlalchemy.engine import Engine
 
 from perfsweep import metrics
 from perfsweep.cli import UserError, first_line
+from perfsweep.configs import SHORT_NAMES, axis_text, label_axes, per_config, throughputs
+from perfsweep.configs import baseline as pick_baseline
 from perfsweep.names import BOTTLENECK_RULE, GPU_BOUND_BUSY_FRACTION, KERNEL_CATEGORIES, NOISY_IQR_FRACTION, STAGES
 from perfsweep.report import charts, fmt, frames
 from perfsweep.report.charts import ChartSpec, Panel
-from perfsweep.report.load import load_runs, load_sweeps
+from perfsweep.results import load_child, load_sweep_runs
 
 TOP_BARS = 30
 """Most configs a bar chart shows; larger sweeps show the fastest ones (plus the baseline)."""
@@ -66,7 +68,7 @@ class Report:
     engine: Engine
     sweeps: pd.DataFrame
     runs: pd.DataFrame  # one row per run, as in runs.csv
-    configs: pd.DataFrame  # one row per config (frames.per_config) with its speedup: the charts and the table
+    configs: pd.DataFrame  # one row per config (per_config) with its speedup: the charts and the table
     baseline: str  # how the baseline config (``is_baseline`` in configs) was chosen
     where: str | None = None
     top: int = TOP_BARS
@@ -77,6 +79,11 @@ class Report:
         """``shown``: the configs of the bar charts, all or the ``top`` fastest plus the baseline."""
         self.shown, self.shown_note = frames.top_configs(self.configs, self.configs, self.top)
 
+    def throughputs(self, configs: pd.DataFrame) -> list[Any]:
+        """What the tokens/s intervals of ``configs`` are resampled from (their ok runs' measured steps)."""
+        steps = load_child(self.engine, "steps", [i for ids in configs["ok_run_ids"] for i in ids])
+        return throughputs(configs, self.runs, steps)
+
 
 # --------------------------------------------------------------------------------------------
 # what the panels write and colour
@@ -84,15 +91,30 @@ class Report:
 
 def _effects(metric: str, name: str, better: int) -> Panel:
     """Factor effects on ``metric`` in % of its mean, green where they help (``better``: the
-    helpful sign) and faded for interactions; the absolute effect is written on each bar."""
-    pct = f"effect_pct_{metric}"
+    helpful sign), faded for interactions, grey where the 95% interval contains 0; the absolute
+    effect is written on each bar."""
+    pct, ci = f"effect_pct_{metric}", tuple(f"effect_pct_ci_{end}_{metric}" for end in ("lo", "hi"))
 
     def colors(f: pd.DataFrame) -> list[Any]:
-        helps = zip(f[pct] * better > 0, f["label"], strict=True)
-        return [to_rgba(charts.GOOD if h else charts.BAD, 0.5 if " x " in term else 1.0) for h, term in helps]
+        none = f["effect_verdict"] if ci[0] in f else [""] * len(f)
+        helps = zip(f[pct] * better > 0, f["label"], none, strict=True)
+        return [
+            to_rgba(charts.LIGHT if n else charts.GOOD if h else charts.BAD, 0.5 if " x " in t else 1.0)
+            for h, t, n in helps
+        ]
 
     label = f"effect on {name}, of the mean"
-    return Panel((pct,), title=name, color=colors, text=lambda f: f[f"{name} effect"], label=label, ref=0)
+    err = (ci,) if metric == "tokens_per_s" else ()
+    return Panel(
+        (pct,),
+        title=name,
+        color=colors,
+        text=lambda f: f[f"{name} effect"],
+        label=label,
+        ref=0,
+        err=err,
+        err_label="95% interval",
+    )
 
 
 def _speedup_colors(f: pd.DataFrame) -> list[str]:
@@ -107,7 +129,7 @@ def _speedup_text(f: pd.DataFrame) -> list[str]:
 
 
 def noisy_md(configs: pd.DataFrame) -> str:
-    """'2 of 4 ok configs have noisy timings (...)', by :func:`frames.per_config`'s ``noisy``; "" if none."""
+    """'2 of 4 ok configs have noisy timings (...)', by :func:`perfsweep.configs.per_config`'s ``noisy``; "" if none."""
     ok = configs[configs["ok"]]
     n = int(ok["noisy"].sum())
     return f"{n} of {len(ok)} ok configs have noisy timings ({NOISE_RULE}, or repeats that disagree)" if n else ""
@@ -240,16 +262,18 @@ FACTORS = ChartSpec(
     "factors",
     "Factor effects",
     (_effects("tokens_per_s", "tokens/s", 1), _effects("peak_mem_bytes", "peak memory", -1)),
-    lambda r: frames.factorial_effects(r.configs),
+    lambda r: frames.factorial_effects(r.configs, r.throughputs(r.configs)),
     lambda f, note, r: {
         "computed": f" Computed {note}." if note else "",
         "caution": noisy_md(r.configs) and f" Caution: {noisy_md(r.configs)}, so effects of that size can be noise.",
     },
     side_by_side=True,
-    legend=(("helps", charts.GOOD), ("hurts", charts.BAD)),
+    legend=(("helps", charts.GOOD), ("hurts", charts.BAD), (metrics.NO_DIFFERENCE, charts.LIGHT)),
     caption="Design-of-experiments effects from ok runs: main effect = mean with the axis on minus mean with it "
     "off; A x B = two-factor interaction (how much the effect of A changes with B, coded -1/+1); bars are % of the "
-    "overall mean, absolute values in brackets.{computed}{caution}",
+    "overall mean, absolute values in brackets. Tokens/s effects carry 95% bootstrap intervals (whiskers; over "
+    "repeats when every config has them, else over measured steps in blocks); light blue: the interval contains 0, "
+    f'"{metrics.NO_DIFFERENCE}".{{computed}}{{caution}}',
 )
 LOSS = ChartSpec(
     "loss",
@@ -276,9 +300,9 @@ def make_report(
     engine: Engine, sweep_ids: list[int], baseline: dict | None = None, where: str | None = None, top: int = TOP_BARS
 ) -> Report:
     """Load the runs of ``sweep_ids``, shape them, and draw every chart that fits (in memory)."""
-    sweeps, runs = load_report_runs(engine, sweep_ids, where)
+    sweeps, runs = load_sweep_runs(engine, sweep_ids, where)
     try:
-        configs, how = frames.baseline(frames.per_config(runs), baseline)
+        configs, how = pick_baseline(per_config(runs), baseline)
     except ValueError as exc:
         raise UserError(f"--baseline {','.join(f'{k}={v}' for k, v in (baseline or {}).items())}: {exc}") from None
     base = configs[configs["is_baseline"]]
@@ -296,19 +320,6 @@ def make_report(
         table = factors.rename(columns={"label": "term"})[["term", "tokens/s effect", "peak memory effect"]]
         report.charts["factors"].extra_md = fmt.table(table, right=("tokens/s effect", "peak memory effect")) + "\n\n"
     return report
-
-
-def load_report_runs(engine: Engine, sweep_ids: list[int], where: str | None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The sweeps and their prepared runs (:func:`frames.prepare_runs`); a missing sweep or no run is a UserError."""
-    sweeps = load_sweeps(engine, sweep_ids)
-    if missing := sorted(set(sweep_ids) - set(sweeps["id"])) or ([] if sweep_ids else ["(none)"]):
-        raise UserError(f"--sweep {missing[0]}: no sweep with id {missing[0]}")
-    if (runs := load_runs(engine, sweep_ids, where)).empty:
-        which = ", ".join(str(s) for s in sweep_ids)
-        raise UserError(
-            f"--where {where!r}: no runs of sweep {which} match" if where else f"--sweep {which}: the sweep has no runs"
-        )
-    return sweeps, frames.prepare_runs(runs)
 
 
 def write_report(report: Report, out_dir: Path) -> Path:
@@ -369,10 +380,8 @@ def results_table(configs: pd.DataFrame, limit: int = TOP_TABLE) -> tuple[str, s
     if len(configs) > limit:
         rows = configs.sort_values("tokens_per_s", ascending=False, na_position="last").head(limit)
         note = f"Top {limit} of {len(configs):,} configs by tokens/s; every run is in runs.csv."
-    axes = frames.label_axes(configs) or ["batch", "seq_len"]
-    out = pd.DataFrame(
-        {frames.SHORT_NAMES.get(a, a): [frames.axis_text(a, v).split("=")[1] for v in rows[a]] for a in axes}
-    )
+    axes = label_axes(configs) or ["batch", "seq_len"]
+    out = pd.DataFrame({SHORT_NAMES.get(a, a): [axis_text(a, v).split("=")[1] for v in rows[a]] for a in axes})
     left = [*out.columns, "status", "note"]
     if (configs["runs"] > 1).any():
         out["runs"] = [f"{n}" if k in (0, n) else f"{k} ok of {n}" for n, k in rows[["runs", "ok_runs"]].values]

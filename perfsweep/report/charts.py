@@ -30,6 +30,7 @@ from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import EngFormatter, FuncFormatter, MaxNLocator
 from matplotlib.transforms import blended_transform_factory
 
+from perfsweep.configs import label_axes
 from perfsweep.names import KERNEL_CATEGORIES, STAGES
 from perfsweep.report import fmt, frames
 
@@ -309,7 +310,7 @@ def scatter(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale, max_labels: int = 8)
                 picked, last = [*picked, i], t
         ok = pd.concat([front.loc[picked], base]).drop_duplicates("id")
     middle = np.sqrt(xs.min() * xs.max()) if log else (xs.min() + xs.max()) / 2 if len(xs) else 0.0
-    for i, ((_, r), text) in enumerate(zip(ok.iterrows(), frames.relabel(ok, frames.label_axes(df))[0], strict=True)):
+    for i, ((_, r), text) in enumerate(zip(ok.iterrows(), frames.relabel(ok, label_axes(df))[0], strict=True)):
         right, weight = r[p.x] / div > middle, "bold" if r["on_front"] else "normal"
         offset = (-8 if right else 8, 6 if i % 2 == 0 else -14)  # alternately above and below: ties stay legible
         kw = {"textcoords": "offset points", "fontsize": 9, "ha": "right" if right else "left", "fontweight": weight}

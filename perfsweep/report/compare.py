@@ -1,10 +1,12 @@
-"""Compare two sweeps config by config: did throughput change, and is the change bigger than noise?
+"""Compare two sweeps config by config: did throughput change, and is the change real?
 
-Configs are matched on what was measured (:data:`frames.CONFIG_AXES`: the grid axes plus
-amp_dtype, model and data), not on job numbers, so sweeps run in a different order or with extra
-configs still line up. A change counts as real only when the two throughput ranges (over a config's
-repeats, or for one run its p10-p90) do not overlap (:func:`metrics.ranges_overlap`); otherwise it
-is "within noise", whatever its sign.
+Configs are matched on what was measured (:data:`perfsweep.configs.CONFIG_AXES`: the grid axes
+plus amp_dtype, model and data), not on job numbers, so sweeps run in a different order or with
+extra configs still line up. Each change comes with a 95% bootstrap interval
+(:meth:`perfsweep.metrics.Throughput.ratio`: over repeats when both configs have them, else over
+measured steps in blocks); a change whose interval contains 0 is "no measurable difference",
+whatever its sign. Runs without stored steps (imported rows) fall back to comparing throughput
+ranges: no difference when they overlap.
 """
 
 from __future__ import annotations
@@ -18,31 +20,36 @@ from sqlalchemy.engine import Engine
 
 from perfsweep import metrics
 from perfsweep.cli import UserError
-from perfsweep.report import charts, fmt, frames
-from perfsweep.report.build import default_out_dir, load_report_runs
+from perfsweep.configs import CONFIG_AXES, config_labels, label_axes, per_config, throughputs
+from perfsweep.report import charts, fmt
+from perfsweep.report.build import default_out_dir
 from perfsweep.report.charts import ChartSpec, Panel
+from perfsweep.results import load_child, load_sweep_runs
 
 log = logging.getLogger(__name__)
 
 TOP_COMPARE = 30
 """Most configs in compare.png (the largest changes); compare.md lists all of them."""
 VALUES = ("id", "status", "tokens_per_s", "tokens_per_s_lo", "tokens_per_s_hi", "peak_mem_bytes", "step_time_ms_median")
-VERDICT_COLORS = {"faster": charts.GOOD, "slower": charts.BAD, "within noise": charts.BASE}
+CHANGE = ("change_pct", "change_pct_ci_lo", "change_pct_ci_hi", "change_basis")
+VERDICT_COLORS = {"faster": charts.GOOD, "slower": charts.BAD, metrics.NO_DIFFERENCE: charts.LIGHT}
 COMPARE = ChartSpec(
     "compare",
     "tokens/s per config",
     (
         Panel(
             ("tokens_per_s_a", "tokens_per_s_b"),
-            title="within noise: the throughput ranges of the two sweeps overlap",
             colors={"A": charts.BAR, "B": charts.BASE},
             err=(("tokens_per_s_lo_a", "tokens_per_s_hi_a"), ("tokens_per_s_lo_b", "tokens_per_s_hi_b")),
         ),
         Panel(
             ("change_pct",),
+            title="whisker: 95% interval of the change",
             color=lambda f: [VERDICT_COLORS.get(v, charts.BASE) for v in f["verdict"]],
             text=lambda f: [f"{c:+.1f}% {v}" if pd.notna(c) else v for c, v in f[["change_pct", "verdict"]].values],
             label="change in tokens/s, A vs B",
+            err=(("change_pct_ci_lo", "change_pct_ci_hi"),),
+            err_label="95% interval",
             ref=0,
         ),
     ),
@@ -51,45 +58,54 @@ COMPARE = ChartSpec(
 )
 
 
-def compare_frame(configs_a: pd.DataFrame, configs_b: pd.DataFrame) -> pd.DataFrame:
-    """Matched configs of sweep A (candidate) and B (reference) with change and verdict.
+def compare_frame(a: pd.DataFrame, b: pd.DataFrame, runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """Matched configs of sweep A (candidate) and B (reference) with the change and its verdict.
 
-    The inputs are configs (:func:`frames.per_config`: repeats as one, their median tokens/s and
-    range); a config measured twice otherwise counts with its last row. ``change_pct`` is A's
-    tokens/s relative to B's (:func:`metrics.change_pct`); ``within_noise`` is True when the
-    ranges overlap; ``verdict`` is faster / slower / within noise, or says which side is missing
-    or did not finish.
+    ``a`` and ``b`` are configs (:func:`perfsweep.configs.per_config`); a config measured twice
+    otherwise counts with its last row. ``runs`` has their runs' tokens/s, ``steps`` (run_id,
+    step_time_ms) their measured steps, which are resampled. ``change_pct`` is A's tokens/s over
+    B's, less 1, in %, with its interval and ``change_basis`` (repeats, steps, or ranges where there
+    was nothing to resample); ``verdict`` is faster / slower / no measurable difference, or says
+    which side is missing or did not finish.
     """
-    axes, cols = list(frames.CONFIG_AXES), [*frames.CONFIG_AXES, *VALUES, "error"]
-    a, b = (r.sort_values("id").drop_duplicates(axes, keep="last")[cols] for r in (configs_a, configs_b))
+    axes, cols = list(CONFIG_AXES), [*CONFIG_AXES, *VALUES, "error", "throughput"]
+    a, b = (c.assign(throughput=throughputs(c, runs, steps)).sort_values("id") for c in (a, b))
+    a, b = (c.drop_duplicates(axes, keep="last")[cols] for c in (a, b))
     m = a.merge(b, on=axes, how="outer", suffixes=("_a", "_b"), indicator="side")
-    m["label"] = frames.config_labels(m.assign(id=m["id_a"].fillna(m["id_b"]).astype("Int64")), frames.label_axes(m))
-    m["change_pct"] = metrics.change_pct(m["tokens_per_s_a"], m["tokens_per_s_b"])
-    overlap = metrics.ranges_overlap(*(m[f"tokens_per_s_{end}_{s}"] for s in "ab" for end in ("lo", "hi")))
-    m["within_noise"] = overlap & m["tokens_per_s_a"].notna() & m["tokens_per_s_b"].notna()
-    m["verdict"] = [_verdict(r) for r in m.itertuples(index=False)]
+    m["label"] = config_labels(m.assign(id=m["id_a"].fillna(m["id_b"]).astype("Int64")), label_axes(m))
+    m[[*CHANGE, "verdict"]] = pd.DataFrame([_change(r) for r in m.itertuples(index=False)], index=m.index)
     both = [f"{c}_{s}" for c in (*VALUES, "error") for s in "ab"]
-    return m[["label", "verdict", "change_pct", "within_noise", *both, *axes]]
+    return m[["label", "verdict", *CHANGE, *both, *axes]]
 
 
-def _verdict(r: Any) -> str:
+def _change(r: Any) -> tuple[float, float, float, str | None, str]:
+    """(change %, its interval, basis, verdict) of a matched row."""
+    nan = float("nan")
     if r.side != "both":
-        return "only in A" if r.side == "left_only" else "only in B"
+        return nan, nan, nan, None, "only in A" if r.side == "left_only" else "only in B"
     if r.status_a != "ok" or pd.isna(r.tokens_per_s_a):
-        return f"{r.status_a} in A" if r.status_b == "ok" else f"{r.status_a} in A, {r.status_b} in B"
+        return nan, nan, nan, None, f"{r.status_a} in A" + ("" if r.status_b == "ok" else f", {r.status_b} in B")
     if r.status_b != "ok" or pd.isna(r.tokens_per_s_b):
-        return f"{r.status_b} in B"
-    return "within noise" if r.within_noise else "faster" if r.change_pct > 0 else "slower"
+        return nan, nan, nan, None, f"{r.status_b} in B"
+    if (basis := r.throughput_a.basis(r.throughput_b)) is not None:
+        iv = r.throughput_a.ratio(r.throughput_b)
+        return 100 * (iv.value - 1), 100 * (iv.lo - 1), 100 * (iv.hi - 1), basis, metrics.verdict(iv)
+    change = float(metrics.change_pct(r.tokens_per_s_a, r.tokens_per_s_b))
+    overlap = metrics.ranges_overlap(r.tokens_per_s_lo_a, r.tokens_per_s_hi_a, r.tokens_per_s_lo_b, r.tokens_per_s_hi_b)
+    verdict = metrics.NO_DIFFERENCE if overlap else "faster" if change > 0 else "slower"
+    return change, nan, nan, "ranges", verdict
 
 
 def build_compare(engine: Engine, a: int, b: int, out_dir: Path | None = None, where: str | None = None) -> Path:
     """Write compare.png, compare.md and compare.csv of sweep ``a`` against reference sweep ``b``;
     returns their folder (default: ``compare_vs_<b>`` in the folder of sweep ``a``)."""
-    sweeps, runs = load_report_runs(engine, [a, b], where)
+    sweeps, runs = load_sweep_runs(engine, [a, b], where)
     sides = {s: runs[runs["sweep_id"] == s] for s in (a, b)}
     if empty := [s for s, r in sides.items() if r.empty]:
         raise UserError(f"sweep {empty[0]} has no runs" + (f" matching --where {where!r}" if where else ""))
-    cmp = compare_frame(*(frames.per_config(r) for r in sides.values()))
+    configs = [per_config(r) for r in sides.values()]
+    steps = load_child(engine, "steps", [i for c in configs for ids in c["ok_run_ids"] for i in ids])
+    cmp = compare_frame(*configs, runs, steps)
     out = Path(out_dir) if out_dir is not None else default_out_dir(sweeps, a, f"compare_vs_{b}", f"compare_{a}_vs_{b}")
     out.mkdir(parents=True, exist_ok=True)
     names = {s: f"sweep {s} ({sweeps.loc[sweeps['id'] == s, 'name'].iloc[0]})" for s in (a, b)}
@@ -114,18 +130,22 @@ def compare_md(cmp: pd.DataFrame, runs_a: pd.DataFrame, runs_b: pd.DataFrame, a:
         table[f"tokens/s {s.upper()}"] = cmp[f"tokens_per_s_{s}"].map(fmt.num)
         ranges = zip(cmp[f"tokens_per_s_lo_{s}"], cmp[f"tokens_per_s_hi_{s}"], strict=True)
         table[f"range {s.upper()}"] = [fmt.span(lo, hi) for lo, hi in ranges]
-    table = table.assign(change=[fmt.num(v, "{:+.1f}%") for v in cmp["change_pct"]], verdict=cmp["verdict"])
-    table["peak mem A"], table["peak mem B"] = (
-        cmp["peak_mem_bytes_a"].map(fmt.mem),
-        cmp["peak_mem_bytes_b"].map(fmt.mem),
+    change = cmp[["change_pct", "change_pct_ci_lo", "change_pct_ci_hi"]].itertuples(index=False)
+    table["change (95% CI)"] = [
+        fmt.num(v, "{:+.1f}%") + ("" if fmt.missing(lo) else f" ({lo:+.1f} to {hi:+.1f})") for v, lo, hi in change
+    ]
+    table = table.assign(
+        verdict=cmp["verdict"], **{f"peak mem {s.upper()}": cmp[f"peak_mem_bytes_{s}"].map(fmt.mem) for s in "ab"}
     )
     counts = ", ".join(f"{c} {v}" for v, c in cmp["verdict"].value_counts().items())
     image = "![compare](compare.png)\n\n" if chart else ""
     return f"""# perfsweep compare: {a} vs {b}
 
-A = {a} is compared with the reference B = {b}. Configs are matched on {", ".join(frames.CONFIG_AXES)}. \
-change = tokens/s of A / tokens/s of B - 1. A change is **within noise** when the throughput ranges of A and B \
-overlap: the range over a config's repeats, or for a config with one run the throughput at its p90 and p10 step time.
+A = {a} is compared with the reference B = {b}. Configs are matched on {", ".join(CONFIG_AXES)}. \
+change = tokens/s of A / tokens/s of B - 1, with its 95% bootstrap interval: over repeats when both configs have \
+them, else over measured steps resampled in blocks. A change whose interval contains 0 is **{metrics.NO_DIFFERENCE}**. \
+Runs with no stored steps have no interval: there the throughput ranges decide (range: over a config's repeats, or \
+for one run the throughput at its p90 and p10 step time).
 
 **{len(cmp)} configs:** {counts}.
 
@@ -133,7 +153,7 @@ overlap: the range over a config's repeats, or for a config with one run the thr
 
 ## Environment
 
-A change in any of these can explain a change in speed.
+Where the two sweeps ran differently; a change in any of these can explain a change in speed.
 
 {fmt.environment({"A": runs_a, "B": runs_b})}
 

@@ -91,14 +91,16 @@ def table(df: pd.DataFrame, right: Sequence[str] = ()) -> str:
 
 def environment(runs: dict[str, pd.DataFrame]) -> str:
     """A table of the distinct values (at most 4) of each of :data:`SETUP_COLUMNS` that has any, in
-    each named set of runs; with two sets, whether they agree: a difference can explain a difference
-    in the numbers."""
+    each named set of runs. With two sets, only the rows where they differ, then what they share:
+    a difference can explain a difference in the numbers."""
     cols = [c for c in SETUP_COLUMNS if any(r[c].notna().any() for r in runs.values())]
     values = {
         name: [listing(dict.fromkeys(r[c].dropna().astype(str)), 4, "; ") or "-" for c in cols]
         for name, r in runs.items()
     }
     out = pd.DataFrame({"": cols} | values)
-    if len(runs) == 2:
-        out["same"] = ["yes" if a == b else "**no**" for a, b in zip(*values.values(), strict=True)]
-    return table(out)
+    if len(runs) != 2:
+        return table(out)
+    same = out[out.columns[1]] == out[out.columns[2]]
+    shared = f"Same in both: {', '.join(out.loc[same, ''])}." if same.any() else ""
+    return (table(out[~same]) + "\n\n" if not same.all() else "No differences.\n\n") + shared

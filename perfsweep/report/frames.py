@@ -5,10 +5,8 @@ Every chart is drawn from a frame built here. The frames keep the database's col
 from :mod:`perfsweep.metrics` or are read as stored (the noise flag, the speedup intervals),
 never from a formula here. A chart that does not fit the data raises :class:`Skip` with the reason.
 
-The charts and the results table show one row per *config* (:func:`per_config`: the runs of a
-sweep that share ``config_hash``, i.e. its repeats); runs.csv keeps one row per run. Configs are
-named by the axes that differ between them (``amp=on ckpt=off``), so a label never repeats what
-every bar shares.
+The charts and the results table show one row per *config* (:func:`perfsweep.configs.per_config`:
+a config's repeats as one); runs.csv keeps one row per run.
 """
 
 from __future__ import annotations
@@ -21,16 +19,11 @@ import numpy as np
 import pandas as pd
 
 from perfsweep import metrics
-from perfsweep.names import GRID_AXES, KERNEL_CATEGORIES, ON_OFF_AXES, RUN_STATUSES, STAGES
+from perfsweep.configs import SHORT_NAMES, STATUS_ORDER, axis_text, config_labels, label_axes
+from perfsweep.names import KERNEL_CATEGORIES, ON_OFF_AXES, STAGES
 from perfsweep.report import fmt
-from perfsweep.report.load import load_child
+from perfsweep.results import load_child
 
-CONFIG_AXES: tuple[str, ...] = (*GRID_AXES, "amp_dtype", "model_name", "data_name")
-"""What identifies a measured configuration: the grid axes plus what they do not cover."""
-SHORT_NAMES: dict[str, str] = {"model_name": "model", "data_name": "data", "sweep_id": "sweep"}
-STATUS_ORDER: tuple[str, ...] = ("ok", "oom", "failed", "timeout", "interrupted", "running")
-"""Which run stands for a config, or a heatmap cell, whose runs' statuses differ: the most telling first."""
-assert set(STATUS_ORDER) == set(RUN_STATUSES)
 TOP_DETAIL = 8
 """Most configs in the stage breakdown and loss charts, which need a query per chart."""
 
@@ -40,89 +33,7 @@ class Skip(Exception):
 
 
 # --------------------------------------------------------------------------------------------
-# runs and configs: normalisation, labels, baseline, speedups
-
-
-def prepare_runs(runs: pd.DataFrame) -> pd.DataFrame:
-    """Normalise types across backends and add the columns every chart uses.
-
-    SQLite hands booleans back as 0/1 integers and PostgreSQL as bools; both become bool. A
-    column that is NULL in every run loads as object and becomes float, so it plots as empty.
-    ``tokens_per_s_lo``/``_hi`` (:func:`metrics.throughput_range`) show how steady a run's
-    measured steps were.
-    """
-    empty = {c: float for c in runs.columns if runs[c].dtype == object and runs[c].isna().all()}
-    df = runs.astype(dict.fromkeys(ON_OFF_AXES, bool) | empty).sort_values(["sweep_id", "job_num", "id"], kind="stable")
-    df = df.copy()  # one block per dtype: added columns do not fragment it
-    lo, hi = metrics.throughput_range(df["batch"] * df["seq_len"], df["step_time_ms_p10"], df["step_time_ms_p90"])
-    ok = (df["status"] == "ok") & df["tokens_per_s"].notna()
-    df = df.assign(tokens_per_s_lo=lo, tokens_per_s_hi=hi, ok=ok).reset_index(drop=True)
-    return df.assign(label=config_labels(df, label_axes(df)))
-
-
-def per_config(runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per config (the runs of a sweep that share ``config_hash``), in order of first run.
-
-    ``tokens_per_s`` is the median over the config's ok runs and ``tokens_per_s_lo``/``_hi`` their
-    range (with one ok run: its throughput at the p90 and p10 step time); ``runs``, ``ok_runs``
-    and ``noisy_runs`` count them, the last by their stored ``noisy`` flag; ``repeats_disagree``: their
-    tokens/s spread as much (:func:`metrics.noisy_iqr`); ``noisy``: either, as the summary flags it. Every
-    other column is that of one run, the ok run nearest the median, whose stages, kernels and loss
-    the detail charts draw: the figures of a row belong together. Repeats share their stored speedup.
-    """
-    key = runs["sweep_id"].astype(str) + " " + runs["config_hash"].fillna("run " + runs["id"].astype(str))
-    ok = runs["tokens_per_s"].where(runs["ok"])
-    by = ok.groupby(key, sort=False)
-    c = pd.DataFrame({"median": by.median(), "lo": by.min(), "hi": by.max(), "runs": by.size(), "ok_runs": by.count()})
-    c["noisy_runs"] = (runs["noisy"].eq(1) & runs["ok"]).groupby(key, sort=False).sum()
-    spread = ok[key.map(c["ok_runs"]) > 1].groupby(key).agg(metrics.iqr)
-    c["repeats_disagree"] = metrics.noisy_iqr(spread.reindex(c.index), c["median"])
-    c["noisy"] = (c["noisy_runs"] > 0) | c["repeats_disagree"]
-    c = c.loc[key].set_axis(runs.index)
-    rank = runs.assign(
-        _first=runs.index.to_series().groupby(key).transform("min"),
-        _far=(ok - c["median"]).abs().fillna(np.inf),
-        _status=runs["status"].map(STATUS_ORDER.index),
-    )
-    chosen = rank.sort_values(["_first", "_far", "_status"], kind="stable").drop_duplicates("_first").index
-    several = c["ok_runs"] > 1
-    out = runs.assign(
-        tokens_per_s=c["median"],
-        tokens_per_s_lo=c["lo"].where(several, runs["tokens_per_s_lo"]),
-        tokens_per_s_hi=c["hi"].where(several, runs["tokens_per_s_hi"]),
-        **{k: c[k] for k in ("runs", "ok_runs", "noisy_runs", "repeats_disagree", "noisy")},
-    )
-    out = out.loc[chosen].reset_index(drop=True)
-    return out.assign(label=config_labels(out, label_axes(out))).copy()
-
-
-def label_axes(df: pd.DataFrame) -> list[str]:
-    """The config axes whose values differ between runs; ``sweep_id`` too when it disambiguates."""
-    axes = [a for a in CONFIG_AXES if a in df.columns and df[a].nunique(dropna=False) > 1]
-    if "sweep_id" in df.columns and df["sweep_id"].nunique() > 1 and df.duplicated(axes or list(CONFIG_AXES)).any():
-        axes.append("sweep_id")
-    return axes
-
-
-def axis_text(axis: str, value: Any) -> str:
-    """``amp=on``, ``batch=8``, ``model=tiny``: one axis of a config label."""
-    if axis in ON_OFF_AXES:
-        value = "on" if bool(value) else "off"
-    elif isinstance(value, float) and value.is_integer():
-        value = int(value)
-    return f"{SHORT_NAMES.get(axis, axis)}={value}"
-
-
-def config_labels(df: pd.DataFrame, axes: Sequence[str], unique: bool = True) -> pd.Series:
-    """``amp=on ckpt=off`` from the differing axes; with ``unique``, run ids break ties (``#7``)."""
-    if axes:
-        labels = [" ".join(parts) for parts in zip(*([axis_text(a, v) for v in df[a]] for a in axes), strict=True)]
-    else:
-        labels = [f"{m} batch={b} seq_len={s}" for m, b, s in df[["model_name", "batch", "seq_len"]].itertuples(False)]
-    out = pd.Series(labels, index=df.index, dtype=object)
-    dup = out.duplicated(keep=False) & unique
-    out[dup] = out[dup] + " #" + df.loc[dup, "id"].astype(str)
-    return out
+# which configs a chart shows, and their labels
 
 
 def relabel(subset: pd.DataFrame, full_axes: Sequence[str], unique: bool = True) -> tuple[pd.Series, str]:
@@ -133,63 +44,6 @@ def relabel(subset: pd.DataFrame, full_axes: Sequence[str], unique: bool = True)
     axes = [a for a in label_axes(subset) if a in full_axes or a == "sweep_id"]
     shared = " ".join(axis_text(a, subset[a].iloc[0]) for a in full_axes if a not in axes and a in subset)
     return config_labels(subset, axes or full_axes, unique), shared
-
-
-INT_AXES = ("batch", "seq_len", "workers")
-BOOL_WORDS = {"true": True, "on": True, "yes": True, "1": True, "false": False, "off": False, "no": False, "0": False}
-
-
-def parse_config_spec(text: str) -> dict[str, Any]:
-    """``"amp=false,ckpt=false"`` -> ``{"amp": False, "ckpt": False}`` with each axis's type.
-
-    Raises ValueError with a one-line message naming the offending item.
-    """
-    spec: dict[str, Any] = {}
-    names = {SHORT_NAMES.get(a, a): a for a in CONFIG_AXES} | {a: a for a in CONFIG_AXES}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        key, equals, value = (s.strip() for s in item.partition("="))
-        if not equals:
-            raise ValueError(f"{item!r} is not axis=value")
-        if (axis := names.get(key)) is None:
-            raise ValueError(f"unknown axis {key!r} (axes: {', '.join(CONFIG_AXES)})")
-        if axis in ON_OFF_AXES and value.lower() not in BOOL_WORDS:
-            raise ValueError(f"{key}={value!r}: expected true or false")
-        if axis in INT_AXES and not value.lstrip("-").isdigit():
-            raise ValueError(f"{key}={value!r}: expected an integer")
-        spec[axis] = BOOL_WORDS[value.lower()] if axis in ON_OFF_AXES else int(value) if axis in INT_AXES else value
-    if not spec:
-        raise ValueError("empty config; expected e.g. amp=false,ckpt=false")
-    return spec
-
-
-def baseline(configs: pd.DataFrame, spec: dict[str, Any] | None = None) -> tuple[pd.DataFrame, str]:
-    """The configs with ``is_baseline`` and their ``speedup`` over it, and how it was chosen: the
-    first ok config in grid order matching ``spec``, by default amp, ckpt and compile off, else the
-    first ok config (the rule of the sweep's stored speedups, summary.BASELINE_RULE).
-
-    A given spec that matches no ok config is an error (the user asked for something absent).
-    Where the baseline is the one a config's speedup was stored against (same sweep and
-    ``baseline_config_hash``), the stored speedup, 95% interval and verdict are kept; elsewhere
-    (a ``--baseline`` of your own, another sweep, runs from before intervals were stored) the
-    speedup is the ratio of median tokens/s (:func:`metrics.speedup`), without an interval.
-    """
-    ok = configs[configs["ok"]].sort_values(["sweep_id", "grid_index"], kind="stable")  # grid order, not run order
-    wanted = spec or dict.fromkeys(ON_OFF_AXES, False)
-    hits = ok[(ok[list(wanted)] == pd.Series(wanted)).all(axis=1)]
-    if spec and hits.empty:
-        raise ValueError(f"no ok run matches {','.join(f'{k}={v}' for k, v in spec.items())}")
-    how = "as requested" if spec else "default: amp, ckpt and compile off"
-    if hits.empty:
-        hits, how = ok, "first ok config (none has amp, ckpt and compile all off)"
-    elif len(hits) > 1:
-        how += f"; first of {len(hits)} matching configs"
-    base = hits.iloc[0] if len(hits) else pd.Series({"tokens_per_s": None}, name=None)
-    stored = configs["speedup"].notna() & configs["sweep_id"].eq(base.get("sweep_id"))
-    stored &= configs["baseline_config_hash"].eq(base.get("config_hash"))
-    point = metrics.speedup(configs["tokens_per_s"], base["tokens_per_s"])
-    keep = {c: configs[c].where(stored) for c in ("speedup_ci_lo", "speedup_ci_hi", "speedup_basis", "speedup_verdict")}
-    speedup = configs["speedup"].where(stored, point)
-    return configs.assign(is_baseline=configs.index == base.name, speedup=speedup, **keep), how
 
 
 def top_configs(configs: pd.DataFrame, pool: pd.DataFrame, n: int) -> tuple[pd.DataFrame, str]:
@@ -349,7 +203,7 @@ def heatmap(r: Any, max_panels: int = 4) -> tuple[pd.DataFrame, str]:
     return cells.set_index(keys)[["status", "tokens_per_s"]].reindex(grid).reset_index(), note
 
 
-def factorial_effects(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+def factorial_effects(df: pd.DataFrame, throughput: Sequence[Any] | None = None) -> tuple[pd.DataFrame, str]:
     """Main effects and two-factor interactions of the two-level axes that vary, design-of-experiments
     style, on tokens/s and peak memory; :class:`Skip` when no block has the complete on/off grid.
 
@@ -358,13 +212,17 @@ def factorial_effects(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     interaction the product of the codes), in the metric's own unit, ``effect_pct_<metric>``
     = that as % of the overall mean, and both as text (``tokens/s effect``, ``peak memory effect``).
     Only complete blocks enter: combinations of the other differing axes (e.g. batch, seq_len) in
-    which every on/off combination ran ok; the note says how many of them there were.
+    which every on/off combination ran ok; the note says how many of them there were. With each
+    config's ``throughput`` (:func:`perfsweep.configs.throughputs`), the tokens/s effects get 95%
+    bootstrap intervals (:func:`perfsweep.metrics.effect_intervals`, ``effect_pct_ci_lo/hi_tokens_per_s``)
+    and ``effect_verdict``: "no measurable difference" where the interval contains 0.
     """
     if not (factors := [a for a in ON_OFF_AXES if df[a].nunique() > 1]):
         raise Skip("none of amp, ckpt, compile varies")
     blocks = [a for a in label_axes(df) if a not in factors]
-    cells = df[df["ok"]].groupby([*blocks, *factors], dropna=False)[["tokens_per_s", "peak_mem_bytes"]].mean()
-    cells = cells.reset_index()
+    ok = df.assign(_t=list(throughput) if throughput is not None else None)[df["ok"]]
+    grouped = ok.groupby([*blocks, *factors], dropna=False)
+    cells = grouped[["tokens_per_s", "peak_mem_bytes"]].mean().reset_index().assign(_t=grouped["_t"].agg(list).values)
     by_block = cells.groupby(blocks, dropna=False) if blocks else cells.groupby(np.zeros(len(cells)))
     if (cells := cells[by_block["tokens_per_s"].transform("size") == 2 ** len(factors)]).empty:
         raise Skip(f"the on/off grid over {', '.join(factors)} is incomplete among ok runs")
@@ -372,11 +230,21 @@ def factorial_effects(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     terms = coded | {f"{a} x {b}": coded[a] * coded[b] for a, b in itertools.combinations(factors, 2)}
     out = pd.DataFrame({"label": list(terms)})
     for metric, name in (("tokens_per_s", "tokens/s"), ("peak_mem_bytes", "peak memory")):
-        y = cells[metric].to_numpy(dtype=float)
-        effect = np.array([np.nanmean(y[sign > 0]) - np.nanmean(y[sign < 0]) for sign in terms.values()])
-        out[f"effect_{metric}"], out[f"effect_pct_{metric}"] = effect, (pct := 100.0 * effect / np.nanmean(y))
+        effect, pct = metrics.effects(cells[metric].to_numpy(dtype=float), list(terms.values()))
+        out[f"effect_{metric}"], out[f"effect_pct_{metric}"] = effect, pct
         absolute = [fmt.mem(v, signed=True) if metric == "peak_mem_bytes" else f"{v:+,.0f}" for v in effect]
         out[f"{name} effect"] = [f"{a} ({p:+.1f}%)" for a, p in zip(absolute, pct, strict=True)]
+    if throughput is not None:
+        ivs = metrics.effect_intervals(cells["_t"].tolist(), list(terms.values()))
+        out = out.assign(
+            **{f"effect_pct_ci_{end}_tokens_per_s": [getattr(i, end) for i in ivs] for end in ("lo", "hi")}
+        )
+        out["effect_verdict"] = [metrics.NO_DIFFERENCE if i.contains(0.0) else "" for i in ivs]
+        text = [
+            f"{t[:-1]}, 95% CI {i.lo:+.1f} to {i.hi:+.1f}%)" if np.isfinite(i.lo) else t
+            for t, i in zip(out["tokens/s effect"], ivs, strict=True)
+        ]
+        out["tokens/s effect"] = [t + (f" {v}" if v else "") for t, v in zip(text, out["effect_verdict"], strict=True)]
     if not blocks:
         return out, ""
     used, total = cells.groupby(blocks, dropna=False).ngroups, df.groupby(blocks, dropna=False).ngroups

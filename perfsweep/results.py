@@ -1,8 +1,8 @@
-"""Reading the result database for a report: which sweeps, which runs, and their detail rows.
+"""Reading results.db into pandas for the summary and the report: sweeps, runs, their detail rows.
 
 Runs come back in one query (all ``runs`` columns but the JSON config), so a report over
 10,000 runs costs one round trip. The child tables (``stages``, ``kernels``, ``steps``) are read
-only for the few configs a chart actually draws.
+only for the configs a chart or an interval needs. Everything here reads; nothing writes.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from sqlalchemy.exc import DBAPIError
 
 from perfsweep import store
 from perfsweep.cli import UserError, first_line
+from perfsweep.configs import prepare_runs
 from perfsweep.where import WhereError, parse_where
 
 log = logging.getLogger(__name__)
@@ -95,3 +96,17 @@ def load_child(engine: Engine, table: str, run_ids: Iterable[int]) -> pd.DataFra
     return pd.read_sql_query(
         f"SELECT run_id, {CHILD_COLUMNS[table]} FROM {table} WHERE run_id IN ({_ids_sql(run_ids)}){steps}", engine
     )
+
+
+def load_sweep_runs(engine: Engine, sweep_ids: list[int], where: str | None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The sweeps and their runs, prepared (:func:`perfsweep.configs.prepare_runs`); a missing sweep
+    or no run is a UserError."""
+    sweeps = load_sweeps(engine, sweep_ids)
+    if missing := sorted(set(sweep_ids) - set(sweeps["id"])) or ([] if sweep_ids else ["(none)"]):
+        raise UserError(f"--sweep {missing[0]}: no sweep with id {missing[0]}")
+    if (runs := load_runs(engine, sweep_ids, where)).empty:
+        which = ", ".join(str(s) for s in sweep_ids)
+        raise UserError(
+            f"--where {where!r}: no runs of sweep {which} match" if where else f"--sweep {which}: the sweep has no runs"
+        )
+    return sweeps, prepare_runs(runs)

@@ -1,0 +1,186 @@
+"""A sweep's configs: its runs grouped by what was measured (repeats as one), named by the axes
+that differ, and set against a baseline config.
+
+The terminal summary and the report both read configs from here, so a config with repeats shows
+the same figures in both. A config is the runs of a sweep that share ``config_hash``; configs are
+named by the axes that differ between them (``amp=on ckpt=off``), so a label never repeats what
+every row shares. pandas only: importing this never imports torch or matplotlib.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from perfsweep import metrics
+from perfsweep.names import GRID_AXES, ON_OFF_AXES, RUN_STATUSES
+
+CONFIG_AXES: tuple[str, ...] = (*GRID_AXES, "amp_dtype", "model_name", "data_name")
+"""What identifies a measured configuration: the grid axes plus what they do not cover."""
+SHORT_NAMES: dict[str, str] = {"model_name": "model", "data_name": "data", "sweep_id": "sweep"}
+STATUS_ORDER: tuple[str, ...] = ("ok", "oom", "failed", "timeout", "interrupted", "running")
+"""Which run stands for a config, or a heatmap cell, whose runs' statuses differ: the most telling first."""
+assert set(STATUS_ORDER) == set(RUN_STATUSES)
+
+
+def prepare_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """Normalise types across backends and add the columns every chart uses.
+
+    SQLite hands booleans back as 0/1 integers and PostgreSQL as bools; both become bool. A
+    column that is NULL in every run loads as object and becomes float, so it plots as empty.
+    ``tokens_per_s_lo``/``_hi`` (:func:`metrics.throughput_range`) show how steady a run's
+    measured steps were.
+    """
+    empty = {c: float for c in runs.columns if runs[c].dtype == object and runs[c].isna().all()}
+    df = runs.astype(dict.fromkeys(ON_OFF_AXES, bool) | empty).sort_values(["sweep_id", "job_num", "id"], kind="stable")
+    df = df.copy()  # one block per dtype: added columns do not fragment it
+    lo, hi = metrics.throughput_range(df["batch"] * df["seq_len"], df["step_time_ms_p10"], df["step_time_ms_p90"])
+    ok = (df["status"] == "ok") & df["tokens_per_s"].notna()
+    df = df.assign(tokens_per_s_lo=lo, tokens_per_s_hi=hi, ok=ok).reset_index(drop=True)
+    return df.assign(label=config_labels(df, label_axes(df)))
+
+
+def per_config(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per config (the runs of a sweep that share ``config_hash``), in order of first run.
+
+    ``tokens_per_s`` is the median over the config's ok runs and ``tokens_per_s_lo``/``_hi`` their
+    range (with one ok run: its throughput at the p90 and p10 step time); ``runs``, ``ok_runs``
+    and ``noisy_runs`` count them, the last by their stored ``noisy`` flag; ``repeats_disagree``: their
+    tokens/s spread as much (:func:`metrics.noisy_iqr`); ``noisy``: either, as the summary flags it. Every
+    other column is that of one run, the ok run nearest the median, whose stages, kernels and loss
+    the detail charts draw: the figures of a row belong together. Repeats share their stored speedup.
+    Config-level columns besides: ``statuses`` ("ok", or "2 ok, 1 failed"), ``first_job_num``,
+    ``unsettled`` (an ok run never reached steady state) and ``ok_run_ids`` (a tuple, for resampling).
+    """
+    key = runs["sweep_id"].astype(str) + " " + runs["config_hash"].fillna("run " + runs["id"].astype(str))
+    ok = runs["tokens_per_s"].where(runs["ok"])
+    by = ok.groupby(key, sort=False)
+    c = pd.DataFrame({"median": by.median(), "lo": by.min(), "hi": by.max(), "runs": by.size(), "ok_runs": by.count()})
+    c["noisy_runs"] = (runs["noisy"].eq(1) & runs["ok"]).groupby(key, sort=False).sum()
+    c["unsettled"] = (runs["steady_state"].eq(0) & runs["ok"]).groupby(key, sort=False).any()
+    c["first_job_num"] = runs["job_num"].groupby(key, sort=False).min()
+    c["ok_run_ids"] = runs["id"].where(runs["ok"]).groupby(key, sort=False).agg(lambda s: tuple(s.dropna().astype(int)))
+    c["statuses"] = (
+        runs["status"]
+        .groupby(key, sort=False)
+        .agg(lambda s: ", ".join(f"{n} {k}" for k, n in s.value_counts().items()) if s.nunique() > 1 else s.iloc[0])
+    )
+    spread = ok[key.map(c["ok_runs"]) > 1].groupby(key).agg(metrics.iqr)
+    c["repeats_disagree"] = metrics.noisy_iqr(spread.reindex(c.index), c["median"])
+    c["noisy"] = (c["noisy_runs"] > 0) | c["repeats_disagree"]
+    c = c.loc[key].set_axis(runs.index)
+    rank = runs.assign(
+        _first=runs.index.to_series().groupby(key).transform("min"),
+        _far=(ok - c["median"]).abs().fillna(np.inf),
+        _status=runs["status"].map(STATUS_ORDER.index),
+    )
+    chosen = rank.sort_values(["_first", "_far", "_status"], kind="stable").drop_duplicates("_first").index
+    several = c["ok_runs"] > 1
+    out = runs.assign(
+        tokens_per_s=c["median"],
+        tokens_per_s_lo=c["lo"].where(several, runs["tokens_per_s_lo"]),
+        tokens_per_s_hi=c["hi"].where(several, runs["tokens_per_s_hi"]),
+        **{k: c[k] for k in c.columns if k not in ("median", "lo", "hi")},
+    )
+    out = out.loc[chosen].reset_index(drop=True)
+    return out.assign(label=config_labels(out, label_axes(out))).copy()
+
+
+def label_axes(df: pd.DataFrame) -> list[str]:
+    """The config axes whose values differ between runs; ``sweep_id`` too when it disambiguates."""
+    axes = [a for a in CONFIG_AXES if a in df.columns and df[a].nunique(dropna=False) > 1]
+    if "sweep_id" in df.columns and df["sweep_id"].nunique() > 1 and df.duplicated(axes or list(CONFIG_AXES)).any():
+        axes.append("sweep_id")
+    return axes
+
+
+def axis_text(axis: str, value: Any) -> str:
+    """``amp=on``, ``batch=8``, ``model=tiny``: one axis of a config label."""
+    if axis in ON_OFF_AXES:
+        value = "on" if bool(value) else "off"
+    elif isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return f"{SHORT_NAMES.get(axis, axis)}={value}"
+
+
+def config_labels(df: pd.DataFrame, axes: Sequence[str], unique: bool = True) -> pd.Series:
+    """``amp=on ckpt=off`` from the differing axes; with ``unique``, run ids break ties (``#7``)."""
+    if axes:
+        labels = [" ".join(parts) for parts in zip(*([axis_text(a, v) for v in df[a]] for a in axes), strict=True)]
+    else:
+        labels = [f"{m} batch={b} seq_len={s}" for m, b, s in df[["model_name", "batch", "seq_len"]].itertuples(False)]
+    out = pd.Series(labels, index=df.index, dtype=object)
+    dup = out.duplicated(keep=False) & unique
+    out[dup] = out[dup] + " #" + df.loc[dup, "id"].astype(str)
+    return out
+
+
+INT_AXES = ("batch", "seq_len", "workers")
+BOOL_WORDS = {"true": True, "on": True, "yes": True, "1": True, "false": False, "off": False, "no": False, "0": False}
+
+
+def parse_config_spec(text: str) -> dict[str, Any]:
+    """``"amp=false,ckpt=false"`` -> ``{"amp": False, "ckpt": False}`` with each axis's type.
+
+    Raises ValueError with a one-line message naming the offending item.
+    """
+    spec: dict[str, Any] = {}
+    names = {SHORT_NAMES.get(a, a): a for a in CONFIG_AXES} | {a: a for a in CONFIG_AXES}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, equals, value = (s.strip() for s in item.partition("="))
+        if not equals:
+            raise ValueError(f"{item!r} is not axis=value")
+        if (axis := names.get(key)) is None:
+            raise ValueError(f"unknown axis {key!r} (axes: {', '.join(CONFIG_AXES)})")
+        if axis in ON_OFF_AXES and value.lower() not in BOOL_WORDS:
+            raise ValueError(f"{key}={value!r}: expected true or false")
+        if axis in INT_AXES and not value.lstrip("-").isdigit():
+            raise ValueError(f"{key}={value!r}: expected an integer")
+        spec[axis] = BOOL_WORDS[value.lower()] if axis in ON_OFF_AXES else int(value) if axis in INT_AXES else value
+    if not spec:
+        raise ValueError("empty config; expected e.g. amp=false,ckpt=false")
+    return spec
+
+
+def baseline(configs: pd.DataFrame, spec: dict[str, Any] | None = None) -> tuple[pd.DataFrame, str]:
+    """The configs with ``is_baseline`` and their ``speedup`` over it, and how it was chosen: the
+    first ok config in grid order matching ``spec``, by default amp, ckpt and compile off, else the
+    first ok config (the rule of the sweep's stored speedups, summary.BASELINE_RULE).
+
+    A given spec that matches no ok config is an error (the user asked for something absent).
+    Where the baseline is the one a config's speedup was stored against (same sweep and
+    ``baseline_config_hash``), the stored speedup, 95% interval and verdict are kept; elsewhere
+    (a ``--baseline`` of your own, another sweep, runs from before intervals were stored) the
+    speedup is the ratio of median tokens/s (:func:`metrics.speedup`), without an interval.
+    """
+    ok = configs[configs["ok"]].sort_values(["sweep_id", "grid_index"], kind="stable")  # grid order, not run order
+    wanted = spec or dict.fromkeys(ON_OFF_AXES, False)
+    hits = ok[(ok[list(wanted)] == pd.Series(wanted)).all(axis=1)]
+    if spec and hits.empty:
+        raise ValueError(f"no ok run matches {','.join(f'{k}={v}' for k, v in spec.items())}")
+    how = "as requested" if spec else "default: amp, ckpt and compile off"
+    if hits.empty:
+        hits, how = ok, "first ok config (none has amp, ckpt and compile all off)"
+    elif len(hits) > 1:
+        how += f"; first of {len(hits)} matching configs"
+    base = hits.iloc[0] if len(hits) else pd.Series({"tokens_per_s": None}, name=None)
+    stored = configs["speedup"].notna() & configs["sweep_id"].eq(base.get("sweep_id"))
+    stored &= configs["baseline_config_hash"].eq(base.get("config_hash"))
+    point = metrics.speedup(configs["tokens_per_s"], base["tokens_per_s"])
+    keep = {c: configs[c].where(stored) for c in ("speedup_ci_lo", "speedup_ci_hi", "speedup_basis", "speedup_verdict")}
+    speedup = configs["speedup"].where(stored, point)
+    return configs.assign(is_baseline=configs.index == base.name, speedup=speedup, **keep), how
+
+
+def throughputs(configs: pd.DataFrame, runs: pd.DataFrame, steps: pd.DataFrame) -> list[metrics.Throughput]:
+    """What each config's tokens/s interval is resampled from (:class:`perfsweep.metrics.Throughput`):
+    its ok runs' tokens/s and their measured step times (``steps``: run_id, step_time_ms, in order)."""
+    by_run = runs.set_index("id")["tokens_per_s"]
+    times = steps.groupby("run_id")["step_time_ms"].agg(list)
+    return [
+        metrics.Throughput([by_run[i] for i in ids], [t for i in ids for t in times.get(i, [])], int(b * s))
+        for ids, b, s in configs[["ok_run_ids", "batch", "seq_len"]].itertuples(index=False)
+    ]
