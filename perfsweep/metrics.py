@@ -354,15 +354,89 @@ def config_speedup(
     With repeats on both sides (N > 1 runs each), over repeats: the ratio of the runs' median
     tokens/s, runs resampled. Otherwise over steps: the ratio of tokens per mean step time (what
     tokens/s is), measured steps resampled in blocks of :func:`step_block` so autocorrelated
-    steps do not fake precision.
+    steps do not fake precision (see :class:`Throughput`).
     """
-    if len(tokens_per_s) > 1 and len(baseline_tokens_per_s) > 1:
-        iv = ratio_interval(tokens_per_s, baseline_tokens_per_s)
-        basis = "repeats"
-    else:
-        block = step_block(min(len(step_times_ms), len(baseline_step_times_ms)))
-        inv = ratio_interval(baseline_step_times_ms, step_times_ms, stat=np.mean, block=block)
-        scale = tokens_per_step / baseline_tokens_per_step
-        iv = Interval(inv.value * scale, inv.lo * scale, inv.hi * scale, inv.confidence)
-        basis = "steps"
-    return Speedup(iv.value, iv.lo, iv.hi, basis, verdict(iv))
+    a = Throughput(tokens_per_s, step_times_ms, tokens_per_step)
+    b = Throughput(baseline_tokens_per_s, baseline_step_times_ms, baseline_tokens_per_step)
+    iv = a.ratio(b)
+    return Speedup(iv.value, iv.lo, iv.hi, a.basis(b), verdict(iv))
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """What is known of one config's tokens/s for resampling: its ok runs' tokens/s and the
+    measured step times of those runs (in order), with the tokens each step trains."""
+
+    tokens_per_s_runs: Sequence[float]
+    step_times_ms: Sequence[float]
+    tokens_per_step: int
+
+    def basis(self, *others: Throughput) -> str | None:
+        """ "repeats" when every side has more than one run, else "steps" when every side has
+        measured steps, else None: one run without stored steps (an imported row) has no interval."""
+        sides = (self, *others)
+        if all(len(t.tokens_per_s_runs) > 1 for t in sides):
+            return "repeats"
+        return "steps" if all(len(t.step_times_ms) > 0 for t in sides) else None
+
+    def replicates(self, basis: str, block: int, rng: np.random.Generator, n_boot: int = 10_000) -> np.ndarray:
+        """``n_boot`` bootstrap draws of the config's tokens/s: the median of resampled runs, or
+        tokens per mean of steps resampled in blocks of ``block``."""
+        if basis == "repeats":
+            return np.median(_resample(np.asarray(self.tokens_per_s_runs, float), n_boot, 1, rng), axis=1)
+        return (
+            self.tokens_per_step * 1000.0 / _resample(np.asarray(self.step_times_ms, float), n_boot, block, rng).mean(1)
+        )
+
+    def point(self, basis: str) -> float:
+        """The figure the replicates scatter around (the same statistic on the data as measured)."""
+        if basis == "repeats":
+            return float(np.median(self.tokens_per_s_runs))
+        return self.tokens_per_step * 1000.0 / float(np.mean(self.step_times_ms))
+
+    def ratio(self, other: Throughput, confidence: float = 0.95) -> Interval:
+        """This config's tokens/s over ``other``'s with a percentile bootstrap interval (NaN
+        without a basis); the two sides are resampled independently."""
+        if (basis := self.basis(other)) is None:
+            return Interval(float("nan"), float("nan"), float("nan"), confidence)
+        block = step_block(min(len(self.step_times_ms), len(other.step_times_ms)))
+        rng = np.random.default_rng(0)
+        ratios = self.replicates(basis, block, rng) / other.replicates(basis, block, rng)
+        return percentile_interval(self.point(basis) / other.point(basis), ratios, confidence)
+
+
+def percentile_interval(value: float, replicates: np.ndarray, confidence: float = 0.95) -> Interval:
+    """``value`` with the central ``confidence`` share of its bootstrap ``replicates``."""
+    tail = (1.0 - confidence) / 2.0 * 100.0
+    lo, hi = np.percentile(replicates, [tail, 100.0 - tail])
+    return Interval(float(value), float(lo), float(hi), confidence)
+
+
+def effect_intervals(
+    cells: Sequence[Sequence[Throughput]], signs: Sequence[np.ndarray], confidence: float = 0.95
+) -> list[Interval]:
+    """Design-of-experiments effects in % of the mean, with bootstrap intervals.
+
+    ``cells``: for each cell of the on/off grid, the configs measured in it (their tokens/s are
+    averaged); ``signs``: for each term, a -1/+1 per cell. An effect is mean(+1 cells) - mean(-1
+    cells) as % of the mean over all cells; each bootstrap draw resamples every config (over repeats
+    when every config has them, else over steps; see :class:`Throughput`) and recomputes all of it.
+    Effects come back NaN when some config has neither repeats nor steps to resample.
+    """
+    flat = [t for cell in cells for t in cell]
+    if not flat or (basis := flat[0].basis(*flat[1:])) is None:
+        nan = float("nan")
+        return [Interval(nan, nan, nan, confidence) for _ in signs]
+    block = step_block(min(len(t.step_times_ms) for t in flat)) if basis == "steps" else 1
+    rng = np.random.default_rng(0)
+    draws = np.array([np.mean([t.replicates(basis, block, rng) for t in cell], axis=0) for cell in cells])
+    point = np.array([np.mean([t.point(basis) for t in cell]) for cell in cells])
+
+    return [percentile_interval(effects(point, [s])[1][0], effects(draws, [s])[1], confidence) for s in signs]
+
+
+def effects(y: np.ndarray, signs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Effects of each term on ``y`` (one value per cell, or a row of draws per cell): mean over
+    the cells at +1 minus mean at -1, and that in % of the mean over all cells (NaN cells skipped)."""
+    effect = np.array([np.nanmean(y[s > 0], axis=0) - np.nanmean(y[s < 0], axis=0) for s in signs])
+    return effect, 100.0 * effect / np.nanmean(y, axis=0)

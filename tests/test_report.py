@@ -21,13 +21,14 @@ from matplotlib.patches import Rectangle
 
 from perfsweep import metrics, store, summary
 from perfsweep.cli import UserError
+from perfsweep.configs import CONFIG_AXES, config_labels, label_axes, parse_config_spec, per_config, prepare_runs
 from perfsweep.metrics import StepRecord, summarize
 from perfsweep.names import STAGES
 from perfsweep.report import charts, frames
 from perfsweep.report.__main__ import main
 from perfsweep.report.build import INTERVALS, build_report, make_report, results_table
 from perfsweep.report.compare import COMPARE, build_compare, compare_frame
-from perfsweep.report.load import load_runs
+from perfsweep.results import load_child, load_runs
 
 if TYPE_CHECKING:
     from tests.conftest_report import ReportSweeps
@@ -397,6 +398,7 @@ def test_factor_effects_of_a_known_2x2(engine: Any, tmp_path: Path) -> None:
                 ckpt=c,
                 tokens_per_s=tps[a, c],
                 peak_mem_bytes=int(mem[a, c] * 2**20),
+                times=[1024 * 1000 / tps[a, c] * f for f in (0.98, 1.02, 1.0, 0.99, 1.01, 1.0)],  # +-2% around it
             ),
         )
     rep = make_report(engine, [sid])
@@ -410,7 +412,14 @@ def test_factor_effects_of_a_known_2x2(engine: Any, tmp_path: Path) -> None:
     ax_tokens, ax_mem = chart.figure.axes[:2]
     assert bar_values(ax_tokens) == pytest.approx([56.0, 0.0, 16.0])
     assert bar_values(ax_mem) == pytest.approx([-40.0, -80.0, 0.0])
-    assert "| amp x ckpt | +20 (+16.0%) | +0.00 MiB (+0.0%) |" in chart.extra_md
+    # 95% intervals over the steps: amp and amp x ckpt are real, ckpt (no effect) is not
+    lo, hi = eff["effect_pct_ci_lo_tokens_per_s"], eff["effect_pct_ci_hi_tokens_per_s"]
+    assert lo["amp"] > 40 and hi["amp"] < 70 and lo["amp x ckpt"] > 0 and lo["ckpt"] < 0 < hi["ckpt"]
+    assert eff["effect_verdict"].tolist() == ["", metrics.NO_DIFFERENCE, ""]
+    whiskers = [seg for c in ax_tokens.collections for seg in c.get_segments()]
+    np.testing.assert_allclose(sorted(seg[0][0] for seg in whiskers), sorted(lo))
+    ckpt = f"| ckpt | +0 (+0.0%, 95% CI {lo['ckpt']:+.1f} to {hi['ckpt']:+.1f}%) {metrics.NO_DIFFERENCE} |"
+    assert ckpt in chart.extra_md and "| amp x ckpt | +20 (+16.0%, 95% CI" in chart.extra_md
 
 
 def test_factor_effects_use_only_complete_blocks(engine: Any, tmp_path: Path) -> None:
@@ -431,8 +440,8 @@ def test_factor_effects_use_only_complete_blocks(engine: Any, tmp_path: Path) ->
                 status="oom" if oom else "ok",
             ),
         )
-    runs = frames.prepare_runs(load_runs(engine, [sid]))
-    effects, note = frames.factorial_effects(frames.per_config(runs))
+    runs = prepare_runs(load_runs(engine, [sid]))
+    effects, note = frames.factorial_effects(per_config(runs))
     assert note.startswith("averaged over 1 of 2 combinations of batch")
     effects = effects.set_index("label")
     assert effects.loc["amp", "effect_tokens_per_s"] == pytest.approx(500.0)
@@ -623,26 +632,26 @@ def test_big_sweep_bar_charts_show_top_n_plus_baseline(engine: Any, tmp_path: Pa
 
 
 def test_labels_name_only_differing_axes() -> None:
-    df = pd.DataFrame({"id": [1, 2], **{a: [0, 0] for a in frames.CONFIG_AXES}})
+    df = pd.DataFrame({"id": [1, 2], **{a: [0, 0] for a in CONFIG_AXES}})
     df["amp"] = [True, False]
     df["batch"] = [8, 16]
-    assert frames.config_labels(df, frames.label_axes(df)).tolist() == [
+    assert config_labels(df, label_axes(df)).tolist() == [
         "amp=on batch=8",
         "amp=off batch=16",
     ]
 
 
 def test_parse_baseline_spec() -> None:
-    assert frames.parse_config_spec("amp=false, ckpt=on,batch=8,model=tiny") == {
+    assert parse_config_spec("amp=false, ckpt=on,batch=8,model=tiny") == {
         "amp": False,
         "ckpt": True,
         "batch": 8,
         "model_name": "tiny",
     }
     with pytest.raises(ValueError, match="expected true or false"):
-        frames.parse_config_spec("amp=maybe")
+        parse_config_spec("amp=maybe")
     with pytest.raises(ValueError, match="unknown axis"):
-        frames.parse_config_spec("speed=11")
+        parse_config_spec("speed=11")
 
 
 def test_baseline_falls_back_to_first_ok_run(engine: Any, tmp_path: Path) -> None:
@@ -692,59 +701,49 @@ def test_stale_charts_are_removed_when_skipped(engine: Any, tmp_path: Path) -> N
 # compare
 
 
-def test_compare_flags_changes_within_noise(engine: Any, tmp_path: Path) -> None:
-    tokens = 8 * 128
+def test_compare_gives_each_change_an_interval_and_a_verdict(engine: Any, tmp_path: Path) -> None:
+    """Changes with 95% bootstrap intervals over steps, over repeats, or (no stored steps) by ranges."""
     ref = new_sweep(engine, tmp_path / "ref", name="before")
     new = new_sweep(engine, tmp_path / "new", name="after")
+    noise = [100.0, 104.0, 96.0, 101.0, 99.0, 103.0, 97.0, 100.0, 102.0, 98.0]
+    base, fast = noise, [t / 1.5 for t in noise]
+    store.save_run(engine, run_row(ref, 0, times=base))  # amp off: the same steps, shifted by 1 ms
+    store.save_run(engine, run_row(new, 0, times=[t + 1.0 for t in base[::-1]]))
+    store.save_run(engine, run_row(ref, 1, amp=True, times=base))  # amp on: 1.5x faster steps
+    store.save_run(engine, run_row(new, 1, amp=True, times=fast))
+    for sid, tps in ((ref, (1000.0, 1010.0, 990.0)), (new, (1200.0, 1190.0, 1215.0))):  # batch=4: three repeats
+        for k, t in enumerate(tps):
+            store.save_run(engine, run_row(sid, 2 + k, batch=4, tokens_per_s=t, config_hash=f"{sid}-b4"))
+    for sid, t in ((ref, 1000.0), (new, 1030.0)):  # seq_len=64: an imported row, no steps; ranges overlap
+        row = run_row(sid, 5, seq_len=64, tokens_per_s=t, step_time_ms_p10=60.0, step_time_ms_p90=70.0)
+        store.save_run(engine, {**row, "steps": []})
+    store.save_run(engine, run_row(new, 6, ckpt=True))  # only in the new sweep
+    store.save_run(engine, run_row(ref, 7, compile=True))
+    store.save_run(engine, run_row(new, 7, compile=True, status="oom"))
 
-    def ms(tps: float) -> float:
-        return tokens * 1000.0 / tps
-
-    # amp off: 1000 vs 1020 tokens/s with overlapping ranges -> within noise
-    store.save_run(
-        engine,
-        run_row(ref, 0, tokens_per_s=1000.0, step_time_ms_p10=ms(1050), step_time_ms_p90=ms(950)),
+    runs = prepare_runs(load_runs(engine, [new, ref]))
+    a, b = (per_config(runs[runs["sweep_id"] == s]) for s in (new, ref))
+    steps = load_child(engine, "steps", runs["id"])
+    cmp = compare_frame(a, b, runs, steps).set_index("label")
+    same, amp = (
+        cmp.loc["amp=off ckpt=off batch=8 seq_len=128 compile=off"],
+        cmp.loc["amp=on ckpt=off batch=8 seq_len=128 compile=off"],
     )
-    store.save_run(
-        engine,
-        run_row(new, 0, tokens_per_s=1020.0, step_time_ms_p10=ms(1060), step_time_ms_p90=ms(990)),
-    )
-    # amp on: 1500 vs 1000, disjoint ranges -> faster
-    store.save_run(
-        engine,
-        run_row(
-            ref,
-            1,
-            amp=True,
-            tokens_per_s=1000.0,
-            step_time_ms_p10=ms(1040),
-            step_time_ms_p90=ms(960),
-        ),
-    )
-    store.save_run(
-        engine,
-        run_row(
-            new,
-            1,
-            amp=True,
-            tokens_per_s=1500.0,
-            step_time_ms_p10=ms(1550),
-            step_time_ms_p90=ms(1450),
-        ),
-    )
-    # ckpt on: only in the new sweep; compile on: oom in the new sweep
-    store.save_run(engine, run_row(new, 2, ckpt=True))
-    store.save_run(engine, run_row(ref, 3, compile=True))
-    store.save_run(engine, run_row(new, 3, compile=True, status="oom"))
-
-    runs = frames.prepare_runs(load_runs(engine, [new, ref]))
-    cmp = compare_frame(runs[runs["sweep_id"] == new], runs[runs["sweep_id"] == ref]).set_index("label")
-    assert cmp.loc["amp=off ckpt=off compile=off", "verdict"] == "within noise"
-    assert cmp.loc["amp=off ckpt=off compile=off", "change_pct"] == pytest.approx(2.0)
-    assert cmp.loc["amp=on ckpt=off compile=off", "verdict"] == "faster"
-    assert cmp.loc["amp=on ckpt=off compile=off", "change_pct"] == pytest.approx(50.0)
-    assert cmp.loc["amp=off ckpt=on compile=off", "verdict"] == "only in A"
-    assert cmp.loc["amp=off ckpt=off compile=on", "verdict"] == "oom in A"
+    assert same["verdict"] == metrics.NO_DIFFERENCE and same["change_basis"] == "steps"
+    assert same["change_pct"] == pytest.approx(100 * (np.mean(base) / (np.mean(base) + 1.0) - 1))
+    assert same["change_pct_ci_lo"] < 0 < same["change_pct_ci_hi"]
+    assert amp["verdict"] == "faster" and amp["change_pct"] == pytest.approx(50.0)
+    assert 0 < amp["change_pct_ci_lo"] < 50.0 < amp["change_pct_ci_hi"]
+    repeats = cmp.loc["amp=off ckpt=off batch=4 seq_len=128 compile=off"]
+    expected = metrics.ratio_interval([1200.0, 1190.0, 1215.0], [1000.0, 1010.0, 990.0])
+    assert repeats["change_basis"] == "repeats" and repeats["verdict"] == "faster"
+    got = repeats[["change_pct", "change_pct_ci_lo", "change_pct_ci_hi"]].to_numpy(dtype=float)
+    np.testing.assert_allclose(got, [100 * (v - 1) for v in (expected.value, expected.lo, expected.hi)])
+    imported = cmp.loc["amp=off ckpt=off batch=8 seq_len=64 compile=off"]
+    assert imported["change_basis"] == "ranges" and imported["verdict"] == metrics.NO_DIFFERENCE
+    assert imported["change_pct"] == pytest.approx(3.0) and np.isnan(imported["change_pct_ci_lo"])
+    assert cmp.loc["amp=off ckpt=on batch=8 seq_len=128 compile=off", "verdict"] == "only in A"
+    assert cmp.loc["amp=off ckpt=off batch=8 seq_len=128 compile=on", "verdict"] == "oom in A"
 
     fig = charts.draw(COMPARE, cmp.reset_index(), "A vs B")
     ax_tokens, ax_change = fig.axes[:2]
@@ -757,8 +756,20 @@ def test_compare_flags_changes_within_noise(engine: Any, tmp_path: Path) -> None
     out = build_compare(engine, new, ref, out_dir=tmp_path / "cmp")
     md = (out / "compare.md").read_text()
     assert (out / "compare.png").is_file() and "![compare](compare.png)" in md
-    assert "| amp=off ckpt=off compile=off | 1,020 |" in md and "within noise" in md
+    row = next(line for line in md.splitlines() if line.startswith("| amp=on ckpt=off batch=8 seq_len=128"))
+    assert f"+50.0% ({amp['change_pct_ci_lo']:+.1f} to {amp['change_pct_ci_hi']:+.1f}) | faster |" in row
     assert "sweep " in md and "(after) vs sweep" in md
+
+
+def test_compare_lists_only_the_environment_differences(engine: Any, tmp_path: Path) -> None:
+    a, b = new_sweep(engine, tmp_path / "a"), new_sweep(engine, tmp_path / "b")
+    store.save_run(engine, run_row(a, 0, torch_version="2.12.0", cudnn_version="91002"))
+    store.save_run(engine, run_row(b, 0, torch_version="2.13.0", cudnn_version="91002"))
+    md = (build_compare(engine, a, b, out_dir=tmp_path / "cmp") / "compare.md").read_text()
+    env = md.split("## Environment")[1]
+    assert "| torch_version | 2.12.0 | 2.13.0 |" in env
+    assert "| hostname" not in env and "| cudnn_version" not in env  # the same in both: named, not tabled
+    assert "Same in both:" in env and "hostname" in env and "cudnn_version" in env
 
 
 def test_cli_compare_by_name(engine: Any, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
