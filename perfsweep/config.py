@@ -155,6 +155,11 @@ class StepsConfig:
     max_warmup: int | None = None
     """Cap on warmup steps (default: 20, or ``warmup + 2 * stable_window`` if that is more); a run
     that reaches it unsettled is measured anyway and stored with ``steady_state`` false."""
+    max_warmup_s: float | None = 60.0
+    """Time cap on the steady-state extension: once the warmup steps add up to this many seconds no
+    further one starts (the ``warmup`` minimum always runs); null: no time cap. Keeps a slow config
+    (bf16 on a CPU without bf16 units: ~14 s a step for ``model=small``) from warming up for minutes;
+    one stopped unsettled is stored with ``steady_state`` false like one that hit ``max_warmup``."""
 
     @property
     def warmup_cap(self) -> int:
@@ -170,6 +175,8 @@ class StepsConfig:
         _require(
             0 < self.stable_tolerance < 1, "steps.stable_tolerance", self.stable_tolerance, "must be between 0 and 1"
         )
+        if self.max_warmup_s is not None:
+            _require(self.max_warmup_s > 0, "steps.max_warmup_s", self.max_warmup_s, "must be > 0 seconds or null")
         if self.max_warmup is not None and self.stable_window > 0:
             least = max(self.warmup, 2 * self.stable_window)
             _require(

@@ -228,7 +228,14 @@ def _train(
         report(records[-1])
 
     warm = warm_up(
-        trainer, records, steps.warmup, steps.stable_window, steps.stable_tolerance, steps.warmup_cap, report
+        trainer,
+        records,
+        steps.warmup,
+        steps.stable_window,
+        steps.stable_tolerance,
+        steps.warmup_cap,
+        report,
+        steps.max_warmup_s,
     )
     mode = resolve_timing(cfg.timing.value, device)
     result.update(warmup_steps=warm.steps, measure_start_step=len(records), steady_state=warm.steady_state)

@@ -177,8 +177,8 @@ class Run(Base):
     measure_start_step: Mapped[int | None] = mapped_column(Integer)
     """Index (0-based, as in ``steps.step``) of the first measured step."""
     steady_state: Mapped[bool | None] = mapped_column(Boolean)
-    """Whether warmup ended on the steady-state rule (false: it hit steps.max_warmup unsettled;
-    null: the check was off, or the run predates it)."""
+    """Whether warmup ended on the steady-state rule (false: it hit steps.max_warmup or
+    steps.max_warmup_s unsettled; null: the check was off, or the run predates it)."""
     timing_mode: Mapped[str | None] = mapped_column(String(8))
     """sync (host clock, device synchronised each step) or events (CUDA events, one sync)."""
     measure_steps: Mapped[int | None] = mapped_column(Integer)

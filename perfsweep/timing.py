@@ -66,9 +66,12 @@ def warm_up(
     tolerance: float,
     cap: int,
     on_step: OnStep,
+    budget_s: float | None = None,
 ) -> Warmup:
     """Run at least ``minimum`` warmup steps, then more until :func:`perfsweep.metrics.steady`
-    says the last two windows of ``window`` steps agree within ``tolerance``, at most ``cap``."""
+    says the last two windows of ``window`` steps agree within ``tolerance``, at most ``cap``
+    steps and, past the minimum, no step started once the warmup steps add up to ``budget_s``
+    (slow configs, e.g. bf16 on a CPU without bf16 units, would otherwise warm up for minutes)."""
     times: list[float] = []
 
     def one() -> None:
@@ -82,7 +85,7 @@ def warm_up(
         one()
     if window == 0:
         return Warmup(len(times), None)
-    while not steady(times, window, tolerance) and len(times) < cap:
+    while not steady(times, window, tolerance) and len(times) < cap and sum(times) < 1000 * (budget_s or float("inf")):
         one()
     return Warmup(len(times), steady(times, window, tolerance))
 

@@ -52,6 +52,18 @@ def test_warmup_stops_at_the_cap_unsettled_and_is_exact_without_the_check():
     assert (w.steps, w.steady_state) == (4, None)
 
 
+def test_warmup_past_the_minimum_stops_at_the_time_budget():
+    slow = [14_000.0] * 30  # a bf16 step of model=small on a CPU without bf16 units
+    w = warm_up(ScriptedSteps(slow), [], 3, 3, 0.02, cap=20, on_step=lambda r: None, budget_s=60.0)
+    assert (w.steps, w.steady_state) == (5, False)  # the 4th starts at 42 s, the 5th at 56 s, no 6th at 70 s
+    w = warm_up(ScriptedSteps(slow), [], 3, 3, 0.02, cap=20, on_step=lambda r: None, budget_s=10.0)
+    assert (w.steps, w.steady_state) == (3, False)  # the minimum always runs
+    w = warm_up(ScriptedSteps([900, 300, 200, 100, 100, 100, 100]), [], 2, 2, 0.02, 20, lambda r: None, budget_s=60.0)
+    assert (w.steps, w.steady_state) == (7, True)  # fast steps: the budget does not bind
+    with pytest.raises(ConfigError, match=r"steps.max_warmup_s=0: must be > 0 seconds or null"):
+        StepsConfig(max_warmup_s=0)
+
+
 def test_sync_window_wall_time_covers_its_steps():
     records: list[StepRecord] = []
     seen: list[StepRecord] = []
