@@ -50,8 +50,6 @@ log = logging.getLogger("perfsweep")
 
 @hydra.main(version_base="1.3", config_path="pkg://perfsweep.conf", config_name="config")
 def hydra_main(cfg: DictConfig) -> str:
-    from perfsweep import importer, launcher, summary
-
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
     launch_dir = Path(hc.runtime.cwd)
@@ -75,6 +73,9 @@ def hydra_main(cfg: DictConfig) -> str:
                     f"invalid config: repeat={run_cfg.repeat}: repeats run as a multirun, each in its own "
                     "process; add -m"
                 )
+        from perfsweep import importer, launcher, summary  # torch, once the config is known to be valid
+
+        if not multirun:
             preflight.claim_folder(Path(sweep_dir), "hydra.run.dir")
             claimed = True
             preflight.check_all([run_cfg])

@@ -145,7 +145,9 @@ def parse_config_spec(text: str) -> dict[str, Any]:
     return spec
 
 
-def baseline(configs: pd.DataFrame, spec: dict[str, Any] | None = None) -> tuple[pd.DataFrame, str]:
+def baseline(
+    configs: pd.DataFrame, spec: dict[str, Any] | None = None, throughput: Sequence[metrics.Throughput] | None = None
+) -> tuple[pd.DataFrame, str]:
     """The configs with ``is_baseline`` and their ``speedup`` over it, and how it was chosen: the
     first ok config in grid order matching ``spec``, by default amp, ckpt and compile off, else the
     first ok config (the rule of the sweep's stored speedups, summary.BASELINE_RULE).
@@ -153,8 +155,9 @@ def baseline(configs: pd.DataFrame, spec: dict[str, Any] | None = None) -> tuple
     A given spec that matches no ok config is an error (the user asked for something absent).
     Where the baseline is the one a config's speedup was stored against (same sweep and
     ``baseline_config_hash``), the stored speedup, 95% interval and verdict are kept; elsewhere
-    (a ``--baseline`` of your own, another sweep, runs from before intervals were stored) the
-    speedup is the ratio of median tokens/s (:func:`metrics.speedup`), without an interval.
+    (a ``--baseline`` of your own, another sweep, runs from before intervals were stored) they are
+    computed the same way from each config's ``throughput`` (:meth:`metrics.Throughput.ratio`),
+    and without it (or without steps to resample) the speedup is the ratio of median tokens/s.
     """
     ok = configs[configs["ok"]].sort_values(["sweep_id", "grid_index"], kind="stable")  # grid order, not run order
     wanted = spec or dict.fromkeys(ON_OFF_AXES, False)
@@ -170,9 +173,19 @@ def baseline(configs: pd.DataFrame, spec: dict[str, Any] | None = None) -> tuple
     stored = configs["speedup"].notna() & configs["sweep_id"].eq(base.get("sweep_id"))
     stored &= configs["baseline_config_hash"].eq(base.get("config_hash"))
     point = metrics.speedup(configs["tokens_per_s"], base["tokens_per_s"])
-    keep = {c: configs[c].where(stored) for c in ("speedup_ci_lo", "speedup_ci_hi", "speedup_basis", "speedup_verdict")}
-    speedup = configs["speedup"].where(stored, point)
-    return configs.assign(is_baseline=configs.index == base.name, speedup=speedup, **keep), how
+    out = configs.assign(is_baseline=configs.index == base.name, speedup=configs["speedup"].where(stored, point))
+    for c in ("speedup_ci_lo", "speedup_ci_hi", "speedup_basis", "speedup_verdict"):
+        out[c] = configs[c].where(stored).astype(float if c.startswith("speedup_ci") else object)
+    if throughput is not None and base.name is not None:
+        ref = throughput[configs.index.get_loc(base.name)]
+        for i in np.flatnonzero(~stored & configs["ok"] & ~out["is_baseline"]):
+            if (basis := throughput[i].basis(ref)) is not None:
+                iv = throughput[i].ratio(ref)
+                out.loc[out.index[i], list(SPEEDUP)] = [iv.value, iv.lo, iv.hi, basis, metrics.verdict(iv)]
+    return out, how
+
+
+SPEEDUP = ("speedup", "speedup_ci_lo", "speedup_ci_hi", "speedup_basis", "speedup_verdict")
 
 
 def throughputs(configs: pd.DataFrame, runs: pd.DataFrame, steps: pd.DataFrame) -> list[metrics.Throughput]:

@@ -113,13 +113,17 @@ def check_device(cfgs: list[PerfsweepConfig]) -> None:
 def cpu_sweep_fields(cfgs: list[PerfsweepConfig]) -> dict[str, float]:
     """The machine's measured matmul peaks (perfsweep.cpu_peak) when any grid point runs on the
     CPU, with the first such grid point's thread count (runs with another count get no
-    utilisation: the peak depends on it); nothing for an all-GPU sweep."""
+    utilisation: the peak depends on it), in the compute dtypes the CPU grid points use (fp32;
+    bf16 under AMP); nothing for an all-GPU sweep."""
     import torch
 
     from perfsweep import cpu_peak
 
     on_cpu = [c for c in cfgs if c.device == Device.cpu or (c.device == Device.auto and not torch.cuda.is_available())]
-    return cpu_peak.sweep_fields(on_cpu[0].threads) if on_cpu else {}
+    if not on_cpu:
+        return {}
+    dtypes = {"bf16" if c.amp else "fp32" for c in on_cpu}
+    return cpu_peak.sweep_fields(on_cpu[0].threads, dtypes)
 
 
 def check_data(cfgs: list[PerfsweepConfig]) -> None:

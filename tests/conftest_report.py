@@ -20,6 +20,7 @@ TINY_STEPS = [
     "model=tiny",
     "data=synthetic",
     "steps.warmup=1",
+    "steps.stable_window=0",  # exactly one warmup step (the rule is tested in tests/test_timing.py)
     "steps.measure=3",
     "profile.wait=0",
     "profile.warmup=0",

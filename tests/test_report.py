@@ -323,7 +323,7 @@ def test_repeats_are_one_bar_at_their_median_with_their_range(engine: Any, tmp_p
 
 def test_interval_verdicts_and_a_baseline_of_your_own(engine: Any, tmp_path: Path) -> None:
     """A config whose interval contains 1 is drawn in the neutral colour; against a baseline other
-    than the stored one, speedups are point figures and report.md says whose intervals they were."""
+    than the stored one, the intervals are computed from the measured steps."""
     sid = new_sweep(engine, tmp_path / "sw")
     base = [100.0, 101.0, 99.0, 100.0, 102.0, 98.0]
     for job, (kw, times) in enumerate(
@@ -347,14 +347,19 @@ def test_interval_verdicts_and_a_baseline_of_your_own(engine: Any, tmp_path: Pat
     assert f"{db['speedup'].iloc[1]:.2f}x ({db['speedup_ci_lo'].iloc[1]:.2f}-" in table
     assert "no measurable difference |" in table and "faster |" in table
 
+    # against a baseline of your own the intervals are computed the same way, from the measured steps
     out = build_report(engine, [sid], out_dir=tmp_path / "own", baseline={"amp": True})
     md = (out / "report.md").read_text()
-    assert "They are for each sweep's default baseline" in md
     own = make_report(engine, [sid], baseline={"amp": True}).configs
     np.testing.assert_allclose(own["speedup"], db["tokens_per_s"] / db["tokens_per_s"].iloc[2])
-    assert own["speedup_ci_lo"].isna().all() and own["speedup_verdict"].isna().all()
-    ratio = db["tokens_per_s"].iloc[0] / db["tokens_per_s"].iloc[2]
-    assert f"| {ratio:.2f}x | " in md and "-" + f"{db['speedup_ci_hi'].iloc[1]:.2f})" not in md
+    amp = metrics.Throughput([db["tokens_per_s"].iloc[2]], [t / 2 for t in base], 1024)
+    expected = metrics.Throughput([db["tokens_per_s"].iloc[0]], base, 1024).ratio(amp)
+    first = own.iloc[0]
+    assert (first["speedup"], first["speedup_ci_lo"], first["speedup_ci_hi"]) == pytest.approx(
+        (expected.value, expected.lo, expected.hi)
+    )
+    assert own["speedup_verdict"].iloc[:2].tolist() == ["slower", "slower"] and own["speedup_basis"].iloc[0] == "steps"
+    assert INTERVALS in md and f"| {expected.value:.2f}x ({expected.lo:.2f}-{expected.hi:.2f}) slower |" in md
 
 
 def test_noise_is_the_stored_flag(engine: Any, tmp_path: Path) -> None:

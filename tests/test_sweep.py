@@ -30,11 +30,11 @@ def default_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "-m",
             "amp=true,false",
             "ckpt=true,false",
-            "steps.warmup=2",
+            "steps.warmup=1",
             "steps.stable_window=0",  # bf16 steps of this model take ~14 s on a CPU without bf16 units
-            "steps.measure=4",
+            "steps.measure=3",
             "profile.wait=0",
-            "profile.warmup=1",
+            "profile.warmup=0",
             "profile.active=1",
             "device=cpu",
         ],  # the assertions below are CPU semantics (allocator accounting, no verdict)
@@ -57,14 +57,14 @@ def test_default_sweep_rows(default_sweep: Path):
     for r in runs:
         assert r["status"] == "ok" and r["error"] is None
         assert (r["model_name"], r["data_name"], r["batch"], r["seq_len"]) == ("small", "stdlib", 8, 128)
-        assert r["warmup_steps"] == 2 and r["measure_steps"] == 4 and r["steady_state"] is None  # check off
+        assert r["warmup_steps"] == 1 and r["measure_steps"] == 3 and r["steady_state"] is None  # check off
         assert r["step_time_ms_p10"] <= r["step_time_ms_median"] <= r["step_time_ms_p90"]
         # tokens/s is the measured steps' tokens over the window's wall time, which holds the steps
         steps = rows(db, f"SELECT * FROM steps WHERE run_id = {r['id']} AND phase = 'measure'")
-        assert len(steps) == 4 and steps[0]["step"] == r["measure_start_step"] == r["warmup_steps"] >= 2
+        assert len(steps) == 3 and steps[0]["step"] == r["measure_start_step"] == r["warmup_steps"] >= 1
         total_ms = sum(s["step_time_ms"] for s in steps)
         assert total_ms <= r["measure_wall_ms"] < total_ms * 1.1
-        assert r["tokens_per_s"] == pytest.approx(4 * 8 * 128 * 1000 / r["measure_wall_ms"], rel=1e-9)
+        assert r["tokens_per_s"] == pytest.approx(3 * 8 * 128 * 1000 / r["measure_wall_ms"], rel=1e-9)
         assert r["timing_mode"] == "sync" and r["repeat_index"] == 0
         q25, q75 = np.percentile([s["step_time_ms"] for s in steps], [25, 75])
         assert r["step_time_ms_iqr"] == pytest.approx(q75 - q25) and r["noisy"] == int(
@@ -319,6 +319,9 @@ def test_compile_caches_are_isolated_per_job_unless_shared(tmp_path: Path):
     assert warm["compile_time_ms"] < 0.5 * min(first["compile_time_ms"], isolated["compile_time_ms"])
     assert not (Path(isolated["job_dir"]) / "compile_cache").exists()  # the private cache goes with the job
     assert any(env_cache.iterdir())  # shared jobs used the user's cache
+    # no grid point uses AMP: the CPU peak is measured in fp32 only (a bf16 product can take 0.14 s)
+    (sweep,) = rows(tmp_path / "results.db", "SELECT cpu_matmul_fp32_flops, cpu_matmul_bf16_flops FROM sweeps")
+    assert sweep["cpu_matmul_fp32_flops"] > 1e9 and sweep["cpu_matmul_bf16_flops"] is None
 
 
 def test_two_sweeps_started_at_once_in_one_folder_stay_apart(tmp_path: Path):

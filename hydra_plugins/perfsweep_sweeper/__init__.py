@@ -42,7 +42,7 @@ ConfigStore.instance().store(group="hydra/sweeper", name="perfsweep", node=Perfs
 
 class PerfsweepSweeper(BasicSweeper):
     def sweep(self, arguments: list[str]) -> Any:
-        from perfsweep import importer, launcher, preflight, schedule, summary
+        from perfsweep import preflight
         from perfsweep.config import ConfigError, Order, to_plain_dict, to_run_config
 
         assert self.hydra_context is not None and self.config is not None and self.launcher is not None
@@ -56,6 +56,8 @@ class PerfsweepSweeper(BasicSweeper):
                 run_cfgs.append(to_run_config(OmegaConf.masked_copy(job_cfg, [k for k in job_cfg if k != "hydra"])))
             except preflight.COMPOSE_ERRORS as exc:
                 _refuse(f"{preflight.error_line(exc)} [grid point {i + 1}/{len(jobs)}: {' '.join(job)}]")
+        from perfsweep import importer, launcher, schedule, summary  # torch, once every grid point composed
+
         first = run_cfgs[0]
         try:
             preflight.check_all(run_cfgs)

@@ -69,6 +69,7 @@ class Report:
     sweeps: pd.DataFrame
     runs: pd.DataFrame  # one row per run, as in runs.csv
     configs: pd.DataFrame  # one row per config (per_config) with its speedup: the charts and the table
+    throughput: list[Any]  # per config, what its tokens/s intervals resample (configs.throughputs)
     baseline: str  # how the baseline config (``is_baseline`` in configs) was chosen
     where: str | None = None
     top: int = TOP_BARS
@@ -78,11 +79,6 @@ class Report:
     def __post_init__(self) -> None:
         """``shown``: the configs of the bar charts, all or the ``top`` fastest plus the baseline."""
         self.shown, self.shown_note = frames.top_configs(self.configs, self.configs, self.top)
-
-    def throughputs(self, configs: pd.DataFrame) -> list[Any]:
-        """What the tokens/s intervals of ``configs`` are resampled from (their ok runs' measured steps)."""
-        steps = load_child(self.engine, "steps", [i for ids in configs["ok_run_ids"] for i in ids])
-        return throughputs(configs, self.runs, steps)
 
 
 # --------------------------------------------------------------------------------------------
@@ -262,7 +258,7 @@ FACTORS = ChartSpec(
     "factors",
     "Factor effects",
     (_effects("tokens_per_s", "tokens/s", 1), _effects("peak_mem_bytes", "peak memory", -1)),
-    lambda r: frames.factorial_effects(r.configs, r.throughputs(r.configs)),
+    lambda r: frames.factorial_effects(r.configs, r.throughput),
     lambda f, note, r: {
         "computed": f" Computed {note}." if note else "",
         "caution": noisy_md(r.configs) and f" Caution: {noisy_md(r.configs)}, so effects of that size can be noise.",
@@ -302,12 +298,14 @@ def make_report(
     """Load the runs of ``sweep_ids``, shape them, and draw every chart that fits (in memory)."""
     sweeps, runs = load_sweep_runs(engine, sweep_ids, where)
     try:
-        configs, how = pick_baseline(per_config(runs), baseline)
+        configs = per_config(runs)
+        steps = load_child(engine, "steps", [i for ids in configs["ok_run_ids"] for i in ids])
+        configs, how = pick_baseline(configs, baseline, throughput := throughputs(configs, runs, steps))
     except ValueError as exc:
         raise UserError(f"--baseline {','.join(f'{k}={v}' for k, v in (baseline or {}).items())}: {exc}") from None
     base = configs[configs["is_baseline"]]
     base_runs = runs["sweep_id"].isin(base["sweep_id"]) & runs["config_hash"].isin(base["config_hash"])
-    report = Report(engine, sweeps, runs.assign(is_baseline=base_runs), configs, how, where, top)
+    report = Report(engine, sweeps, runs.assign(is_baseline=base_runs), configs, throughput, how, where, top)
     for spec in CHARTS.values():
         chart = report.charts[spec.name] = Chart(spec.name, spec.title)
         try:
@@ -407,15 +405,10 @@ def results_table(configs: pd.DataFrame, limit: int = TOP_TABLE) -> tuple[str, s
 
 
 def intervals_md(report: Report) -> str:
-    """How the speedups' intervals were computed, and whether this report's speedups have them."""
-    if report.runs["speedup_ci_lo"].isna().all():
-        return "No speedup intervals are stored for these runs: speedups are ratios of median tokens/s."
-    if report.configs.loc[report.configs["ok"] & ~report.configs["is_baseline"], "speedup_ci_lo"].notna().all():
-        return INTERVALS
-    return (
-        f"{INTERVALS} They are for each sweep's default baseline (amp, ckpt and compile off, else its first ok "
-        "config), not shown against another baseline: there a speedup is the ratio of median tokens/s."
-    )
+    """How the speedups' intervals were computed, or that there are none."""
+    if report.configs.loc[~report.configs["is_baseline"], "speedup_ci_lo"].isna().all():
+        return "No speedup has an interval (no measured steps or repeats to resample): speedups are ratios of median tokens/s."
+    return INTERVALS
 
 
 def headline_md(report: Report) -> list[str]:
