@@ -115,7 +115,7 @@ def hydra_main(cfg: DictConfig) -> str:
     except KeyboardInterrupt:
         summary.finish_sweep(url, sweep_dir, make_report=False, status="interrupted")
         raise
-    summary.finish_sweep(url, sweep_dir)
+    summary.finish_sweep(url, sweep_dir, make_report=run_cfg.report)
     if run_id is None:
         print(
             f"perfsweep: the result could not be written to {url} and is kept in "

@@ -320,6 +320,9 @@ class PerfsweepConfig:
     allow_failures: bool = False
     """Exit 0 even when some jobs failed, ran out of memory or timed out (default: exit 1, after
     the summary, so scripts notice); their rows are stored either way."""
+    report: bool = True
+    """Build the report (charts, report.md) at the end of the sweep; false prints the summary only
+    (``perfsweep report --sweep ID`` builds it any time later)."""
     steps: StepsConfig = field(default_factory=StepsConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     db: DbConfig = field(default_factory=DbConfig)

@@ -35,9 +35,9 @@ from perfsweep.store import utcnow
 
 log = logging.getLogger(__name__)
 
-NOT_OVERRIDES: tuple[str, ...] = ("resume=", "repeat=", "order=", "sweep.")
+NOT_OVERRIDES: tuple[str, ...] = ("resume=", "repeat=", "order=", "report=", "sweep.")
 """Overrides that do not name the grid point: how the sweep runs (``resume``, ``repeat``,
-``order``) and the ``sweep.*`` context the sweeper adds to every job."""
+``order``, ``report``) and the ``sweep.*`` context the sweeper adds to every job."""
 
 
 @dataclass
@@ -71,7 +71,7 @@ def db_url(cfg: PerfsweepConfig, launch_dir: str | Path) -> str:
     return cfg.db.url or store.default_url(launch_dir)
 
 
-NOT_MEASURED: tuple[str, ...] = ("db", "name", "timeout_s", "allow_failures", "resume", "sweep", "repeat", "order")
+NOT_MEASURED = ("db", "name", "timeout_s", "allow_failures", "resume", "sweep", "repeat", "order", "report")
 """Config keys that say where results go or how the sweep behaves, not what is measured."""
 
 

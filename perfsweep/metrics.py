@@ -412,6 +412,11 @@ def percentile_interval(value: float, replicates: np.ndarray, confidence: float 
     return Interval(float(value), float(lo), float(hi), confidence)
 
 
+EFFECT_DRAWS_BUDGET = 10_000_000
+"""Most bootstrap draws held at once for factor effects (configs x draws): 10,000 draws per
+config up to 1,000 configs, fewer (at least 1,000) beyond, so a large sweep's effects fit in memory."""
+
+
 def effect_intervals(
     cells: Sequence[Sequence[Throughput]], signs: Sequence[np.ndarray], confidence: float = 0.95
 ) -> list[Interval]:
@@ -429,7 +434,8 @@ def effect_intervals(
         return [Interval(nan, nan, nan, confidence) for _ in signs]
     block = step_block(min(len(t.step_times_ms) for t in flat)) if basis == "steps" else 1
     rng = np.random.default_rng(0)
-    draws = np.array([np.mean([t.replicates(basis, block, rng) for t in cell], axis=0) for cell in cells])
+    n_boot = int(np.clip(EFFECT_DRAWS_BUDGET // len(flat), 1_000, 10_000))  # 10,000 configs: 1,000 draws, 80 MB
+    draws = np.array([np.mean([t.replicates(basis, block, rng, n_boot) for t in cell], axis=0) for cell in cells])
     point = np.array([np.mean([t.point(basis) for t in cell]) for cell in cells])
 
     return [percentile_interval(effects(point, [s])[1][0], effects(draws, [s])[1], confidence) for s in signs]

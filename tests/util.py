@@ -28,6 +28,7 @@ TINY = [
     "profile.wait=0",
     "profile.warmup=0",
     "profile.active=1",
+    "report=false",  # the summary only: the report is tested from report_sweeps (tests/conftest_report.py)
 ]
 
 

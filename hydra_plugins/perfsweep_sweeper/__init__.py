@@ -63,7 +63,7 @@ class PerfsweepSweeper(BasicSweeper):
             preflight.check_all(run_cfgs)
         except ConfigError as exc:
             _refuse(str(exc))
-        for key in ("repeat", "order"):
+        for key in ("repeat", "order", "report"):
             values = sorted({str(getattr(getattr(c, key), "value", getattr(c, key))) for c in run_cfgs})
             if len(values) > 1:
                 _refuse(
@@ -123,7 +123,7 @@ class PerfsweepSweeper(BasicSweeper):
             end = "done"
         finally:
             try:
-                summary.finish_sweep(url, str(sweep_dir), status=end)
+                summary.finish_sweep(url, str(sweep_dir), make_report=first.report, status=end)
             except Exception as exc:  # noqa: BLE001 - never hide the jobs' own outcome
                 print(f"perfsweep: could not print the summary from {url}: {exc}", file=sys.stderr)
         statuses = [_status(r) for batch in returns for r in batch]
