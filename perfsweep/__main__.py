@@ -87,8 +87,10 @@ def hydra_main(cfg: DictConfig) -> str:
                 n_jobs=1,
                 hostname=socket.gethostname(),
                 launch_dir=str(launch_dir.resolve()),
-                **preflight.cpu_sweep_fields([run_cfg]),
+                **(cpu := preflight.cpu_sweep_fields([run_cfg])),
             )
+            if notice := preflight.cpu_notice(cpu):
+                print(notice, file=sys.stderr)
     except ConfigError as exc:
         if not multirun and (claimed or not (Path(sweep_dir) / preflight.MARKER).exists()):
             (Path(sweep_dir) / preflight.MARKER).unlink(missing_ok=True)

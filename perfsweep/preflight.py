@@ -126,6 +126,18 @@ def cpu_sweep_fields(cfgs: list[PerfsweepConfig]) -> dict[str, float]:
     return cpu_peak.sweep_fields(on_cpu[0].threads, dtypes)
 
 
+def cpu_notice(fields: dict[str, float]) -> str | None:
+    """What people should know before a CPU sweep's jobs start: a CPU without bf16 units emulates
+    bf16, so its AMP jobs run slower than fp32 (by the measured matmul rates of :func:`cpu_sweep_fields`)."""
+    fp32, bf16 = fields.get("cpu_matmul_fp32_flops"), fields.get("cpu_matmul_bf16_flops")
+    if not (fp32 and bf16 and bf16 < fp32):
+        return None
+    return (
+        f"perfsweep: on this CPU bf16 matmuls run at {bf16 / 1e9:,.0f} GFLOP/s, {bf16 / fp32:.2f}x the fp32 rate "
+        f"({fp32 / 1e9:,.0f}): it has no bf16 units, so the amp=true jobs will be slower than amp=false"
+    )
+
+
 def check_data(cfgs: list[PerfsweepConfig]) -> None:
     """Every grid point's corpus exists, is not empty and holds one batch of windows.
 

@@ -64,7 +64,7 @@ class PerfsweepSweeper(BasicSweeper):
         except ConfigError as exc:
             _refuse(str(exc))
         for key in ("repeat", "order", "report"):
-            values = sorted({str(getattr(getattr(c, key), "value", getattr(c, key))) for c in run_cfgs})
+            values = sorted({str(getattr(getattr(c, key), "value", getattr(c, key))).lower() for c in run_cfgs})
             if len(values) > 1:
                 _refuse(
                     f"invalid config: {key}={','.join(values)}: must be one value for the whole sweep, not a grid axis"
@@ -93,6 +93,7 @@ class PerfsweepSweeper(BasicSweeper):
                 return []
         else:
             todo = list(range(len(order)))
+        cpu = preflight.cpu_sweep_fields(run_cfgs)
         try:
             sweep_id = preflight.reserve_sweep(
                 url,
@@ -102,11 +103,13 @@ class PerfsweepSweeper(BasicSweeper):
                 n_jobs=len(order),
                 hostname=socket.gethostname(),
                 launch_dir=str(launch_dir),
-                **preflight.cpu_sweep_fields(run_cfgs),
+                **cpu,
             )
         except ConfigError as exc:
             preflight.unclaim_folder(sweep_dir, created)
             _refuse(str(exc))
+        if notice := preflight.cpu_notice(cpu):
+            print(notice, file=sys.stderr)
         # the sweep's size, start and id and each job's repeat reach the job through its config
         # (perfsweep.config.SweepContext); a job's number is its place in the plan
         context = [f"sweep.n_jobs={len(order)}", f"sweep.started_at={time.time()}", f"sweep.id={sweep_id}"]
