@@ -155,11 +155,12 @@ class StepsConfig:
     max_warmup: int | None = None
     """Cap on warmup steps (default: 20, or ``warmup + 2 * stable_window`` if that is more); a run
     that reaches it unsettled is measured anyway and stored with ``steady_state`` false."""
-    max_warmup_s: float | None = 60.0
-    """Time cap on the steady-state extension: once the warmup steps add up to this many seconds no
-    further one starts (the ``warmup`` minimum always runs); null: no time cap. Keeps a slow config
-    (bf16 on a CPU without bf16 units: ~14 s a step for ``model=small``) from warming up for minutes;
-    one stopped unsettled is stored with ``steady_state`` false like one that hit ``max_warmup``."""
+    max_warmup_s: float | None = 30.0
+    """Time cap on the steady-state extension: once the steps past ``warmup`` add up to this many
+    seconds no further one starts (the ``warmup`` minimum, which holds any compile, always runs and
+    does not count); null: no time cap. Keeps a slow config (bf16 on a CPU without bf16 units: ~14 s
+    a step for ``model=small``) from warming up for minutes; one stopped unsettled is stored with
+    ``steady_state`` false like one that hit ``max_warmup``."""
 
     @property
     def warmup_cap(self) -> int:

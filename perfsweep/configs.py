@@ -68,7 +68,7 @@ def per_config(runs: pd.DataFrame) -> pd.DataFrame:
         .groupby(key, sort=False)
         .agg(lambda s: ", ".join(f"{n} {k}" for k, n in s.value_counts().items()) if s.nunique() > 1 else s.iloc[0])
     )
-    spread = ok[key.map(c["ok_runs"]) > 1].groupby(key).agg(metrics.iqr)
+    spread = ok[key.map(c["ok_runs"]) > 1].dropna().groupby(key).agg(metrics.iqr)  # failed repeats are not spread
     c["repeats_disagree"] = metrics.noisy_iqr(spread.reindex(c.index), c["median"])
     c["noisy"] = (c["noisy_runs"] > 0) | c["repeats_disagree"]
     c = c.loc[key].set_axis(runs.index)
@@ -194,6 +194,5 @@ def throughputs(configs: pd.DataFrame, runs: pd.DataFrame, steps: pd.DataFrame) 
     by_run = runs.set_index("id")["tokens_per_s"]
     times = steps.groupby("run_id")["step_time_ms"].agg(list)
     return [
-        metrics.Throughput([by_run[i] for i in ids], [t for i in ids for t in times.get(i, [])], int(b * s))
-        for ids, b, s in configs[["ok_run_ids", "batch", "seq_len"]].itertuples(index=False)
+        metrics.Throughput([by_run[i] for i in ids], [times.get(i, []) for i in ids]) for ids in configs["ok_run_ids"]
     ]

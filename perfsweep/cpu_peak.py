@@ -64,7 +64,7 @@ def matmul_flops(dtype_name: str, threads: int | None = None, seconds: float = 0
 
 def sweep_fields(threads: int | None, dtypes: set[str] = frozenset({"fp32", "bf16"})) -> dict[str, float | int]:
     """The ``sweeps`` columns of a CPU sweep: the matmul peaks in ``dtypes`` (fp32, bf16; the
-    others stay null: a bf16 product takes ~0.14 s where the CPU lacks bf16 units, wasted on a sweep
+    others stay null: bf16 products take ~0.7 s where the CPU lacks bf16 units, wasted on a sweep
     without AMP) and the thread count they were measured with (``threads``, or torch's default as
     the jobs will get it)."""
     import torch

@@ -259,7 +259,7 @@ def change_pct(tokens_per_s_a: ArrayLike, tokens_per_s_b: ArrayLike):
 
 
 def ranges_overlap(lo_a: ArrayLike, hi_a: ArrayLike, lo_b: ArrayLike, hi_b: ArrayLike):
-    """True where the two throughput ranges overlap: the comparison's "within noise" rule."""
+    """True where the two throughput ranges overlap: how a compare decides without steps to resample (imported rows)."""
     return np.maximum(lo_a, lo_b) <= np.minimum(hi_a, hi_b)
 
 
@@ -341,68 +341,62 @@ class Speedup(Figures):
     speedup_verdict: str
 
 
-def config_speedup(
-    tokens_per_s: Sequence[float],
-    baseline_tokens_per_s: Sequence[float],
-    step_times_ms: Sequence[float],
-    baseline_step_times_ms: Sequence[float],
-    tokens_per_step: int,
-    baseline_tokens_per_step: int,
-) -> Speedup:
-    """Speedup of a config over the baseline with a 95% bootstrap interval.
-
-    With repeats on both sides (N > 1 runs each), over repeats: the ratio of the runs' median
-    tokens/s, runs resampled. Otherwise over steps: the ratio of tokens per mean step time (what
-    tokens/s is), measured steps resampled in blocks of :func:`step_block` so autocorrelated
-    steps do not fake precision (see :class:`Throughput`).
-    """
-    a = Throughput(tokens_per_s, step_times_ms, tokens_per_step)
-    b = Throughput(baseline_tokens_per_s, baseline_step_times_ms, baseline_tokens_per_step)
-    iv = a.ratio(b)
-    return Speedup(iv.value, iv.lo, iv.hi, a.basis(b), verdict(iv))
+def config_speedup(config: Throughput, baseline: Throughput) -> Speedup:
+    """Speedup of a config over the baseline (ratio of their tokens/s, the median over repeats)
+    with a 95% bootstrap interval: over repeats when both have more than one run, else over each
+    run's measured steps (see :class:`Throughput`)."""
+    iv = config.ratio(baseline)
+    return Speedup(iv.value, iv.lo, iv.hi, config.basis(baseline), verdict(iv))
 
 
 @dataclass(frozen=True)
 class Throughput:
-    """What is known of one config's tokens/s for resampling: its ok runs' tokens/s and the
-    measured step times of those runs (in order), with the tokens each step trains."""
+    """One config's tokens/s as resampling sees it: each ok run's stored tokens/s and its
+    measured step times in order ([] where none are stored, as for an imported row).
+
+    The figure is the median of the runs' tokens/s, what the summary and the report show. Over
+    repeats, a draw is the median of resampled runs. Over steps, each run's steps are resampled
+    in blocks of :func:`step_block` of its own step count, never across runs, and the run's
+    tokens/s is scaled by how much faster or slower the resampled steps were than the measured
+    ones; a draw is the median of those runs. So the interval is always around the figure shown.
+    """
 
     tokens_per_s_runs: Sequence[float]
-    step_times_ms: Sequence[float]
-    tokens_per_step: int
+    step_times_ms_runs: Sequence[Sequence[float]]
 
     def basis(self, *others: Throughput) -> str | None:
-        """ "repeats" when every side has more than one run, else "steps" when every side has
-        measured steps, else None: one run without stored steps (an imported row) has no interval."""
+        """ "repeats" when every side has more than one run, else "steps" when every run of every
+        side has measured steps, else None: one run without stored steps has no interval."""
         sides = (self, *others)
         if all(len(t.tokens_per_s_runs) > 1 for t in sides):
             return "repeats"
-        return "steps" if all(len(t.step_times_ms) > 0 for t in sides) else None
+        if all(len(t.tokens_per_s_runs) > 0 and all(len(s) for s in t.step_times_ms_runs) for t in sides):
+            return "steps"
+        return None
 
-    def replicates(self, basis: str, block: int, rng: np.random.Generator, n_boot: int = 10_000) -> np.ndarray:
-        """``n_boot`` bootstrap draws of the config's tokens/s: the median of resampled runs, or
-        tokens per mean of steps resampled in blocks of ``block``."""
+    def replicates(self, basis: str, rng: np.random.Generator, n_boot: int = 10_000) -> np.ndarray:
+        """``n_boot`` bootstrap draws of the config's tokens/s (see the class)."""
+        runs = np.asarray(self.tokens_per_s_runs, float)
         if basis == "repeats":
-            return np.median(_resample(np.asarray(self.tokens_per_s_runs, float), n_boot, 1, rng), axis=1)
-        return (
-            self.tokens_per_step * 1000.0 / _resample(np.asarray(self.step_times_ms, float), n_boot, block, rng).mean(1)
-        )
+            return np.median(_resample(runs, n_boot, 1, rng), axis=1)
+        draws = []
+        for tokens_per_s, steps in zip(runs, self.step_times_ms_runs, strict=True):
+            x = np.asarray(steps, float)
+            draws.append(tokens_per_s * x.mean() / _resample(x, n_boot, step_block(len(x)), rng).mean(1))
+        return np.median(draws, axis=0)
 
-    def point(self, basis: str) -> float:
-        """The figure the replicates scatter around (the same statistic on the data as measured)."""
-        if basis == "repeats":
-            return float(np.median(self.tokens_per_s_runs))
-        return self.tokens_per_step * 1000.0 / float(np.mean(self.step_times_ms))
+    @property
+    def value(self) -> float:
+        return float(np.median(self.tokens_per_s_runs))
 
     def ratio(self, other: Throughput, confidence: float = 0.95) -> Interval:
         """This config's tokens/s over ``other``'s with a percentile bootstrap interval (NaN
-        without a basis); the two sides are resampled independently."""
+        interval without a basis); the two sides are resampled independently."""
+        value = self.value / other.value if len(self.tokens_per_s_runs) and len(other.tokens_per_s_runs) else np.nan
         if (basis := self.basis(other)) is None:
-            return Interval(float("nan"), float("nan"), float("nan"), confidence)
-        block = step_block(min(len(self.step_times_ms), len(other.step_times_ms)))
+            return Interval(float(value), float("nan"), float("nan"), confidence)
         rng = np.random.default_rng(0)
-        ratios = self.replicates(basis, block, rng) / other.replicates(basis, block, rng)
-        return percentile_interval(self.point(basis) / other.point(basis), ratios, confidence)
+        return percentile_interval(value, self.replicates(basis, rng) / other.replicates(basis, rng), confidence)
 
 
 def percentile_interval(value: float, replicates: np.ndarray, confidence: float = 0.95) -> Interval:
@@ -413,8 +407,9 @@ def percentile_interval(value: float, replicates: np.ndarray, confidence: float 
 
 
 EFFECT_DRAWS_BUDGET = 10_000_000
-"""Most bootstrap draws held at once for factor effects (configs x draws): 10,000 draws per
-config up to 1,000 configs, fewer (at least 1,000) beyond, so a large sweep's effects fit in memory."""
+"""Most values resampled at once for factor effects (draws x the steps, or runs, of all configs):
+10,000 draws up to 1,000 values, fewer (at least 1,000) beyond, so a large sweep's effects fit in
+memory (80 MB of draws and indices at most, however many configs)."""
 
 
 def effect_intervals(
@@ -432,12 +427,11 @@ def effect_intervals(
     if not flat or (basis := flat[0].basis(*flat[1:])) is None:
         nan = float("nan")
         return [Interval(nan, nan, nan, confidence) for _ in signs]
-    block = step_block(min(len(t.step_times_ms) for t in flat)) if basis == "steps" else 1
     rng = np.random.default_rng(0)
-    n_boot = int(np.clip(EFFECT_DRAWS_BUDGET // len(flat), 1_000, 10_000))  # 10,000 configs: 1,000 draws, 80 MB
-    draws = np.array([np.mean([t.replicates(basis, block, rng, n_boot) for t in cell], axis=0) for cell in cells])
-    point = np.array([np.mean([t.point(basis) for t in cell]) for cell in cells])
-
+    size = sum(len(t.tokens_per_s_runs) if basis == "repeats" else sum(map(len, t.step_times_ms_runs)) for t in flat)
+    n_boot = int(np.clip(EFFECT_DRAWS_BUDGET // size, 1_000, 10_000))  # what one set of draws holds at once
+    draws = np.array([np.mean([t.replicates(basis, rng, n_boot) for t in cell], axis=0) for cell in cells])
+    point = np.array([np.mean([t.value for t in cell]) for cell in cells])
     return [percentile_interval(effects(point, [s])[1][0], effects(draws, [s])[1], confidence) for s in signs]
 
 

@@ -95,19 +95,14 @@ def fill_speedups(engine: Engine, sweep_id: int) -> None:
                     "speedup_basis": None,
                     "speedup_verdict": "baseline",
                 }
-            elif (len(rs) < 2 or len(base) < 2) and not (
-                times.keys() & {r.id for r in rs} and times.keys() & {r.id for r in base}
-            ):
-                continue  # one run a side and no measured steps stored (an imported row): nothing to resample
             else:
-                values = metrics.config_speedup(
-                    [r.tokens_per_s for r in rs],
-                    [r.tokens_per_s for r in base],
-                    [t for r in rs for t in times.get(r.id, [])],
-                    [t for r in base for t in times.get(r.id, [])],
-                    rs[0].batch * rs[0].seq_len,
-                    base[0].batch * base[0].seq_len,
-                ).row()
+                config, reference = (
+                    metrics.Throughput([r.tokens_per_s for r in g], [times.get(r.id, []) for r in g])
+                    for g in (rs, base)
+                )
+                if config.basis(reference) is None:
+                    continue  # one run a side and no measured steps stored (an imported row): nothing to resample
+                values = metrics.config_speedup(config, reference).row()
             s.execute(update(Run).where(Run.id.in_([r.id for r in rs])).values(**values, baseline_config_hash=base_key))
 
 

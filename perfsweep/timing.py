@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from math import inf
 from typing import Protocol
 
 import torch
@@ -70,8 +71,9 @@ def warm_up(
 ) -> Warmup:
     """Run at least ``minimum`` warmup steps, then more until :func:`perfsweep.metrics.steady`
     says the last two windows of ``window`` steps agree within ``tolerance``, at most ``cap``
-    steps and, past the minimum, no step started once the warmup steps add up to ``budget_s``
-    (slow configs, e.g. bf16 on a CPU without bf16 units, would otherwise warm up for minutes)."""
+    steps, and no further step once those past the minimum add up to ``budget_s`` (slow configs,
+    e.g. bf16 on a CPU without bf16 units, would otherwise warm up for minutes; the minimum,
+    which holds a compile, does not count)."""
     times: list[float] = []
 
     def one() -> None:
@@ -85,7 +87,7 @@ def warm_up(
         one()
     if window == 0:
         return Warmup(len(times), None)
-    while not steady(times, window, tolerance) and len(times) < cap and sum(times) < 1000 * (budget_s or float("inf")):
+    while not steady(times, window, tolerance) and len(times) < cap and sum(times[minimum:]) < 1000 * (budget_s or inf):
         one()
     return Warmup(len(times), steady(times, window, tolerance))
 

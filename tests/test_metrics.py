@@ -181,19 +181,35 @@ def test_config_speedup_over_steps_and_over_repeats():
     rng = np.random.default_rng(7)
     base_steps = list(100 + rng.normal(0, 3, 30))
     fast_steps = list(80 + rng.normal(0, 3, 30))
-    s = metrics.config_speedup([0.0], [0.0], fast_steps, base_steps, 512, 512)
+
+    def run(steps: list[float], tokens: int = 512) -> metrics.Throughput:
+        return metrics.Throughput([tokens * 1000 / np.mean(steps)], [steps])
+
+    s = metrics.config_speedup(run(fast_steps), run(base_steps))
     assert s.speedup_basis == "steps" and s.speedup_verdict == "faster"
-    assert s.speedup == pytest.approx(np.mean(base_steps) / np.mean(fast_steps))  # tokens over mean step
+    assert s.speedup == pytest.approx(np.mean(base_steps) / np.mean(fast_steps))  # the runs' tokens/s
     assert s.speedup_ci_lo < s.speedup < s.speedup_ci_hi
     # twice the tokens per step in the same time is twice the throughput
-    double = metrics.config_speedup([0.0], [0.0], base_steps, base_steps, 1024, 512)
+    double = metrics.config_speedup(run(base_steps, 1024), run(base_steps))
     assert double.speedup == pytest.approx(2.0) and double.speedup_verdict == "faster"
-    same = metrics.config_speedup([0.0], [0.0], list(100 + rng.normal(0, 3, 30)), base_steps, 512, 512)
+    same = metrics.config_speedup(run(list(100 + rng.normal(0, 3, 30))), run(base_steps))
     assert same.speedup_verdict == metrics.NO_DIFFERENCE
     # repeats: the runs' tokens/s, resampled; 3 runs a side with 8% noise and no real difference
-    rep = metrics.config_speedup([1000.0, 1080.0, 950.0], [1010.0, 940.0, 1060.0], [], [], 1, 1)
+    rep = metrics.config_speedup(
+        metrics.Throughput([1000.0, 1080.0, 950.0], [[]] * 3), metrics.Throughput([1010.0, 940.0, 1060.0], [[]] * 3)
+    )
     assert rep.speedup_basis == "repeats" and rep.speedup_verdict == metrics.NO_DIFFERENCE
     assert rep.speedup == pytest.approx(1000.0 / 1010.0)
-    slower = metrics.config_speedup([500.0, 510.0, 490.0], [1010.0, 990.0, 1000.0], [], [], 1, 1)
+    slower = metrics.config_speedup(
+        metrics.Throughput([500.0, 510.0, 490.0], [[]] * 3), metrics.Throughput([1010.0, 990.0, 1000.0], [[]] * 3)
+    )
     assert slower.speedup_verdict == "slower" and slower.speedup_ci_hi < 1.0
+    # two runs against one: over steps, each run's steps resampled on their own; the figure is the
+    # median of the runs' tokens/s, the one the summary shows, and lies inside its interval
+    a = metrics.Throughput([20480.0, 10240.0], [list(50 + rng.normal(0, 1, 20)), list(100 + rng.normal(0, 2, 20))])
+    b = run(list(75 + rng.normal(0, 1.5, 20)), 1024)
+    iv = a.ratio(b)
+    assert a.basis(b) == "steps" and iv.value == pytest.approx(15360.0 / b.value)
+    assert iv.lo < iv.value < iv.hi
+    assert metrics.Throughput([1000.0], [[]]).basis(b) is None  # one run, no stored steps: no interval
     assert metrics.step_block(10) == 2 and metrics.step_block(30) == 3 and metrics.step_block(1) == 1

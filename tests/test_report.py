@@ -352,8 +352,8 @@ def test_interval_verdicts_and_a_baseline_of_your_own(engine: Any, tmp_path: Pat
     md = (out / "report.md").read_text()
     own = make_report(engine, [sid], baseline={"amp": True}).configs
     np.testing.assert_allclose(own["speedup"], db["tokens_per_s"] / db["tokens_per_s"].iloc[2])
-    amp = metrics.Throughput([db["tokens_per_s"].iloc[2]], [t / 2 for t in base], 1024)
-    expected = metrics.Throughput([db["tokens_per_s"].iloc[0]], base, 1024).ratio(amp)
+    amp = metrics.Throughput([db["tokens_per_s"].iloc[2]], [[t / 2 for t in base]])
+    expected = metrics.Throughput([db["tokens_per_s"].iloc[0]], [base]).ratio(amp)
     first = own.iloc[0]
     assert (first["speedup"], first["speedup_ci_lo"], first["speedup_ci_hi"]) == pytest.approx(
         (expected.value, expected.lo, expected.hi)

@@ -54,6 +54,23 @@ def test_repeats_combine_with_the_speedup_of_their_ok_runs(tmp_path: Path):
     engine.dispose()
 
 
+def test_repeats_that_disagree_are_noisy_even_when_one_failed(tmp_path: Path):
+    """A failed repeat has no tokens/s: it must not hide the spread of the ok ones."""
+    d = {"config_hash": "D", "grid_index": 0}
+    engine, sid = _sweep(
+        tmp_path,
+        [
+            {**d, "tokens_per_s": 1000.0},
+            {**d, "tokens_per_s": 1600.0},
+            {**d, "status": "failed", "tokens_per_s": None, "error": "boom"},
+        ],
+    )
+    df = summary.summary_frame(engine, sid)
+    text = summary.format_summary(df)
+    assert "!" in text.splitlines()[1] and "2 ok, 1 failed" in text.splitlines()[1]
+    engine.dispose()
+
+
 def test_cpu_utilisation_only_for_runs_with_the_measured_thread_count(tmp_path: Path):
     engine, sid = _sweep(
         tmp_path,

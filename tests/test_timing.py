@@ -54,12 +54,13 @@ def test_warmup_stops_at_the_cap_unsettled_and_is_exact_without_the_check():
 
 def test_warmup_past_the_minimum_stops_at_the_time_budget():
     slow = [14_000.0] * 30  # a bf16 step of model=small on a CPU without bf16 units
-    w = warm_up(ScriptedSteps(slow), [], 3, 3, 0.02, cap=20, on_step=lambda r: None, budget_s=60.0)
-    assert (w.steps, w.steady_state) == (5, False)  # the 4th starts at 42 s, the 5th at 56 s, no 6th at 70 s
-    w = warm_up(ScriptedSteps(slow), [], 3, 3, 0.02, cap=20, on_step=lambda r: None, budget_s=10.0)
-    assert (w.steps, w.steady_state) == (3, False)  # the minimum always runs
-    w = warm_up(ScriptedSteps([900, 300, 200, 100, 100, 100, 100]), [], 2, 2, 0.02, 20, lambda r: None, budget_s=60.0)
-    assert (w.steps, w.steady_state) == (7, True)  # fast steps: the budget does not bind
+    w = warm_up(ScriptedSteps(slow), [], 3, 3, 0.02, cap=20, on_step=lambda r: None, budget_s=30.0)
+    assert (w.steps, w.steady_state) == (6, False)  # past the 3 minimum, steps start at 0, 14 and 28 s; none at 42
+    w = warm_up(ScriptedSteps(slow), [], 3, 3, 0.02, cap=20, on_step=lambda r: None, budget_s=1.0)
+    assert (w.steps, w.steady_state) == (4, False)  # the minimum always runs, and one step past it
+    compiled = [70_000.0, 40.0, 25.0, 12.0, 10.0, 10.0, 10.0, 10.0, 10.0, 10.0]  # a 70 s compile in the first step
+    w = warm_up(ScriptedSteps(compiled), [], 1, 3, 0.02, cap=20, on_step=lambda r: None, budget_s=30.0)
+    assert (w.steps, w.steady_state) == (9, True)  # the compile is in the minimum: it does not use the budget
     with pytest.raises(ConfigError, match=r"steps.max_warmup_s=0: must be > 0 seconds or null"):
         StepsConfig(max_warmup_s=0)
 

@@ -405,10 +405,11 @@ def results_table(configs: pd.DataFrame, limit: int = TOP_TABLE) -> tuple[str, s
 
 
 def intervals_md(report: Report) -> str:
-    """How the speedups' intervals were computed, or that there are none."""
-    if report.configs.loc[~report.configs["is_baseline"], "speedup_ci_lo"].isna().all():
-        return "No speedup has an interval (no measured steps or repeats to resample): speedups are ratios of median tokens/s."
-    return INTERVALS
+    """How the speedups' intervals were computed, and which speedups have none."""
+    has = report.configs.loc[report.configs["ok"] & ~report.configs["is_baseline"], "speedup_ci_lo"].notna()
+    if has.empty or not has.any():
+        return "" if has.empty else "No speedup has an interval (no stored steps or repeats to resample)."
+    return INTERVALS + ("" if has.all() else f" {(~has).sum()} without stored steps or repeats have none.")
 
 
 def headline_md(report: Report) -> list[str]:

@@ -101,6 +101,7 @@ def environment(runs: dict[str, pd.DataFrame]) -> str:
     out = pd.DataFrame({"": cols} | values)
     if len(runs) != 2:
         return table(out)
-    same = out[out.columns[1]] == out[out.columns[2]]
+    a, b = ([set(r[c].dropna().astype(str)) for c in cols] for r in runs.values())  # all values, not the 4 shown
+    same = pd.Series([x == y for x, y in zip(a, b, strict=True)])
     shared = f"Same in both: {', '.join(out.loc[same, ''])}." if same.any() else ""
     return (table(out[~same]) + "\n\n" if not same.all() else "No differences.\n\n") + shared
