@@ -53,9 +53,9 @@ def test_warmup_stops_at_the_cap_unsettled_and_is_exact_without_the_check():
 
 
 def test_warmup_past_the_minimum_stops_at_the_time_budget():
-    slow = [14_000.0] * 30  # a bf16 step of model=small on a CPU without bf16 units
+    slow = [14_000.0 - 500 * i for i in range(30)]  # bf16 steps of model=small on a CPU without bf16 units, settling
     w = warm_up(ScriptedSteps(slow), [], 3, 3, 0.02, cap=20, on_step=lambda r: None, budget_s=30.0)
-    assert (w.steps, w.steady_state) == (6, False)  # past the 3 minimum, steps start at 0, 14 and 28 s; none at 42
+    assert (w.steps, w.steady_state) == (6, False)  # past the 3 minimum, steps start at 0, 12.5 and 24.5 s; none at 36
     w = warm_up(ScriptedSteps(slow), [], 3, 3, 0.02, cap=20, on_step=lambda r: None, budget_s=1.0)
     assert (w.steps, w.steady_state) == (4, False)  # the minimum always runs, and one step past it
     compiled = [70_000.0, 40.0, 25.0, 12.0, 10.0, 10.0, 10.0, 10.0, 10.0, 10.0]  # a 70 s compile in the first step
