@@ -316,6 +316,7 @@ def test_repeats_are_one_bar_at_their_median_with_their_range(engine: Any, tmp_p
     # one run is noisy, and the runs' tokens/s spread more than 10% of their median: the summary's rule
     assert "| noisy (step-time IQR/median > 10%) in 1 of 3 runs; the repeats' tokens/s disagree" in table
     assert "| off | 2 | ok |" in table and "| baseline |" in table
+    assert "| 50.0 (0%, 0%) |" in table  # amp=on's run nearest the median: steady 50 ms steps, its IQR and CV
     out = build_report(engine, [sid], out_dir=tmp_path / "out")
     assert sorted(pd.read_csv(out / "runs.csv")["id"]) == sorted(db.index)  # runs.csv: one row per run
     assert INTERVALS in (out / "report.md").read_text()

@@ -391,7 +391,11 @@ def results_table(configs: pd.DataFrame, limit: int = TOP_TABLE) -> tuple[str, s
         "baseline" if b else fmt.speedup(s, lo, hi) + (f" {v}" if isinstance(v, str) else "")
         for b, s, lo, hi, v in speed
     ]
-    out["step ms (median)"] = [fmt.num(v, "{:,.1f}") for v in rows["step_time_ms_median"]]
+    spread = metrics.iqr_fraction(rows["step_time_ms_iqr"], rows["step_time_ms_median"])
+    out["step ms (IQR, CV)"] = [
+        fmt.num(m, "{:,.1f}") + ("" if fmt.missing(q) else f" ({q:.0%}, {cv:.0%})")
+        for m, q, cv in zip(rows["step_time_ms_median"], spread, rows["step_time_cv"], strict=True)
+    ]
     div, unit = fmt.scale("bytes", rows["peak_mem_bytes"])
     out[f"peak mem {unit}"] = [fmt.num(v / div, "{:,.1f}") for v in rows["peak_mem_bytes"]]
     if rows["mfu"].notna().any():
@@ -456,7 +460,7 @@ def report_md(report: Report) -> str:
     headline = "\n".join(headline_md(report))
     return f"""# perfsweep report: sweep {names}
 
-{len(runs):,} runs ({counts}){when} UTC; generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC} from `{report.db}`.
+{len(runs):,} run{"s" if len(runs) != 1 else ""} ({counts}){when} UTC; generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC} from `{report.db}`.
 
 {"".join(lines)}
 ## Headline
@@ -466,8 +470,9 @@ def report_md(report: Report) -> str:
 ## Results
 
 One row per config: tokens/s is over all measured steps, the median over the config's ok runs (runs), and the \
-other figures are those of the run nearest that median; range is {RANGE}; speedup is vs the baseline; peak mem is \
-the peak of live tensors. {intervals_md(report)}
+other figures are those of the run nearest that median; range is {RANGE}; step ms is that run's median measured step \
+with its IQR and coefficient of variation as shares of it; speedup is vs the baseline; peak mem is the peak of live \
+tensors.{" " + intervals if (intervals := intervals_md(report)) else ""}
 
 {table}
 
