@@ -33,7 +33,8 @@ from perfsweep import store
 from perfsweep.metrics import bottleneck_verdict
 from perfsweep.names import STAGES
 from perfsweep.report import charts
-from perfsweep.report.build import CHARTS, build_report, load_report_runs, make_report
+from perfsweep.report.build import CHARTS, build_report, make_report
+from perfsweep.results import load_sweep_runs
 
 GIB = 2**30
 DEVICE_BYTES = 80 * GIB
@@ -248,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         )
 
         t = time.perf_counter()
-        load_report_runs(engine, [sweep_id], None)
+        load_sweep_runs(engine, [sweep_id], None)
         parts, load_s = [], time.perf_counter() - t
         report = make_report(engine, [sweep_id])
         for spec in CHARTS.values():  # each chart again: its frame, drawing and PNG

@@ -62,12 +62,14 @@ def per_config(runs: pd.DataFrame) -> pd.DataFrame:
     c["noisy_runs"] = (runs["noisy"].eq(1) & runs["ok"]).groupby(key, sort=False).sum()
     c["unsettled"] = (runs["steady_state"].eq(0) & runs["ok"]).groupby(key, sort=False).any()
     c["first_job_num"] = runs["job_num"].groupby(key, sort=False).min()
-    c["ok_run_ids"] = runs["id"].where(runs["ok"]).groupby(key, sort=False).agg(lambda s: tuple(s.dropna().astype(int)))
-    c["statuses"] = (
-        runs["status"]
-        .groupby(key, sort=False)
-        .agg(lambda s: ", ".join(f"{n} {k}" for k, n in s.value_counts().items()) if s.nunique() > 1 else s.iloc[0])
-    )
+    ok_ids = runs.loc[runs["ok"], "id"].to_numpy()  # one pass, no Python per group: 10,000 configs in ms
+    where = key[runs["ok"]].groupby(key[runs["ok"]], sort=False).indices
+    c["ok_run_ids"] = [tuple(int(i) for i in ok_ids[where[k]]) if k in where else () for k in c.index]
+    c["statuses"] = runs["status"].groupby(key, sort=False).first()
+    if (mixed := runs["status"].groupby(key, sort=False).nunique() > 1).any():
+        counts = runs[key.map(mixed)].groupby(key)["status"].value_counts(sort=True)
+        for k in mixed[mixed].index:
+            c.loc[k, "statuses"] = ", ".join(f"{n} {status}" for status, n in counts[k].items())
     spread = ok[key.map(c["ok_runs"]) > 1].dropna().groupby(key).agg(metrics.iqr)  # failed repeats are not spread
     c["repeats_disagree"] = metrics.noisy_iqr(spread.reindex(c.index), c["median"])
     c["noisy"] = (c["noisy_runs"] > 0) | c["repeats_disagree"]
@@ -146,7 +148,10 @@ def parse_config_spec(text: str) -> dict[str, Any]:
 
 
 def baseline(
-    configs: pd.DataFrame, spec: dict[str, Any] | None = None, throughput: Sequence[metrics.Throughput] | None = None
+    configs: pd.DataFrame,
+    spec: dict[str, Any] | None = None,
+    throughput: Sequence[metrics.Throughput] | None = None,
+    intervals_for: int | None = None,
 ) -> tuple[pd.DataFrame, str]:
     """The configs with ``is_baseline`` and their ``speedup`` over it, and how it was chosen: the
     first ok config in grid order matching ``spec``, by default amp, ckpt and compile off, else the
@@ -156,8 +161,10 @@ def baseline(
     Where the baseline is the one a config's speedup was stored against (same sweep and
     ``baseline_config_hash``), the stored speedup, 95% interval and verdict are kept; elsewhere
     (a ``--baseline`` of your own, another sweep, runs from before intervals were stored) they are
-    computed the same way from each config's ``throughput`` (:meth:`metrics.Throughput.ratio`),
-    and without it (or without steps to resample) the speedup is the ratio of median tokens/s.
+    computed the same way from each config's ``throughput`` (:func:`metrics.speedups`), for the
+    ``intervals_for`` fastest configs only when given (what a report shows: 10,000 intervals would
+    take a minute), and without it (or without steps to resample) the speedup is the ratio of
+    median tokens/s.
     """
     ok = configs[configs["ok"]].sort_values(["sweep_id", "grid_index"], kind="stable")  # grid order, not run order
     wanted = spec or dict.fromkeys(ON_OFF_AXES, False)
@@ -177,11 +184,13 @@ def baseline(
     for c in ("speedup_ci_lo", "speedup_ci_hi", "speedup_basis", "speedup_verdict"):
         out[c] = configs[c].where(stored).astype(float if c.startswith("speedup_ci") else object)
     if throughput is not None and base.name is not None:
-        ref = throughput[configs.index.get_loc(base.name)]
-        for i in np.flatnonzero(~stored & configs["ok"] & ~out["is_baseline"]):
-            if (basis := throughput[i].basis(ref)) is not None:
-                iv = throughput[i].ratio(ref)
-                out.loc[out.index[i], list(SPEEDUP)] = [iv.value, iv.lo, iv.hi, basis, metrics.verdict(iv)]
+        fastest = configs["tokens_per_s"].where(configs["ok"]).rank(ascending=False, method="first")
+        shown = fastest <= (intervals_for or len(configs))
+        todo = np.flatnonzero(~stored & configs["ok"] & ~out["is_baseline"] & shown)
+        figures = metrics.speedups([throughput[i] for i in todo], throughput[configs.index.get_loc(base.name)])
+        for i, figure in zip(todo, figures, strict=True):
+            if figure is not None:
+                out.loc[out.index[i], list(SPEEDUP)] = list(figure.row().values())
     return out, how
 
 

@@ -290,6 +290,31 @@ def _resample(x: np.ndarray, n_boot: int, block: int, rng: np.random.Generator) 
     return x[idx]
 
 
+def run_draws(
+    tokens_per_s: Sequence[float], step_times_ms: Sequence[Sequence[float]], n_boot: int, rng: np.random.Generator
+) -> np.ndarray:
+    """``n_boot`` draws of each run's tokens/s (rows): its steps resampled in blocks of
+    :func:`step_block` of its own length, its tokens/s scaled by mean(measured) / mean(resampled).
+    Runs of one length are resampled together, in chunks, so thousands of runs take about a second;
+    one run draws the same numbers as :func:`_resample` would."""
+    out = np.empty((len(step_times_ms), n_boot))
+    lengths: dict[int, list[int]] = {}
+    for i, steps in enumerate(step_times_ms):
+        lengths.setdefault(len(steps), []).append(i)
+    for n, rows in lengths.items():
+        block = step_block(n)
+        k = -(-n // block)
+        x = np.array([step_times_ms[i] for i in rows], dtype=float)
+        scale = np.asarray(tokens_per_s, float)[rows] * x.mean(axis=1)
+        for at in range(0, len(rows), chunk := max(1, 2_000_000 // (n_boot * n))):
+            sub = x[at : at + chunk]
+            starts = rng.integers(0, n - block + 1, size=(len(sub), n_boot, k))
+            idx = (starts[..., None] + np.arange(block)).reshape(len(sub), n_boot, k * block)[..., :n]
+            means = sub[np.arange(len(sub))[:, None, None], idx].mean(axis=2)
+            out[rows[at : at + chunk]] = scale[at : at + chunk, None] / means
+    return out
+
+
 def ratio_interval(
     numerator: ArrayLike,
     denominator: ArrayLike,
@@ -306,8 +331,8 @@ def ratio_interval(
     b = np.asarray(denominator, dtype=float)
     if len(a) == 0 or len(b) == 0:
         raise ValueError("ratio_interval needs values on both sides")
-    rng = np.random.default_rng(seed)
-    ratios = stat(_resample(a, n_boot, block, rng), axis=1) / stat(_resample(b, n_boot, block, rng), axis=1)
+    draws_a = stat(_resample(a, n_boot, block, np.random.default_rng(seed)), axis=1)
+    ratios = draws_a / stat(_resample(b, n_boot, block, np.random.default_rng(seed + 1)), axis=1)
     tail = (1.0 - confidence) / 2.0 * 100.0
     lo, hi = np.percentile(ratios, [tail, 100.0 - tail])
     return Interval(float(stat(a) / stat(b)), float(lo), float(hi), confidence)
@@ -341,12 +366,31 @@ class Speedup(Figures):
     speedup_verdict: str
 
 
-def config_speedup(config: Throughput, baseline: Throughput) -> Speedup:
-    """Speedup of a config over the baseline (ratio of their tokens/s, the median over repeats)
-    with a 95% bootstrap interval: over repeats when both have more than one run, else over each
-    run's measured steps (see :class:`Throughput`)."""
-    iv = config.ratio(baseline)
-    return Speedup(iv.value, iv.lo, iv.hi, config.basis(baseline), verdict(iv))
+RATIO_DRAWS_BUDGET = 20_000_000
+"""Most values resampled for one set of speedups (draws x the steps, or runs, of every config):
+10,000 draws per config while that fits, fewer (at least 1,000) for large sweeps, so the end of a
+10,000-run sweep, or a report against a baseline of your own, stays in seconds."""
+
+
+def speedups(configs: Sequence[Throughput], baseline: Throughput, confidence: float = 0.95) -> list[Speedup | None]:
+    """Each config's tokens/s over the baseline's (the median over repeats) with a percentile
+    bootstrap interval and verdict; None where there is nothing to resample (one run without
+    stored steps). Over repeats when both have more than one run, else over each run's steps (see
+    :class:`Throughput`). The baseline is drawn once per basis (seed 1), each config with seed 0."""
+    size = sum(len(t.tokens_per_s_runs) + sum(map(len, t.step_times_ms_runs)) for t in configs)
+    n_boot = int(np.clip(RATIO_DRAWS_BUDGET // max(size, 1), 1_000, 10_000))
+    reference: dict[str, np.ndarray] = {}
+    out: list[Speedup | None] = []
+    for t in configs:
+        if (basis := t.basis(baseline)) is None:
+            out.append(None)
+            continue
+        if basis not in reference:
+            reference[basis] = baseline.replicates(basis, np.random.default_rng(1), n_boot)
+        draws = t.replicates(basis, np.random.default_rng(0), n_boot) / reference[basis]
+        iv = percentile_interval(t.value / baseline.value, draws, confidence)
+        out.append(Speedup(iv.value, iv.lo, iv.hi, basis, verdict(iv)))
+    return out
 
 
 @dataclass(frozen=True)
@@ -379,24 +423,19 @@ class Throughput:
         runs = np.asarray(self.tokens_per_s_runs, float)
         if basis == "repeats":
             return np.median(_resample(runs, n_boot, 1, rng), axis=1)
-        draws = []
-        for tokens_per_s, steps in zip(runs, self.step_times_ms_runs, strict=True):
-            x = np.asarray(steps, float)
-            draws.append(tokens_per_s * x.mean() / _resample(x, n_boot, step_block(len(x)), rng).mean(1))
-        return np.median(draws, axis=0)
+        return np.median(run_draws(runs, self.step_times_ms_runs, n_boot, rng), axis=0)
 
     @property
     def value(self) -> float:
         return float(np.median(self.tokens_per_s_runs))
 
     def ratio(self, other: Throughput, confidence: float = 0.95) -> Interval:
-        """This config's tokens/s over ``other``'s with a percentile bootstrap interval (NaN
-        interval without a basis); the two sides are resampled independently."""
+        """This config's tokens/s over ``other``'s with its interval (:func:`speedups`; a NaN
+        interval without a basis)."""
         value = self.value / other.value if len(self.tokens_per_s_runs) and len(other.tokens_per_s_runs) else np.nan
-        if (basis := self.basis(other)) is None:
+        if (s := speedups([self], other, confidence)[0]) is None:
             return Interval(float(value), float("nan"), float("nan"), confidence)
-        rng = np.random.default_rng(0)
-        return percentile_interval(value, self.replicates(basis, rng) / other.replicates(basis, rng), confidence)
+        return Interval(s.speedup, s.speedup_ci_lo, s.speedup_ci_hi, confidence)
 
 
 def percentile_interval(value: float, replicates: np.ndarray, confidence: float = 0.95) -> Interval:
@@ -406,10 +445,11 @@ def percentile_interval(value: float, replicates: np.ndarray, confidence: float 
     return Interval(float(value), float(lo), float(hi), confidence)
 
 
-EFFECT_DRAWS_BUDGET = 10_000_000
-"""Most values resampled at once for factor effects (draws x the steps, or runs, of all configs):
-10,000 draws up to 1,000 values, fewer (at least 1,000) beyond, so a large sweep's effects fit in
-memory (80 MB of draws and indices at most, however many configs)."""
+EFFECT_DRAWS_BUDGET = 5_000_000
+"""Most values resampled for factor effects (draws x the steps, or runs, of all configs): 10,000
+draws up to 500 values, fewer beyond, at least 500 (12 in each 2.5% tail: coarse, but with
+thousands of configs the interval is narrow anyway), so the factor chart of a 10,000-run report
+adds about a second."""
 
 
 def effect_intervals(
@@ -429,10 +469,24 @@ def effect_intervals(
         return [Interval(nan, nan, nan, confidence) for _ in signs]
     rng = np.random.default_rng(0)
     size = sum(len(t.tokens_per_s_runs) if basis == "repeats" else sum(map(len, t.step_times_ms_runs)) for t in flat)
-    n_boot = int(np.clip(EFFECT_DRAWS_BUDGET // size, 1_000, 10_000))  # what one set of draws holds at once
-    draws = np.array([np.mean([t.replicates(basis, rng, n_boot) for t in cell], axis=0) for cell in cells])
+    n_boot = int(np.clip(EFFECT_DRAWS_BUDGET // size, 500, 10_000))  # what one set of draws holds at once
+    if basis == "repeats":
+        per_config = np.array([t.replicates(basis, rng, n_boot) for t in flat])
+    else:  # every run of every config in one vectorised call: a 10,000-config sweep in about a second
+        tokens = [x for t in flat for x in t.tokens_per_s_runs]
+        runs = run_draws(tokens, [x for t in flat for x in t.step_times_ms_runs], n_boot, rng)
+        n_runs = np.array([len(t.tokens_per_s_runs) for t in flat])
+        per_config = (
+            runs
+            if (n_runs == 1).all()
+            else np.array([np.median(r, axis=0) for r in np.split(runs, np.cumsum(n_runs)[:-1])])
+        )
+    n_configs = np.array([len(cell) for cell in cells])
+    draws = np.add.reduceat(per_config, np.concatenate([[0], np.cumsum(n_configs)[:-1]]), axis=0) / n_configs[:, None]
     point = np.array([np.mean([t.value for t in cell]) for cell in cells])
-    return [percentile_interval(effects(point, [s])[1][0], effects(draws, [s])[1], confidence) for s in signs]
+    _, draw_pct = effects(draws, signs)
+    _, point_pct = effects(point, signs)
+    return [percentile_interval(p, d, confidence) for p, d in zip(point_pct, draw_pct, strict=True)]
 
 
 def effects(y: np.ndarray, signs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

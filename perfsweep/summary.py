@@ -62,7 +62,7 @@ BASELINE_RULE = "the first config in grid order with amp, ckpt and compile off; 
 
 def fill_speedups(engine: Engine, sweep_id: int) -> None:
     """Write every ok run's ``speedup`` over the sweep's baseline config, with its 95% interval
-    and verdict (:func:`perfsweep.metrics.config_speedup`), so SQL sees what the summary and
+    and verdict (:func:`perfsweep.metrics.speedups`), so SQL sees what the summary and
     the report show. Repeats of a config share one figure. Baseline: :data:`BASELINE_RULE`."""
     Run, Step = store.Run, store.Step
     with store.session(engine) as s:
@@ -85,25 +85,19 @@ def fill_speedups(engine: Engine, sweep_id: int) -> None:
             .order_by(Step.run_id, Step.step)
         ):
             times.setdefault(run_id, []).append(ms)
-        base = configs[base_key]
-        for key, rs in configs.items():
-            if key == base_key:
-                values: dict[str, object] = {
-                    "speedup": 1.0,
-                    "speedup_ci_lo": None,
-                    "speedup_ci_hi": None,
-                    "speedup_basis": None,
-                    "speedup_verdict": "baseline",
-                }
-            else:
-                config, reference = (
-                    metrics.Throughput([r.tokens_per_s for r in g], [times.get(r.id, []) for r in g])
-                    for g in (rs, base)
-                )
-                if config.basis(reference) is None:
-                    continue  # one run a side and no measured steps stored (an imported row): nothing to resample
-                values = metrics.config_speedup(config, reference).row()
-            s.execute(update(Run).where(Run.id.in_([r.id for r in rs])).values(**values, baseline_config_hash=base_key))
+
+        def throughput(rs: list[store.Run]) -> metrics.Throughput:
+            return metrics.Throughput([r.tokens_per_s for r in rs], [times.get(r.id, []) for r in rs])
+
+        others = [k for k in configs if k != base_key]
+        figures = metrics.speedups([throughput(configs[k]) for k in others], throughput(configs[base_key]))
+        baseline = {"speedup": 1.0, "speedup_ci_lo": None, "speedup_ci_hi": None, "speedup_basis": None}
+        for key, figure in [(base_key, baseline | {"speedup_verdict": "baseline"}), *zip(others, figures, strict=True)]:
+            if figure is None:
+                continue  # one run a side and no measured steps stored (an imported row): nothing to resample
+            values = figure if isinstance(figure, dict) else figure.row()
+            ids = [r.id for r in configs[key]]
+            s.execute(update(Run).where(Run.id.in_(ids)).values(**values, baseline_config_hash=base_key))
 
 
 def summary_frame(engine: Engine, sweep_id: int) -> pd.DataFrame:

@@ -177,7 +177,7 @@ def test_ratio_interval_finds_a_known_difference_and_no_difference():
     )
 
 
-def test_config_speedup_over_steps_and_over_repeats():
+def test_speedups_over_steps_and_over_repeats():
     rng = np.random.default_rng(7)
     base_steps = list(100 + rng.normal(0, 3, 30))
     fast_steps = list(80 + rng.normal(0, 3, 30))
@@ -185,22 +185,27 @@ def test_config_speedup_over_steps_and_over_repeats():
     def run(steps: list[float], tokens: int = 512) -> metrics.Throughput:
         return metrics.Throughput([tokens * 1000 / np.mean(steps)], [steps])
 
-    s = metrics.config_speedup(run(fast_steps), run(base_steps))
+    def speedup(config: metrics.Throughput, baseline: metrics.Throughput) -> metrics.Speedup:
+        (s,) = metrics.speedups([config], baseline)
+        assert s is not None
+        return s
+
+    s = speedup(run(fast_steps), run(base_steps))
     assert s.speedup_basis == "steps" and s.speedup_verdict == "faster"
     assert s.speedup == pytest.approx(np.mean(base_steps) / np.mean(fast_steps))  # the runs' tokens/s
     assert s.speedup_ci_lo < s.speedup < s.speedup_ci_hi
     # twice the tokens per step in the same time is twice the throughput
-    double = metrics.config_speedup(run(base_steps, 1024), run(base_steps))
+    double = speedup(run(base_steps, 1024), run(base_steps))
     assert double.speedup == pytest.approx(2.0) and double.speedup_verdict == "faster"
-    same = metrics.config_speedup(run(list(100 + rng.normal(0, 3, 30))), run(base_steps))
+    same = speedup(run(list(100 + rng.normal(0, 3, 30))), run(base_steps))
     assert same.speedup_verdict == metrics.NO_DIFFERENCE
     # repeats: the runs' tokens/s, resampled; 3 runs a side with 8% noise and no real difference
-    rep = metrics.config_speedup(
+    rep = speedup(
         metrics.Throughput([1000.0, 1080.0, 950.0], [[]] * 3), metrics.Throughput([1010.0, 940.0, 1060.0], [[]] * 3)
     )
     assert rep.speedup_basis == "repeats" and rep.speedup_verdict == metrics.NO_DIFFERENCE
     assert rep.speedup == pytest.approx(1000.0 / 1010.0)
-    slower = metrics.config_speedup(
+    slower = speedup(
         metrics.Throughput([500.0, 510.0, 490.0], [[]] * 3), metrics.Throughput([1010.0, 990.0, 1000.0], [[]] * 3)
     )
     assert slower.speedup_verdict == "slower" and slower.speedup_ci_hi < 1.0
@@ -212,4 +217,12 @@ def test_config_speedup_over_steps_and_over_repeats():
     assert a.basis(b) == "steps" and iv.value == pytest.approx(15360.0 / b.value)
     assert iv.lo < iv.value < iv.hi
     assert metrics.Throughput([1000.0], [[]]).basis(b) is None  # one run, no stored steps: no interval
+    assert metrics.speedups([metrics.Throughput([1000.0], [[]])], b) == [None]
+    # over repeats, the same draws as the plain two-sample bootstrap (ratio_interval's seeds)
+    assert (rep.speedup, rep.speedup_ci_lo, rep.speedup_ci_hi) == pytest.approx(
+        tuple(
+            getattr(metrics.ratio_interval([1000.0, 1080.0, 950.0], [1010.0, 940.0, 1060.0]), k)
+            for k in ("value", "lo", "hi")
+        )
+    )
     assert metrics.step_block(10) == 2 and metrics.step_block(30) == 3 and metrics.step_block(1) == 1

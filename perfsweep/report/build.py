@@ -44,7 +44,7 @@ INTERVALS = (
     "over the measured steps, resampled in blocks of n^(1/3) steps so autocorrelated steps do not fake precision; an "
     'interval that contains 1 is reported as "no measurable difference".'
 )
-"""How the stored intervals are computed (:func:`perfsweep.metrics.config_speedup`), in README.md's words."""
+"""How the stored intervals are computed (:func:`perfsweep.metrics.speedups`), in README.md's words."""
 
 
 @dataclass
@@ -300,7 +300,8 @@ def make_report(
     try:
         configs = per_config(runs)
         steps = load_child(engine, "steps", [i for ids in configs["ok_run_ids"] for i in ids])
-        configs, how = pick_baseline(configs, baseline, throughput := throughputs(configs, runs, steps))
+        throughput = throughputs(configs, runs, steps)
+        configs, how = pick_baseline(configs, baseline, throughput, intervals_for=max(top, TOP_TABLE))
     except ValueError as exc:
         raise UserError(f"--baseline {','.join(f'{k}={v}' for k, v in (baseline or {}).items())}: {exc}") from None
     base = configs[configs["is_baseline"]]
