@@ -432,10 +432,10 @@ class Throughput:
     def ratio(self, other: Throughput, confidence: float = 0.95) -> Interval:
         """This config's tokens/s over ``other``'s with its interval (:func:`speedups`; a NaN
         interval without a basis)."""
+        if (s := speedups([self], other, confidence)[0]) is not None:
+            return Interval(s.speedup, s.speedup_ci_lo, s.speedup_ci_hi, confidence)
         value = self.value / other.value if len(self.tokens_per_s_runs) and len(other.tokens_per_s_runs) else np.nan
-        if (s := speedups([self], other, confidence)[0]) is None:
-            return Interval(float(value), float("nan"), float("nan"), confidence)
-        return Interval(s.speedup, s.speedup_ci_lo, s.speedup_ci_hi, confidence)
+        return Interval(float(value), float("nan"), float("nan"), confidence)
 
 
 def percentile_interval(value: float, replicates: np.ndarray, confidence: float = 0.95) -> Interval:

@@ -91,11 +91,13 @@ def fill_speedups(engine: Engine, sweep_id: int) -> None:
 
         others = [k for k in configs if k != base_key]
         figures = metrics.speedups([throughput(configs[k]) for k in others], throughput(configs[base_key]))
-        baseline = {"speedup": 1.0, "speedup_ci_lo": None, "speedup_ci_hi": None, "speedup_basis": None}
-        for key, figure in [(base_key, baseline | {"speedup_verdict": "baseline"}), *zip(others, figures, strict=True)]:
-            if figure is None:
-                continue  # one run a side and no measured steps stored (an imported row): nothing to resample
-            values = figure if isinstance(figure, dict) else figure.row()
+        rows: dict[str, dict[str, object]] = {
+            base_key: {"speedup": 1.0, "speedup_ci_lo": None, "speedup_ci_hi": None, "speedup_basis": None}
+            | {"speedup_verdict": "baseline"}
+        }
+        # None: one run a side and no measured steps stored (an imported row), nothing to resample
+        rows |= {key: figure.row() for key, figure in zip(others, figures, strict=True) if figure is not None}
+        for key, values in rows.items():
             ids = [r.id for r in configs[key]]
             s.execute(update(Run).where(Run.id.in_(ids)).values(**values, baseline_config_hash=base_key))
 
