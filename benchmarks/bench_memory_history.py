@@ -50,7 +50,7 @@ def main() -> int:
     with initialize_config_module(version_base="1.3", config_module="perfsweep.conf"):
         cfg = to_run_config(compose(config_name="config", overrides=[*base, *args.overrides]))
     device = resolve_device(cfg.device)
-    trainer, _, _ = build(cfg, device, data.prepare(cfg.data))
+    trainer, _ = build(cfg, device, data.prepare(cfg.data))
     snap = MemorySnapshot(Path("."), "bench", cfg.profile.memory_snapshot_max_entries)
     for _ in range(10):
         trainer.step()

@@ -39,6 +39,7 @@ def bare_loop(args: argparse.Namespace) -> None:
     from perfsweep.__main__ import register
     from perfsweep.config import to_run_config
     from perfsweep.model import GPT
+    from perfsweep.task import apply_checkpointing
 
     register()
     with initialize_config_module(version_base="1.3", config_module="perfsweep.conf"):
@@ -47,7 +48,9 @@ def bare_loop(args: argparse.Namespace) -> None:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    model = GPT(cfg.model, args.vocab_size, ckpt=cfg.ckpt).to(device).train()
+    model = GPT(cfg.model.gpt, args.vocab_size).to(device).train()
+    if cfg.ckpt:
+        apply_checkpointing(model, cfg.model)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW(
@@ -81,7 +84,7 @@ def bare_loop(args: argparse.Namespace) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     wall = time.perf_counter() - t0
-    print(json.dumps({"tokens_per_s": cfg.steps.measure * cfg.tokens_per_step / wall}))
+    print(json.dumps({"tokens_per_s": cfg.steps.measure * cfg.batch * cfg.seq_len / wall}))
 
 
 def perfsweep_run(args: argparse.Namespace, work: Path, i: int) -> tuple[float, int, float, float]:

@@ -8,7 +8,10 @@ objects, which the sweeper does for every grid point before the first job starts
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import enum
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +27,41 @@ class ConfigError(ValueError):
 def _require(ok: bool, key: str, value: Any, allowed: str) -> None:
     if not ok:
         raise ConfigError(f"invalid config: {key}={value!r}: {allowed}")
+
+
+def _no_unknown(args: dict[str, Any], known: set[str], node: str, whose: str) -> None:
+    """Keys beside a node's declared ones go to a user's factory; without one they are typos."""
+    for key in sorted(set(args) - known):
+        close = difflib.get_close_matches(key, known, n=1)
+        hint = f"did you mean {node}.{close[0]}? " if close else ""
+        raise ConfigError(
+            f"invalid config: {node}.{key}={args[key]!r}: no such key for {whose}; {hint}keys: {', '.join(sorted(known))}"
+        )
+
+
+def _enum(cls: type[enum.Enum], value: Any, key: str) -> Any:
+    try:
+        return cls(value)
+    except ValueError:
+        raise ConfigError(
+            f"invalid config: {key}={value!r}: must be one of {', '.join(m.value for m in cls)}"
+        ) from None
+
+
+def _dotted(path: Any) -> bool:
+    return isinstance(path, str) and re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", path) is not None
+
+
+def _split(node: Any, cls: type) -> Any:
+    """A ``model``/``data`` node as ``cls``: its declared keys as fields, every other key in
+    ``args`` (what a ``_target_`` factory receives). The nodes are untyped in the schema so a
+    user's factory can take keys perfsweep does not know; this is where they get their types."""
+    if isinstance(node, cls):
+        return node
+    node = dict(node or {})
+    declared = {f.name for f in dataclasses.fields(cls)} - {"args"}
+    args = {k: node.pop(k) for k in list(node) if k not in declared}
+    return cls(**node, args={**node.pop("args", {}), **args})
 
 
 class AmpDtype(str, enum.Enum):
@@ -67,12 +105,99 @@ class DataKind(str, enum.Enum):
     synthetic = "synthetic"
 
 
+class Loss(str, enum.Enum):
+    """How a training step gets its loss from the model (see perfsweep.task)."""
+
+    output = "output"
+    """The forward computes it: it returns a scalar tensor, a mapping with ``loss`` or an object
+    with ``.loss`` (a Hugging Face ModelOutput). The batch is passed as the forward's arguments."""
+    cross_entropy = "cross_entropy"
+    """The forward returns logits (a tensor, ``.logits``, or the first item of a tuple) for the
+    batch's inputs; cross-entropy against the batch's targets, in fp32."""
+    mse = "mse"
+    """As cross_entropy, with mean squared error (regression)."""
+
+
+class Unit(str, enum.Enum):
+    """What the headline throughput counts."""
+
+    tokens = "tokens"
+    """Sequence models: tokens/s, from the elements of a batch's input ids; needs ``seq_len``."""
+    samples = "samples"
+    """Everything else (images, rows): samples/s is the headline and tokens/s stays null."""
+
+
+class CkptImpl(str, enum.Enum):
+    """How ``ckpt=true`` checkpoints activations."""
+
+    torch = "torch"
+    """torch's apply_activation_checkpointing (non-reentrant) on the ``model.ckpt_modules`` classes."""
+    hf = "hf"
+    """The model's own ``gradient_checkpointing_enable()`` (Hugging Face models), non-reentrant."""
+
+
+GPT_TARGET = "perfsweep.model.build"
+"""The factory of perfsweep's own GPT: the presets in ``conf/model/`` name it."""
+
+DEFAULT_MODEL: dict[str, Any] = {"_target_": GPT_TARGET, "name": "small", "ckpt_modules": ["Block"]}
+"""The model of a config built in Python without one: the GPT preset small (conf/model/small.yaml)."""
+
+
 @dataclass
 class ModelConfig:
-    """Shape of the GPT. Presets live in ``conf/model/``."""
+    """The model contract: which factory builds the module, how a step gets its loss, what the
+    throughput counts and what checkpointing wraps. Presets live in ``conf/model/``; every other
+    key of the ``model`` node is passed to the factory (:class:`GPTConfig` for perfsweep's GPT).
+    See perfsweep.task for how each field is used and README "Your own model" for an example."""
 
-    name: str = "small"
-    """Preset name, stored in ``runs.model_name``."""
+    _target_: str = GPT_TARGET
+    """Dotted path of a callable returning an ``nn.Module`` (Hydra's ``instantiate`` calls it with
+    the node's other keys, plus ``vocab_size`` and ``seq_len`` where its signature takes them)."""
+    name: str | None = None
+    """Stored in ``runs.model_name``; default: the ``_target_`` path."""
+    loss: Loss = Loss.output
+    """output: the forward returns the loss; cross_entropy or mse: it returns predictions."""
+    unit: Unit = Unit.tokens
+    """tokens: tokens/s is the headline (``seq_len`` required); samples: samples/s, tokens/s null."""
+    ckpt_modules: list[str] = field(default_factory=list)
+    """Class names (or module.Class paths) of the submodules ``ckpt=true`` wraps (ckpt_impl=torch)."""
+    ckpt_impl: CkptImpl = CkptImpl.torch
+    """torch: apply_activation_checkpointing on ckpt_modules; hf: gradient_checkpointing_enable()."""
+    args: dict[str, Any] = field(default_factory=dict)
+    """The node's other keys, passed to the factory (in a config file they sit beside the keys
+    above, e.g. ``model.n_layers``; on the command line ``+model.width=64`` adds one)."""
+
+    def __post_init__(self) -> None:
+        _require(
+            _dotted(self._target_),
+            "model._target_",
+            self._target_,
+            "must be a dotted path to a callable returning an nn.Module, e.g. my_pkg.models.build",
+        )
+        self.loss = _enum(Loss, self.loss, "model.loss")
+        self.unit = _enum(Unit, self.unit, "model.unit")
+        self.ckpt_impl = _enum(CkptImpl, self.ckpt_impl, "model.ckpt_impl")
+        if (gpt := self.gpt) is not None:  # validated, and stored with every shape key
+            self.args = dataclasses.asdict(gpt)
+
+    @property
+    def model_name(self) -> str:
+        return self.name or self._target_
+
+    @property
+    def gpt(self) -> GPTConfig | None:
+        """The GPT's shape when the factory is perfsweep's own, else None."""
+        if self._target_ != GPT_TARGET:
+            return None
+        known = {f.name for f in dataclasses.fields(GPTConfig)}
+        _no_unknown(self.args, known, "model", "perfsweep's GPT")
+        return GPTConfig(**self.args)
+
+
+@dataclass
+class GPTConfig:
+    """Shape of perfsweep's GPT (the ``model`` keys its presets set beside the contract's)."""
+
     n_layers: int = 4
     """Number of transformer blocks."""
     n_heads: int = 4
@@ -107,10 +232,15 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    """Where the training tokens come from. Presets live in ``conf/data/``."""
+    """Where the training batches come from. Presets live in ``conf/data/``."""
 
-    name: str = "stdlib"
-    """Preset name, stored in ``runs.data_name``."""
+    name: str | None = "stdlib"
+    """Preset name, stored in ``runs.data_name``; default for a ``_target_``: its path."""
+    _target_: str | None = None
+    """A user's Dataset or DataLoader factory (dotted path): called with the node's other keys,
+    plus ``batch``, ``seq_len``, ``seed``, ``workers`` and ``pin_memory`` where its signature takes
+    them. A Dataset is batched by perfsweep's DataLoader (``workers``, pin_memory, the seeded
+    shuffle apply); a DataLoader is used as it is. Batches: a tensor, a tuple or a dict of tensors."""
     kind: DataKind = DataKind.stdlib
     """stdlib: this Python's own .py sources; textfile: ``path``; synthetic: random ids."""
     path: str | None = None
@@ -127,8 +257,26 @@ class DataConfig:
     """Length of the random token stream of kind=synthetic."""
     cache_dir: str | None = None
     """Token cache folder; default $PERFSWEEP_CACHE_DIR or ~/.cache/perfsweep."""
+    args: dict[str, Any] = field(default_factory=dict)
+    """The node's other keys, passed to the ``_target_`` factory."""
+
+    @property
+    def data_name(self) -> str:
+        return self.name or self._target_ or self.kind.value
 
     def __post_init__(self) -> None:
+        self.kind = _enum(DataKind, self.kind, "data.kind")
+        if self._target_ is not None:
+            _require(
+                _dotted(self._target_),
+                "data._target_",
+                self._target_,
+                "must be a dotted path to a Dataset or DataLoader factory, e.g. my_pkg.data.build",
+            )
+            return
+        _no_unknown(
+            self.args, {f.name for f in dataclasses.fields(self)} - {"args"}, "data", f"data.kind={self.kind.value}"
+        )
         if self.kind == DataKind.textfile:
             _require(bool(self.path), "data.path", self.path, "must name a file or folder when data.kind=textfile")
         if self.vocab_limit is not None:
@@ -278,8 +426,8 @@ class PerfsweepConfig:
     """Activation checkpointing: each block recomputes its activations in backward."""
     batch: int = 8
     """Sequences per optimizer step."""
-    seq_len: int = 128
-    """Tokens per sequence."""
+    seq_len: int | None = 128
+    """Tokens per sequence; null for a model whose ``model.unit`` is samples."""
     compile: bool = False
     """Apply torch.compile to the model."""
     workers: int = 0
@@ -328,18 +476,42 @@ class PerfsweepConfig:
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     db: DbConfig = field(default_factory=DbConfig)
     sweep: SweepContext = field(default_factory=SweepContext)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
+    model: Any = field(default_factory=dict)
+    """A :class:`ModelConfig` (untyped in the schema: a factory's own keys sit beside the
+    contract's; ``__post_init__`` types it); empty means perfsweep's GPT, preset small."""
+    data: Any = field(default_factory=dict)
+    """A :class:`DataConfig`, typed in ``__post_init__`` like ``model``; empty means stdlib."""
 
     def __post_init__(self) -> None:
+        self.model = _split(self.model or DEFAULT_MODEL, ModelConfig)
+        self.data = _split(self.data, DataConfig)
         _require(self.batch >= 1, "batch", self.batch, "must be a positive integer")
-        _require(self.seq_len >= 1, "seq_len", self.seq_len, "must be a positive integer")
-        _require(
-            self.seq_len <= self.model.max_seq_len,
-            "seq_len",
-            self.seq_len,
-            f"must be <= model.max_seq_len={self.model.max_seq_len}",
-        )
+        if self.model.unit == Unit.samples:
+            _require(
+                self.seq_len is None,
+                "seq_len",
+                self.seq_len,
+                f"must be null: model.unit=samples ({self.model.model_name}) has no sequence length; "
+                "the input size is the data's own setting",
+            )
+        else:
+            _require(
+                self.seq_len is not None and self.seq_len >= 1, "seq_len", self.seq_len, "must be a positive integer"
+            )
+        gpt = self.model.gpt
+        if gpt is not None:
+            _require(
+                self.seq_len <= gpt.max_seq_len,
+                "seq_len",
+                self.seq_len,
+                f"must be <= model.max_seq_len={gpt.max_seq_len}",
+            )
+            _require(
+                self.data._target_ is None,
+                "data._target_",
+                self.data._target_,
+                "perfsweep's GPT trains on token data (stdlib, textfile, synthetic); a custom data factory needs a custom model",
+            )
         _require(self.workers >= 0, "workers", self.workers, "must be >= 0")
         _require(self.lr > 0, "lr", self.lr, "must be > 0")
         _require(self.timeout_s > 0, "timeout_s", self.timeout_s, "must be > 0 seconds")
@@ -365,9 +537,24 @@ class PerfsweepConfig:
             "must be null, default, reduce-overhead, max-autotune or max-autotune-no-cudagraphs",
         )
 
-    @property
-    def tokens_per_step(self) -> int:
-        return self.batch * self.seq_len
+
+NODE_SCHEMAS: dict[str, tuple[type, ...]] = {"model": (ModelConfig, GPTConfig), "data": (DataConfig,)}
+"""The dataclasses that type the untyped ``model`` and ``data`` nodes (for key listings)."""
+
+
+DIRNAME_MAX = 120
+"""Longest job folder name from overrides; filesystems allow 255 bytes, paths in messages stay readable."""
+
+
+def short_dirname(name: str) -> str:
+    """``name`` if it is at most :data:`DIRNAME_MAX` long, else its head and a hash of the whole
+    (distinct overrides keep distinct folders)."""
+    if len(name.encode()) <= DIRNAME_MAX:
+        return name
+    import hashlib
+
+    digest = hashlib.sha256(name.encode()).hexdigest()[:10]
+    return f"{name.encode()[: DIRNAME_MAX - 12].decode(errors='ignore')}_{digest}"
 
 
 def register_configs() -> None:
@@ -377,6 +564,10 @@ def register_configs() -> None:
         # ${uid:} in hydra.sweep.dir/run.dir: two sweeps started in the same second get their own
         # folders. Cached, so every job of a sweep (Hydra copies the cache) sees the same value.
         OmegaConf.register_new_resolver("uid", lambda: uuid.uuid4().hex[:6], use_cache=True)
+    if not OmegaConf.has_resolver("dirname"):
+        # ${dirname:${hydra.job.override_dirname}} in hydra.sweep.subdir: a job's folder named from
+        # its overrides, cut to a length every filesystem takes (a long grid point's would not be).
+        OmegaConf.register_new_resolver("dirname", short_dirname)
     cs = ConfigStore.instance()
     # The presets in conf/model and conf/data are typed by PerfsweepConfig.model/.data, so the
     # schemas need no entry of their own in those groups (where --help would list them as presets).
@@ -395,4 +586,6 @@ def to_plain_dict(cfg: PerfsweepConfig) -> dict[str, Any]:
     """A JSON-ready dict of the resolved config (enums as strings)."""
     d = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
     assert isinstance(d, dict)
+    for node in ("model", "data"):  # as written in a config file: a factory's keys beside the rest
+        d[node] = {**{k: v for k, v in d[node].items() if k != "args"}, **d[node]["args"]}
     return d

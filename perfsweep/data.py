@@ -1,4 +1,5 @@
-"""Training tokens: real text tokenized once with tiktoken, cached on disk, served in windows.
+"""Training batches: real text tokenized once with tiktoken, cached on disk, served in windows;
+or a user's Dataset or DataLoader factory (``data._target_``, :func:`loader`).
 
 The launching process calls :func:`prepare` before any job starts, so tokenization cost and
 its memory spike never land inside a measured job. Jobs then memory-map the cached array.
@@ -12,12 +13,14 @@ import json
 import logging
 import os
 import sysconfig
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from perfsweep.config import DataConfig, DataKind
 
@@ -217,7 +220,59 @@ def make_loader(data: TokenData, seq_len: int, batch: int, workers: int, seed: i
     )
 
 
-def infinite(loader: DataLoader):
+def loader(
+    cfg: DataConfig,
+    token_data: TokenData | None,
+    batch: int,
+    seq_len: int | None,
+    workers: int,
+    seed: int,
+    pin_memory: bool,
+) -> Iterable[Any]:
+    """A job's batches: token windows for the built-in corpora, else the ``data._target_``
+    factory's. A Dataset it returns is batched here, so ``batch``, ``workers``, pinned memory and
+    the seeded shuffle apply as for token data; a DataLoader (or any iterable) is used as it is."""
+    if cfg._target_ is None:
+        assert token_data is not None and seq_len is not None
+        return make_loader(token_data, seq_len, batch, workers, seed, pin_memory)
+    from perfsweep.task import ContractError, call_factory
+
+    offered = {"batch": batch, "seq_len": seq_len, "seed": seed, "workers": workers, "pin_memory": pin_memory}
+    made = call_factory("data", cfg._target_, cfg.args, offered)
+    if isinstance(made, (DataLoader, IterableDataset)) or (
+        not isinstance(made, Dataset) and isinstance(made, Iterable) and not isinstance(made, (str, bytes))
+    ):
+        if isinstance(made, IterableDataset):
+            return DataLoader(made, batch_size=batch, num_workers=workers, pin_memory=pin_memory)
+        return made
+    if not isinstance(made, Dataset):
+        raise ContractError(
+            f"invalid config: data._target_={cfg._target_!r}: returned {type(made).__name__}, "
+            "expected a torch Dataset, IterableDataset or DataLoader"
+        )
+    n = len(made)  # type: ignore[arg-type]
+    if n < batch:
+        raise ContractError(
+            f"invalid config: batch={batch}: data._target_={cfg._target_!r} holds {n} samples, fewer than one batch"
+        )
+    return DataLoader(
+        made,
+        batch_size=batch,
+        shuffle=True,
+        drop_last=True,
+        num_workers=workers,
+        pin_memory=pin_memory,
+        persistent_workers=workers > 0,
+        generator=torch.Generator().manual_seed(seed),
+    )
+
+
+def infinite(loader: Iterable[Any]):
     """Cycle through epochs; the sweep's step count, not the corpus size, decides when to stop."""
     while True:
-        yield from loader
+        empty = True
+        for batch in loader:
+            empty = False
+            yield batch
+        if empty:
+            raise ValueError("the data yields no batch (an empty dataset, or drop_last with fewer samples than batch)")

@@ -29,7 +29,7 @@ from typing import Any
 from perfsweep import data as data_mod
 from perfsweep import importer, runner, store
 from perfsweep.cli import first_line
-from perfsweep.config import PerfsweepConfig, to_plain_dict
+from perfsweep.config import PerfsweepConfig, short_dirname, to_plain_dict
 from perfsweep.names import GRID_AXES, HEARTBEAT_INTERVAL_S
 from perfsweep.store import utcnow
 
@@ -57,7 +57,7 @@ class JobSpec:
     def label(self) -> str:
         """File-name-safe name of the job from its overrides, e.g. ``amp=true,ckpt=false``."""
         text = ",".join(self.overrides) or "default"
-        return "".join(c if c.isalnum() or c in "=,._-" else "_" for c in text)
+        return short_dirname("".join(c if c.isalnum() or c in "=,._-" else "_" for c in text))
 
 
 def not_ok_line(statuses: list[str]) -> str:
@@ -180,7 +180,7 @@ class SweepHeartbeat:
 def _run_in_child(
     spec: JobSpec,
     config: dict[str, Any],
-    token_data: data_mod.TokenData,
+    token_data: data_mod.TokenData | None,
     progress: ProgressLine,
     beat: Callable[[], None],
 ) -> tuple[str, str | None, dict[str, Any], datetime]:
@@ -301,8 +301,8 @@ def run_job(spec: JobSpec) -> tuple[int | None, str]:
         job_num=spec.job_num,
         overrides=" ".join(spec.overrides),
         amp_dtype=config["amp_dtype"],
-        model_name=cfg.model.name,
-        data_name=cfg.data.name,
+        model_name=cfg.model.model_name,
+        data_name=cfg.data.data_name,
         config_json=config,
         config_hash=config_hash(config),
         started_at=started,
@@ -316,7 +316,7 @@ def run_job(spec: JobSpec) -> tuple[int | None, str]:
     run_id = _begin(engine, row)
     try:
         try:
-            token_data = data_mod.prepare(cfg.data, cfg.seed)
+            token_data = data_mod.prepare(cfg.data, cfg.seed) if cfg.data._target_ is None else None
         except Exception as exc:  # noqa: BLE001 - a data problem is this job's result
             status, error, fields, finished = (
                 "failed",

@@ -65,7 +65,8 @@ class StepFigures(Figures):
     data_wait_ms_median: float
     data_wait_fraction: float | None
     """Share of the measured steps' time spent waiting for the next batch."""
-    tokens_per_s: float
+    tokens_per_s: float | None
+    """None for a model whose unit is samples (``model.unit``)."""
     samples_per_s: float
     final_loss: float
 
@@ -77,7 +78,7 @@ class StepFigures(Figures):
 
 
 def summarize(
-    records: Sequence[StepRecord], tokens_per_step: int, samples_per_step: int, measure_wall_ms: float
+    records: Sequence[StepRecord], tokens_per_step: int | None, samples_per_step: int, measure_wall_ms: float
 ) -> StepFigures:
     """Figures for ``runs``, from measured steps only (warmup excluded).
 
@@ -110,7 +111,7 @@ def summarize(
         measure_wall_ms=measure_wall_ms,
         data_wait_ms_median=float(np.median(waits)),
         data_wait_fraction=float(waits.sum() / times.sum()) if times.sum() > 0 else None,
-        tokens_per_s=tokens_per_step * len(measured) / window_s,
+        tokens_per_s=tokens_per_step * len(measured) / window_s if tokens_per_step is not None else None,
         samples_per_s=samples_per_step * len(measured) / window_s,
         final_loss=measured[-1].loss,
     )
@@ -184,9 +185,11 @@ class Utilisation(Figures):
 
 
 def model_flops_utilisation(
-    flops_per_token: float, tokens_per_s: float, peak_flops: float | None, compute_dtype: str
+    flops_per_sample: float, samples_per_s: float, peak_flops: float | None, compute_dtype: str
 ) -> Utilisation:
-    model_flops_per_s = flops_per_token * tokens_per_s
+    """From FLOPs per sample and samples/s: the same product as per token for a token model, and
+    defined for every model (``model.unit``)."""
+    model_flops_per_s = flops_per_sample * samples_per_s
     return Utilisation(
         model_tflops_per_s=model_flops_per_s / 1e12,
         mfu=model_flops_per_s / peak_flops if peak_flops else None,

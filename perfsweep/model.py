@@ -1,8 +1,9 @@
 """A small GPT, written to be read in one sitting (after nanoGPT's model.py).
 
 Pre-LayerNorm blocks, causal scaled_dot_product_attention, a GELU MLP and an output layer
-tied to the token embedding. Activation checkpointing wraps each block, so the saved
-activations shrink from every block's internals to one residual tensor per block.
+tied to the token embedding. It is one model among any (perfsweep.task): :func:`build` is the
+factory its presets name, and ``ckpt=true`` wraps each :class:`Block` (``ckpt_modules: [Block]``),
+so the saved activations shrink from every block's internals to one residual tensor per block.
 
 The embedding and output layer are padded to a multiple of ``model.vocab_multiple`` rows:
 GEMM kernels tile the output dimension, and cl100k's 100,277 columns leave a ragged last tile
@@ -13,16 +14,17 @@ unpadded model, and padded rows receive zero gradient.
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
-from perfsweep.config import ModelConfig
+from perfsweep.config import GPTConfig
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.n_heads = cfg.n_heads
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)
@@ -41,7 +43,7 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.fc = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
         self.proj = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
@@ -52,7 +54,7 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.ln1 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
         self.attn = CausalSelfAttention(cfg)
@@ -69,13 +71,17 @@ def padded_vocab(vocab_size: int, multiple: int) -> int:
     return -(-vocab_size // multiple) * multiple
 
 
+class GPTOutput(NamedTuple):
+    logits: torch.Tensor
+    loss: torch.Tensor | None
+
+
 class GPT(nn.Module):
-    def __init__(self, cfg: ModelConfig, vocab_size: int, ckpt: bool = False) -> None:
+    def __init__(self, cfg: GPTConfig, vocab_size: int) -> None:
         super().__init__()
         self.cfg = cfg
         self.vocab_size = vocab_size
         self.vocab_size_padded = padded_vocab(vocab_size, cfg.vocab_multiple)
-        self.ckpt = ckpt
         self.tok_emb = nn.Embedding(self.vocab_size_padded, cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
@@ -105,20 +111,17 @@ class GPT(nn.Module):
         elif isinstance(m, nn.Embedding):
             nn.init.normal_(m.weight, mean=0.0, std=0.02)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> GPTOutput:
         T = idx.shape[1]
         pos = torch.arange(T, device=idx.device)
         x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
         for block in self.blocks:
-            if self.ckpt and self.training:
-                x = checkpoint(block, x, use_reentrant=False)
-            else:
-                x = block(x)
+            x = block(x)
         logits = F.linear(self.ln_f(x), self.head.weight, self.vocab_mask)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1))
-        return logits[..., : self.vocab_size], loss  # a view: callers see the real vocabulary
+        return GPTOutput(logits[..., : self.vocab_size], loss)  # a view: callers see the real vocabulary
 
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameter count; the tied output layer is counted once, as the embedding."""
@@ -139,3 +142,11 @@ class GPT(nn.Module):
         # The output layer is tied to the embedding but still a matmul on every token.
         n_matmul = self.num_params(non_embedding=True) + self.vocab_size * c.d_model
         return 6 * n_matmul + 12 * c.n_layers * c.n_heads * head_dim * seq_len
+
+
+def build(vocab_size: int | None = None, **shape: Any) -> GPT:
+    """The factory the GPT presets name (``model._target_``): the shape keys of :class:`GPTConfig`,
+    and the vocabulary of the token data perfsweep passes in."""
+    if vocab_size is None:
+        raise ValueError("perfsweep's GPT needs token data (data=stdlib, textfile or synthetic) for its vocabulary")
+    return GPT(GPTConfig(**shape), vocab_size)

@@ -27,6 +27,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from perfsweep.cli import first_line
 from perfsweep.config import (
+    NODE_SCHEMAS,
     AmpDtype,
     ConfigError,
     DataKind,
@@ -81,9 +82,12 @@ def config_keys() -> list[str]:
     def walk(cls: type, prefix: str) -> None:
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
-            if dataclasses.is_dataclass(hints[f.name]):  # model, data, steps, profile, db
+            if f.name in NODE_SCHEMAS:  # model, data: untyped in the schema, typed by these
+                for schema in NODE_SCHEMAS[f.name]:
+                    walk(schema, f"{prefix}{f.name}.")
+            elif dataclasses.is_dataclass(hints[f.name]):  # steps, profile, db
                 walk(hints[f.name], f"{prefix}{f.name}.")
-            else:
+            elif f.name != "args":
                 out.append(prefix + f.name)
 
     walk(PerfsweepConfig, "")
@@ -140,10 +144,12 @@ def cpu_notice(fields: dict[str, float]) -> str | None:
     )
 
 
-def check_data(cfgs: list[PerfsweepConfig]) -> None:
-    """Every grid point's corpus exists, is not empty and holds one batch of windows.
+def check_data(cfgs: list[PerfsweepConfig]) -> dict[str, Any]:
+    """Every grid point's data exists and holds one batch; returns the prepared token data by
+    :func:`_prepared_key` (None for a ``data._target_`` factory).
 
-    The corpus is tokenized here (once; jobs then hit the cache), so the count is exact.
+    The corpus is tokenized here (once; jobs then hit the cache), so the count is exact. A data
+    factory is called here and must give one batch (:func:`check_models` then trains on it).
     """
     from perfsweep import data as data_mod
 
@@ -151,6 +157,9 @@ def check_data(cfgs: list[PerfsweepConfig]) -> None:
     for cfg in cfgs:
         d = cfg.data
         where = _data_key(cfg)
+        if d._target_ is not None:
+            prepared.setdefault(_prepared_key(cfg), None)
+            continue
         if d.kind == DataKind.textfile:
             try:
                 files = data_mod.text_files(d.path or "", d.glob)
@@ -158,7 +167,7 @@ def check_data(cfgs: list[PerfsweepConfig]) -> None:
                 raise ConfigError(f"invalid config: {exc}; point data.path at a UTF-8 text file or folder") from None
             if sum(f.stat().st_size for f in files) == 0:
                 raise ConfigError(f"invalid config: {where}: the text is empty (0 bytes); use a file with text in it")
-        key = json.dumps([to_plain_dict(cfg)["data"], cfg.seed], sort_keys=True)
+        key = _prepared_key(cfg)
         if key not in prepared:
             try:
                 prepared[key] = data_mod.prepare(d, cfg.seed)
@@ -172,10 +181,45 @@ def check_data(cfgs: list[PerfsweepConfig]) -> None:
                 f"(batch={cfg.batch} windows of seq_len={cfg.seq_len} need {needed:,}); "
                 "use more text or lower batch or seq_len"
             )
+    return prepared
+
+
+def _prepared_key(cfg: PerfsweepConfig) -> str:
+    return json.dumps([to_plain_dict(cfg)["data"], cfg.seed], sort_keys=True)
+
+
+def check_models(cfgs: list[PerfsweepConfig], prepared: dict[str, Any]) -> None:
+    """Every distinct model trains one step on its first batch, on the meta device (no memory, no
+    kernels; perfsweep.task.meta_step): a factory that cannot be imported, returns no module, has
+    nothing for ``ckpt=true`` to wrap or whose forward gives no loss is refused here in one line."""
+    from perfsweep import data as data_mod
+    from perfsweep import task
+
+    seen: set[str] = set()
+    for cfg in cfgs:
+        plain = to_plain_dict(cfg)
+        key = json.dumps([plain["model"], plain["data"], cfg.ckpt, cfg.seed], sort_keys=True)
+        if key in seen:
+            continue
+        seen.add(key)
+        token_data = prepared.get(_prepared_key(cfg))
+        loader = data_mod.loader(cfg.data, token_data, cfg.batch, cfg.seq_len, 0, cfg.seed, pin_memory=False)
+        try:
+            batch = next(iter(loader))
+        except StopIteration:
+            raise ConfigError(f"invalid config: {_data_key(cfg)}: yields no batch of batch={cfg.batch}") from None
+        except Exception as exc:  # noqa: BLE001 - the user's dataset: what it raises is the answer
+            raise ConfigError(
+                f"invalid config: {_data_key(cfg)}: reading the first batch raised {first_line(exc)}"
+            ) from None
+        vocab = token_data.vocab_size if token_data is not None else None
+        task.meta_step(cfg.model, batch, vocab, cfg.seq_len, ckpt=cfg.ckpt)
 
 
 def _data_key(cfg: PerfsweepConfig) -> str:
     d = cfg.data
+    if d._target_ is not None:
+        return f"data._target_={d._target_!r}"
     if d.kind == DataKind.textfile:
         return f"data.path={d.path!r}"
     if d.kind == DataKind.synthetic:
@@ -216,9 +260,9 @@ def reserve_sweep(url: str, sweep_dir: str, name: str, **fields: Any) -> int:
 
 
 def check_all(cfgs: list[PerfsweepConfig]) -> None:
-    """The checks that need no database: device, then data."""
+    """The checks that need no database: device, data, then the models on their first batch."""
     check_device(cfgs)
-    check_data(cfgs)
+    check_models(cfgs, check_data(cfgs))
 
 
 def done_grid_points(url: str, sweep_dir: str) -> set[tuple[int, str]]:

@@ -15,6 +15,7 @@ Order inside a job::
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import time
@@ -28,11 +29,11 @@ import torch
 
 from perfsweep import compile as compile_mod
 from perfsweep import data as data_mod
+from perfsweep import task
 from perfsweep.config import AmpDtype, Device, PerfsweepConfig, to_run_config
 from perfsweep.envinfo import compute_dtype, environment, peak_flops
 from perfsweep.memory import MemoryProbe, MemorySnapshot, persistent_bytes, step_alloc_peak_bytes
 from perfsweep.metrics import StepRecord, bottleneck_verdict, model_flops_utilisation, summarize
-from perfsweep.model import GPT
 from perfsweep.names import STAGES
 from perfsweep.profiling import ProfiledWindow
 from perfsweep.profiling import stage as labelled_stage
@@ -82,6 +83,7 @@ class Trainer:
     """Everything one training step touches, built once before the first step."""
 
     model: torch.nn.Module
+    loss_fn: task.LossFn
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
     batches: Any
@@ -99,12 +101,11 @@ class Trainer:
         stage = labelled_stage if self.labelled else _unlabelled
         t0 = time.perf_counter()
         with stage(DATA_TO_DEVICE, nvtx):
-            x, y = next(self.batches)
+            batch = next(self.batches)
             t_data = time.perf_counter()
-            x = x.to(dev, non_blocking=True)
-            y = y.to(dev, non_blocking=True)
+            batch = task.to_device(batch, dev)
         with stage(FORWARD, nvtx), self.autocast():
-            _, loss = self.model(x, y)
+            loss = self.loss_fn(self.model, batch)
         with stage(BACKWARD, nvtx):
             self.scaler.scale(loss).backward()
         with stage(OPTIMIZER_STEP, nvtx):
@@ -125,10 +126,25 @@ class Trainer:
         return (time.perf_counter() - t0) * 1000.0, wait_ms, loss_value
 
 
-def build(cfg: PerfsweepConfig, device: torch.device, token_data: data_mod.TokenData) -> tuple[Trainer, GPT, bool]:
+@dataclass
+class Built:
+    """What :func:`build` made besides the trainer: the figures of the model and its batches."""
+
+    raw: torch.nn.Module
+    """The module before torch.compile (checkpointing applied)."""
+    fused: bool
+    tokens_per_step: int | None
+    samples_per_step: int
+    first_batch: Any
+
+
+def build(cfg: PerfsweepConfig, device: torch.device, token_data: data_mod.TokenData | None) -> tuple[Trainer, Built]:
     torch.manual_seed(cfg.seed)
-    raw = GPT(cfg.model, token_data.vocab_size, ckpt=cfg.ckpt).to(device)
+    vocab_size = token_data.vocab_size if token_data is not None else None
+    raw = task.build_model(cfg.model, vocab_size, cfg.seq_len).to(device)
     raw.train()
+    if cfg.ckpt:
+        task.apply_checkpointing(raw, cfg.model)
     model: torch.nn.Module = raw
     if cfg.compile:
         model = compile_mod.apply(raw, cfg.compile_backend, cfg.compile_mode)
@@ -144,16 +160,53 @@ def build(cfg: PerfsweepConfig, device: torch.device, token_data: data_mod.Token
     def autocast() -> contextlib.AbstractContextManager:
         return torch.autocast(device_type=device.type, dtype=amp_dtype, enabled=cfg.amp)
 
-    loader = data_mod.make_loader(
-        token_data, cfg.seq_len, cfg.batch, cfg.workers, cfg.seed, pin_memory=device.type == "cuda"
+    loader = data_mod.loader(
+        cfg.data, token_data, cfg.batch, cfg.seq_len, cfg.workers, cfg.seed, pin_memory=device.type == "cuda"
     )
-    trainer = Trainer(model, optimizer, scaler, data_mod.infinite(loader), device, autocast, cfg.profile.nvtx)
-    return trainer, raw, fused
+    batches = data_mod.infinite(loader)
+    first = next(batches)  # what a batch holds; it is then trained on first, like any other
+    tokens, samples = task.units(first, cfg.model.unit)
+    batches = itertools.chain([first], batches)
+    loss_fn = task.loss_function(cfg.model)
+    trainer = Trainer(model, loss_fn, optimizer, scaler, batches, device, autocast, cfg.profile.nvtx)
+    return trainer, Built(raw, fused, tokens, samples, first)
+
+
+def model_figures(cfg: PerfsweepConfig, built: Built, vocab_size: int | None) -> dict[str, Any]:
+    """Parameter counts and FLOPs per unit, with where the FLOPs came from (``flops_method``):
+    the model's own formula where it has one, else FlopCounterMode over one meta-device step."""
+    raw = built.raw
+    params = {id(p): p.numel() for p in raw.parameters()}  # tied weights once
+    out: dict[str, Any] = {
+        "n_params": sum(params.values()),
+        "n_params_non_embedding": raw.num_params(non_embedding=True) if hasattr(raw, "num_params") else None,
+        "vocab_size": vocab_size,
+        "vocab_size_padded": getattr(raw, "vocab_size_padded", None),
+        "flops_per_token": None,
+        "flops_per_sample": None,
+        "flops_method": None,
+    }
+    if hasattr(raw, "flops_per_token") and built.tokens_per_step is not None and cfg.seq_len is not None:
+        out["flops_per_token"] = float(raw.flops_per_token(cfg.seq_len))
+        out["flops_per_sample"] = out["flops_per_token"] * built.tokens_per_step / built.samples_per_step
+        out["flops_method"] = "formula"
+        return out
+    try:
+        flops = task.meta_step(cfg.model, built.first_batch, vocab_size, cfg.seq_len, ckpt=False)
+    except Exception as exc:  # noqa: BLE001 - counting is a figure, not the run: the run goes on
+        log.warning("FLOPs not counted: %s", exc)
+        flops = None
+    if flops:
+        out["flops_per_sample"] = flops / built.samples_per_step
+        if built.tokens_per_step:
+            out["flops_per_token"] = flops / built.tokens_per_step
+        out["flops_method"] = "flop_counter"
+    return out
 
 
 def train(
     cfg: PerfsweepConfig,
-    token_data: data_mod.TokenData,
+    token_data: data_mod.TokenData | None,
     job_dir: Path,
     label: str,
     launch_dir: str,
@@ -187,7 +240,7 @@ def train(
 
 def _train(
     cfg: PerfsweepConfig,
-    token_data: data_mod.TokenData,
+    token_data: data_mod.TokenData | None,
     job_dir: Path,
     label: str,
     device: torch.device,
@@ -195,18 +248,15 @@ def _train(
     snapshot: MemorySnapshot | None,
     progress: Progress | None,
 ) -> dict[str, Any]:
-    trainer, raw, fused = build(cfg, device, token_data)
+    trainer, built = build(cfg, device, token_data)
+    raw = built.raw
     result.update(
-        n_params=raw.num_params(non_embedding=False),
-        n_params_non_embedding=raw.num_params(non_embedding=True),
-        vocab_size=token_data.vocab_size,
-        vocab_size_padded=raw.vocab_size_padded,
-        unk_token_share=token_data.unk_token_share,
-        optimizer_fused=fused,
+        model_figures(cfg, built, token_data.vocab_size if token_data is not None else None),
+        unk_token_share=token_data.unk_token_share if token_data is not None else None,
+        optimizer_fused=built.fused,
         measure_steps=cfg.steps.measure,
         repeat_index=cfg.sweep.repeat_index,
         grid_index=cfg.sweep.grid_index,
-        flops_per_token=float(raw.flops_per_token(cfg.seq_len)),
     )
 
     probe = MemoryProbe(device)
@@ -252,11 +302,12 @@ def _train(
         result["peak_allocated_bytes"] = persistent_bytes(raw, trainer.optimizer) + step_peak
         result["peak_mem_bytes"] = result["peak_allocated_bytes"]
 
-    summary = summarize(records, cfg.tokens_per_step, cfg.batch, window_ms)
+    summary = summarize(records, built.tokens_per_step, built.samples_per_step, window_ms)
     result.update(summary.row())
     dtype = compute_dtype(cfg.amp, cfg.amp_dtype.value)
     peak = peak_flops(result["device_name"], dtype) if device.type == "cuda" else None
-    result.update(model_flops_utilisation(result["flops_per_token"], summary.tokens_per_s, peak, dtype).row())
+    if result["flops_per_sample"] is not None:
+        result.update(model_flops_utilisation(result["flops_per_sample"], summary.samples_per_s, peak, dtype).row())
     if cfg.compile:
         result["compile_time_ms"] = summary.compile_time_ms
         result["compile_cache"] = cfg.compile_cache.value
@@ -298,7 +349,12 @@ def classify_error(exc: BaseException) -> str:
 
 
 def job_main(
-    cfg_dict: dict[str, Any], token_data: data_mod.TokenData, job_dir: str, label: str, launch_dir: str, conn: Any
+    cfg_dict: dict[str, Any],
+    token_data: data_mod.TokenData | None,
+    job_dir: str,
+    label: str,
+    launch_dir: str,
+    conn: Any,
 ) -> None:
     """Entry point of the spawned job process; every outcome goes back through ``conn``.
 

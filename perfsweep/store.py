@@ -200,6 +200,12 @@ class Run(Base):
     samples_per_s: Mapped[float | None] = mapped_column(Float)
     final_loss: Mapped[float | None] = mapped_column(Float)
     flops_per_token: Mapped[float | None] = mapped_column(Float)
+    """Training FLOPs per token (forward + backward, no recomputation); null for a samples model."""
+    flops_per_sample: Mapped[float | None] = mapped_column(Float)
+    """Training FLOPs per sample (a sequence, an image): what model_tflops_per_s and MFU use."""
+    flops_method: Mapped[str | None] = mapped_column(String(16))
+    """formula (the model's flops_per_token, like perfsweep's GPT) or flop_counter (torch's
+    FlopCounterMode over one meta-device step); null where neither could count: MFU null."""
     model_tflops_per_s: Mapped[float | None] = mapped_column(Float)
     mfu: Mapped[float | None] = mapped_column(Float)
     cpu_flops_utilisation: Mapped[float | None] = mapped_column(Float)

@@ -29,7 +29,7 @@ def test_defaults_compose_and_validate():
     assert (cfg.amp, cfg.ckpt, cfg.compile) == (False, False, False)
     assert cfg.model.name == "small" and cfg.data.name == "stdlib"
     assert cfg.db.url is None  # resolved to <launch dir>/results.db at run time
-    assert (cfg.batch, cfg.seq_len, cfg.tokens_per_step) == (8, 128, 1024)  # the documented defaults
+    assert (cfg.batch, cfg.seq_len) == (8, 128)  # the documented defaults
 
 
 @pytest.mark.parametrize(
@@ -66,7 +66,7 @@ def test_every_preset_composes():
     for model in ("small", "tiny", "minigpt_seed", "gpt2_small"):
         cfg = to_run_config(compose_cfg([f"model={model}"]))
         assert cfg.model.name == model
-    seed = to_run_config(compose_cfg(["model=minigpt_seed"])).model
+    seed = to_run_config(compose_cfg(["model=minigpt_seed"])).model.gpt
     assert (seed.n_layers, seed.n_heads, seed.d_model, seed.d_ff) == (12, 4, 768, 3072)
     for data in ("stdlib", "synthetic"):
         assert to_run_config(compose_cfg([f"data={data}"])).data.name == data
@@ -107,7 +107,7 @@ def test_plain_dict_is_json_ready():
     d = to_plain_dict(PerfsweepConfig(amp=True, amp_dtype=AmpDtype.bf16, batch=3))
     assert json.loads(json.dumps(d)) == d  # plain JSON types only: enums became strings
     assert (d["amp"], d["amp_dtype"], d["batch"], d["device"]) == (True, "bf16", 3, "auto")
-    assert d["model"]["n_layers"] == PerfsweepConfig().model.n_layers and d["sweep"]["n_jobs"] == 1
+    assert d["model"]["n_layers"] == PerfsweepConfig().model.gpt.n_layers and d["sweep"]["n_jobs"] == 1
     assert to_run_config(d) == PerfsweepConfig(amp=True, amp_dtype=AmpDtype.bf16, batch=3)  # round trip
 
 

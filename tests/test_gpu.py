@@ -26,7 +26,9 @@ from tests.util import run_perfsweep
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none visible to torch)")
 
-MODEL = ModelConfig(name="gpu-small", n_layers=4, n_heads=4, d_model=256, d_ff=1024, max_seq_len=512)
+MODEL = ModelConfig(
+    name="gpu-small", ckpt_modules=["Block"], args=dict(n_layers=4, n_heads=4, d_model=256, d_ff=1024, max_seq_len=512)
+)
 
 
 def cfg(tmp_path: Path, **kw) -> PerfsweepConfig:
@@ -83,7 +85,7 @@ def test_fp16_uses_grad_scaler_and_trains(tmp_path: Path):
     from perfsweep.runner import build
 
     c = cfg(tmp_path, amp=True, amp_dtype=AmpDtype.fp16)
-    trainer, _, _ = build(c, torch.device("cuda"), data.prepare(c.data))
+    trainer, _ = build(c, torch.device("cuda"), data.prepare(c.data))
     assert trainer.scaler.is_enabled()  # fp16 needs loss scaling (bf16 does not)
     del trainer
     r = run(c, tmp_path, "fp16")

@@ -3,11 +3,20 @@ from __future__ import annotations
 import pytest
 import torch
 
-from perfsweep.config import ModelConfig
+from perfsweep.config import GPTConfig, ModelConfig
 from perfsweep.model import GPT, padded_vocab
+from perfsweep.task import apply_checkpointing
 
-CFG = ModelConfig(name="t", n_layers=2, n_heads=2, d_model=32, d_ff=64, max_seq_len=64, dropout=0.0)
-UNPADDED = ModelConfig(**{**CFG.__dict__, "vocab_multiple": 1})
+CFG = GPTConfig(n_layers=2, n_heads=2, d_model=32, d_ff=64, max_seq_len=64, dropout=0.0)
+UNPADDED = GPTConfig(**{**CFG.__dict__, "vocab_multiple": 1})
+
+
+def gpt(cfg: GPTConfig, vocab_size: int, ckpt: bool = False) -> GPT:
+    """The GPT as a job builds it: ckpt=true wraps its blocks through perfsweep.task."""
+    model = GPT(cfg, vocab_size)
+    if ckpt:
+        assert apply_checkpointing(model, ModelConfig(name="t", ckpt_modules=["Block"])) == cfg.n_layers
+    return model
 
 
 def test_shapes_and_loss_near_uniform_at_init():
@@ -85,16 +94,17 @@ def test_causal_future_tokens_do_not_change_the_past():
 
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
 def test_checkpointing_gives_same_loss_and_gradients(dropout):
-    cfg = ModelConfig(**{**CFG.__dict__, "dropout": dropout})
+    cfg = GPTConfig(**{**CFG.__dict__, "dropout": dropout})
     idx = torch.randint(0, 80, (2, 24), generator=torch.Generator().manual_seed(1))
     results = []
     for ckpt in (False, True):
         torch.manual_seed(0)
-        model = GPT(cfg, vocab_size=80, ckpt=ckpt).train()
+        model = gpt(cfg, vocab_size=80, ckpt=ckpt).train()
         torch.manual_seed(123)  # same dropout masks; non-reentrant checkpoint replays the RNG state
         _, loss = model(idx, idx)
         loss.backward()
-        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+        grads = {n.replace("._checkpoint_wrapped_module", ""): p.grad.clone() for n, p in model.named_parameters()}
+        results.append((loss.detach(), grads))
     (l0, g0), (l1, g1) = results
     torch.testing.assert_close(l0, l1)
     assert g0.keys() == g1.keys()
@@ -104,11 +114,11 @@ def test_checkpointing_gives_same_loss_and_gradients(dropout):
 
 def test_checkpointing_saves_activation_memory():
     """With ckpt each block keeps only its input for backward: fewer saved tensors."""
-    cfg = ModelConfig(**{**CFG.__dict__, "n_layers": 4})
+    cfg = GPTConfig(**{**CFG.__dict__, "n_layers": 4})
     idx = torch.randint(0, 80, (2, 32))
 
     def saved_bytes(ckpt: bool) -> int:
-        model = GPT(cfg, vocab_size=80, ckpt=ckpt).train()
+        model = gpt(cfg, vocab_size=80, ckpt=ckpt).train()
         total = 0
 
         def pack(t):

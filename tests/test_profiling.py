@@ -21,7 +21,9 @@ from perfsweep.config import (
 from perfsweep.profiling import STAGES
 from perfsweep.runner import train
 
-TINY_MODEL = ModelConfig(name="tiny", n_layers=2, n_heads=2, d_model=32, d_ff=64, max_seq_len=64)
+TINY_MODEL = ModelConfig(
+    name="tiny", ckpt_modules=["Block"], args=dict(n_layers=2, n_heads=2, d_model=32, d_ff=64, max_seq_len=64)
+)
 
 
 def tiny_cfg(tmp_path: Path, **kw) -> PerfsweepConfig:
@@ -175,7 +177,7 @@ def test_only_profiled_steps_enter_the_stage_labels(tmp_path: Path):
     from perfsweep.runner import build
 
     cfg = tiny_cfg(tmp_path)
-    trainer, _, _ = build(cfg, torch.device("cpu"), data.prepare(cfg.data))
+    trainer, _ = build(cfg, torch.device("cpu"), data.prepare(cfg.data))
     seen = {}
     for labelled in (False, True):
         trainer.labelled = labelled
@@ -199,7 +201,7 @@ def test_operator_calls_and_flops_per_step_match_the_model(tmp_path: Path):
     assert ops["aten::embedding"]["calls_per_step"] == 2  # token and position tables, once each
     from perfsweep.model import GPT
 
-    model = GPT(cfg.model, 64)  # the vocabulary of tiny_cfg's synthetic data
+    model = GPT(cfg.model.gpt, 64)  # the vocabulary of tiny_cfg's synthetic data
     linear_weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
     matmul = sum(ops[k]["flops_per_step"] for k in ("aten::mm", "aten::addmm") if k in ops)
     assert matmul == 6 * linear_weights * cfg.batch * cfg.seq_len

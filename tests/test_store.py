@@ -181,6 +181,8 @@ def full_result(sweep_id: int, job_num: int = 3) -> dict[str, Any]:
         "samples_per_s": 79.01610725308208,
         "final_loss": 3.2188758248682006,
         "flops_per_token": 7.46e8,
+        "flops_per_sample": 7.46e8 * 128,
+        "flops_method": "formula",
         "model_tflops_per_s": 15.09,
         "mfu": 0.015257836198179979,
         "mfu_peak_flops": 989e12,

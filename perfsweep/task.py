@@ -1,0 +1,287 @@
+"""The model contract: how perfsweep builds any model, turns a batch into a loss and counts work.
+
+A user points ``model._target_`` at a factory that returns an ``nn.Module`` (perfsweep's GPT is
+one such factory, :func:`perfsweep.model.build`), and says in ``model.*`` (config.ModelConfig)
+how a step gets its loss and what its throughput counts. Everything here is the one training
+path every model takes:
+
+- **Build.** Hydra's ``instantiate`` calls the factory with the ``model`` node's own keys, plus
+  ``vocab_size`` (token data) and ``seq_len`` where the factory's signature takes them.
+- **A batch** is a tensor, a tuple/list or a dict of tensors; :func:`to_device` moves every
+  tensor in it. Its *input* is the tensor, the first item, or ``input_ids`` (else the first
+  value) of a dict; a step's tokens are the input's elements, its samples the input's rows.
+- **The loss.** ``loss=output``: the batch is the forward's arguments (a tuple positionally, a
+  dict by name) and the forward returns the loss: a scalar tensor, a mapping with ``loss`` or an
+  object with ``.loss``. ``loss=cross_entropy``/``mse``: the batch is (inputs, targets), or a
+  dict whose ``labels`` (or ``targets``) are the targets; the forward returns predictions.
+- **Checkpointing** wraps the ``model.ckpt_modules`` classes with torch's non-reentrant
+  ``apply_activation_checkpointing``, or calls ``gradient_checkpointing_enable()`` (``ckpt_impl=hf``).
+- **FLOPs.** A model with a formula (a ``flops_per_token(seq_len)`` method, like our GPT) uses it;
+  any other is counted by torch's ``FlopCounterMode`` over one forward and backward on the meta
+  device (no memory, no kernels), without checkpointing, so recomputation is not counted.
+
+:func:`meta_step` runs the same step on the meta device before any job starts, so a factory that
+cannot be imported, returns no module or whose forward gives no loss is refused in one line.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from perfsweep.config import CkptImpl, ConfigError, Loss, ModelConfig, Unit
+
+log = logging.getLogger(__name__)
+
+Batch = Any
+"""A tensor, a tuple/list of tensors or a dict of tensors."""
+
+LossFn = Callable[[nn.Module, Batch], torch.Tensor]
+
+
+class ContractError(ConfigError):
+    """The model or its batches break the contract; one line naming ``_target_`` and what was expected."""
+
+
+def offered_kwargs(fn: Callable[..., Any], offered: dict[str, Any]) -> dict[str, Any]:
+    """The ``offered`` keyword arguments ``fn`` names in its signature (``**kwargs`` takes none:
+    it usually forwards to a config class that would refuse them)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {k: v for k, v in offered.items() if k in params and params[k].kind != params[k].VAR_POSITIONAL}
+
+
+def call_factory(node: str, target: str, args: dict[str, Any], offered: dict[str, Any]) -> Any:
+    """Import ``target`` and call it through Hydra's ``instantiate`` (nested ``_target_`` nodes in
+    ``args`` are built too); every failure is one line naming ``{node}._target_``."""
+    from hydra.utils import get_object, instantiate
+
+    hydra_log = logging.getLogger("hydra.utils")  # it logs a failed import in three lines of its own
+    level, hydra_log.disabled = hydra_log.disabled, True
+    try:
+        fn = get_object(target)
+    except Exception as exc:  # noqa: BLE001 - ImportError, AttributeError...: all say the same
+        cause = exc.__cause__ or exc
+        raise ContractError(
+            f"invalid config: {node}._target_={target!r}: cannot import it ({type(cause).__name__}: "
+            f"{str(cause).splitlines()[0] if str(cause) else ''}); it must be importable from the "
+            "launch directory or PYTHONPATH"
+        ) from None
+    finally:
+        hydra_log.disabled = level
+    if not callable(fn):
+        raise ContractError(f"invalid config: {node}._target_={target!r}: is a {type(fn).__name__}, not a callable")
+    try:
+        return instantiate({"_target_": target, **args}, **offered_kwargs(fn, offered), _convert_="all")
+    except Exception as exc:  # noqa: BLE001 - the user's factory: whatever it raises is the answer
+        cause = exc.__cause__ or exc
+        raise ContractError(
+            f"invalid config: {node}._target_={target!r}: the factory raised {type(cause).__name__}: "
+            f"{str(cause).splitlines()[0] if str(cause) else ''}"
+        ) from None
+
+
+def build_model(cfg: ModelConfig, vocab_size: int | None, seq_len: int | None) -> nn.Module:
+    """The module the factory returns, built on the current default device."""
+    model = call_factory("model", cfg._target_, cfg.args, {"vocab_size": vocab_size, "seq_len": seq_len})
+    if not isinstance(model, nn.Module):
+        raise ContractError(
+            f"invalid config: model._target_={cfg._target_!r}: returned {type(model).__name__}, "
+            "expected a torch.nn.Module"
+        )
+    return model
+
+
+def _class_names(m: nn.Module) -> set[str]:
+    cls = type(m)
+    return {cls.__name__, f"{cls.__module__}.{cls.__qualname__}"}
+
+
+def apply_checkpointing(model: nn.Module, cfg: ModelConfig) -> int:
+    """Activation checkpointing for ``ckpt=true``; returns how many submodules it wraps (0 for hf)."""
+    where = f"ckpt=true with model._target_={cfg._target_!r}"
+    if cfg.ckpt_impl == CkptImpl.hf:
+        if not hasattr(model, "gradient_checkpointing_enable"):
+            raise ContractError(
+                f"invalid config: model.ckpt_impl='hf': {where}: the module has no "
+                "gradient_checkpointing_enable(); use ckpt_impl=torch with model.ckpt_modules"
+            )
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return 0
+    names = set(cfg.ckpt_modules)
+    matched = [m for m in model.modules() if m is not model and _class_names(m) & names]
+    if not matched:
+        present = sorted({type(m).__name__ for m in model.modules() if m is not model and list(m.children())})
+        raise ContractError(
+            f"invalid config: model.ckpt_modules={sorted(names)}: {where}: no submodule has such a class, "
+            f"so nothing would be checkpointed; name block classes of the model ({', '.join(present[:12]) or 'none'})"
+        )
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl,
+        apply_activation_checkpointing,
+        checkpoint_wrapper,
+    )
+
+    apply_activation_checkpointing(
+        model,
+        checkpoint_wrapper_fn=partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
+        check_fn=lambda m: bool(_class_names(m) & names),
+    )
+    return len(matched)
+
+
+def to_device(batch: Batch, device: torch.device | str) -> Batch:
+    """Every tensor of the batch on ``device``, copied without blocking the host (pinned memory)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, Mapping):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch
+
+
+def _describe(x: Any) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"a tensor of shape {tuple(x.shape)}"
+    if isinstance(x, Mapping):
+        return f"a {type(x).__name__} with keys {sorted(map(str, x))[:6]}"
+    return f"a {type(x).__name__}"
+
+
+def batch_input(batch: Batch) -> torch.Tensor:
+    """The tensor whose elements are a step's tokens and whose rows are its samples."""
+    if isinstance(batch, torch.Tensor):
+        return batch
+    if isinstance(batch, Mapping) and batch:
+        first = batch.get("input_ids", next(iter(batch.values())))
+    elif isinstance(batch, (tuple, list)) and batch:
+        first = batch[0]
+    else:
+        first = None
+    if not isinstance(first, torch.Tensor):
+        raise ContractError(
+            f"a batch is {_describe(batch)}; expected a tensor, a tuple/list of tensors or a dict of tensors"
+        )
+    return first
+
+
+def units(batch: Batch, unit: Unit) -> tuple[int | None, int]:
+    """(tokens, samples) in one batch; tokens is None for ``unit=samples``."""
+    x = batch_input(batch)
+    samples = int(x.shape[0]) if x.dim() else 1
+    return (int(x.numel()) if unit == Unit.tokens else None), samples
+
+
+def _call(model: nn.Module, inputs: Batch) -> Any:
+    if isinstance(inputs, Mapping):
+        return model(**inputs)
+    if isinstance(inputs, (tuple, list)):
+        return model(*inputs)
+    return model(inputs)
+
+
+def _loss_from_output(out: Any) -> torch.Tensor | None:
+    if isinstance(out, torch.Tensor):
+        return out if out.dim() == 0 else None
+    loss = out.get("loss") if isinstance(out, Mapping) else getattr(out, "loss", None)
+    return loss if isinstance(loss, torch.Tensor) and loss.dim() == 0 else None
+
+
+def _predictions(out: Any) -> torch.Tensor | None:
+    if isinstance(out, torch.Tensor):
+        return out
+    logits = out.get("logits") if isinstance(out, Mapping) else getattr(out, "logits", None)
+    if logits is None and isinstance(out, (tuple, list)) and out:
+        logits = out[0]
+    return logits if isinstance(logits, torch.Tensor) else None
+
+
+def _split_targets(batch: Batch) -> tuple[Batch, torch.Tensor]:
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        return batch[0], batch[1]
+    if isinstance(batch, Mapping):
+        key = "labels" if "labels" in batch else "targets" if "targets" in batch else None
+        if key is not None:
+            return {k: v for k, v in batch.items() if k != key}, batch[key]
+    raise ContractError(
+        f"a batch is {_describe(batch)}; a model that returns predictions needs (inputs, targets) "
+        "or a dict with 'labels' or 'targets'"
+    )
+
+
+def loss_function(cfg: ModelConfig) -> LossFn:
+    """``loss_fn(model, batch) -> scalar loss tensor`` for ``model.loss``."""
+    target = cfg._target_
+
+    def output(model: nn.Module, batch: Batch) -> torch.Tensor:
+        out = _call(model, batch)
+        loss = _loss_from_output(out)
+        if loss is None:
+            raise ContractError(
+                f"invalid config: model._target_={target!r}: with model.loss=output the forward must return "
+                f"a scalar loss tensor, a mapping with 'loss' or an object with .loss, but it returned "
+                f"{_describe(out)}; set model.loss=cross_entropy (or mse) if it returns predictions"
+            )
+        return loss
+
+    def predicted(model: nn.Module, batch: Batch) -> torch.Tensor:
+        inputs, targets = _split_targets(batch)
+        out = _call(model, inputs)
+        pred = _predictions(out)
+        if pred is None:
+            raise ContractError(
+                f"invalid config: model._target_={target!r}: with model.loss={cfg.loss.value} the forward "
+                f"must return predictions (a tensor, .logits or a tuple starting with one), but it returned {_describe(out)}"
+            )
+        if cfg.loss == Loss.mse:
+            return F.mse_loss(pred.float(), targets.float())
+        return F.cross_entropy(pred.reshape(-1, pred.size(-1)).float(), targets.reshape(-1))
+
+    return output if cfg.loss == Loss.output else predicted
+
+
+def _meta_limit(exc: BaseException) -> bool:
+    """An error of the meta device, not of the model (an op without a meta kernel, ``.item()``)."""
+    return isinstance(exc, NotImplementedError) or "meta" in str(exc).lower()
+
+
+def meta_step(cfg: ModelConfig, batch: Batch, vocab_size: int | None, seq_len: int | None, ckpt: bool) -> float | None:
+    """Build the model on the meta device and run one forward and backward on ``batch``: the
+    contract checked without memory or kernels. Returns the step's FLOPs (FlopCounterMode, before
+    checkpointing so recomputation is not counted), or None where the meta device cannot run
+    this model (the job then checks the same on the real device)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.device("meta"):
+        model = build_model(cfg, vocab_size, seq_len)
+    model.train()
+    if ckpt:
+        apply_checkpointing(model, cfg)
+    loss_fn = loss_function(cfg)
+    meta_batch = to_device(batch, "meta")
+    units(meta_batch, cfg.unit)  # the batch itself is readable
+    try:
+        with FlopCounterMode(display=False) as counter:
+            loss = loss_fn(model, meta_batch)
+            loss.backward()
+    except ContractError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's forward: either meta's limit or their bug
+        if _meta_limit(exc):
+            log.info("model._target_=%s: not checkable on the meta device (%s)", cfg._target_, exc)
+            return None
+        raise ContractError(
+            f"invalid config: model._target_={cfg._target_!r}: a training step on the first batch "
+            f"({_describe(batch)}) raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        ) from None
+    return float(counter.get_total_flops()) if not ckpt else None
