@@ -31,22 +31,26 @@ def prepare_runs(runs: pd.DataFrame) -> pd.DataFrame:
 
     SQLite hands booleans back as 0/1 integers and PostgreSQL as bools; both become bool. A
     column that is NULL in every run loads as object and becomes float, so it plots as empty.
-    ``tokens_per_s_lo``/``_hi`` (:func:`metrics.throughput_range`) show how steady a run's
-    measured steps were.
+    ``throughput_per_s_lo``/``_hi`` (:func:`metrics.throughput_range`) show how steady a run's
+    measured steps were. ``throughput_per_s`` is the headline every chart and table ranks by:
+    ``tokens_per_s``, or ``samples_per_s`` where the runs count samples only (:func:`metrics.rate_unit`).
     """
     empty = {c: float for c in runs.columns if runs[c].dtype == object and runs[c].isna().all()}
     df = runs.astype(dict.fromkeys(ON_OFF_AXES, bool) | empty).sort_values(["sweep_id", "job_num", "id"], kind="stable")
     df = df.copy()  # one block per dtype: added columns do not fragment it
-    lo, hi = metrics.throughput_range(df["batch"] * df["seq_len"], df["step_time_ms_p10"], df["step_time_ms_p90"])
-    ok = (df["status"] == "ok") & df["tokens_per_s"].notna()
-    df = df.assign(tokens_per_s_lo=lo, tokens_per_s_hi=hi, ok=ok).reset_index(drop=True)
+    unit = metrics.rate_unit(df["tokens_per_s"], df["samples_per_s"])
+    per_step = df["batch"] * df["seq_len"] if unit == "tokens" else df["batch"]
+    lo, hi = metrics.throughput_range(per_step, df["step_time_ms_p10"], df["step_time_ms_p90"])
+    df["throughput_per_s"] = df[f"{unit}_per_s"]
+    ok = (df["status"] == "ok") & df["throughput_per_s"].notna()
+    df = df.assign(throughput_per_s_lo=lo, throughput_per_s_hi=hi, ok=ok).reset_index(drop=True)
     return df.assign(label=config_labels(df, label_axes(df)))
 
 
 def per_config(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per config (the runs of a sweep that share ``config_hash``), in order of first run.
 
-    ``tokens_per_s`` is the median over the config's ok runs and ``tokens_per_s_lo``/``_hi`` their
+    ``throughput_per_s`` is the median over the config's ok runs and ``throughput_per_s_lo``/``_hi`` their
     range (with one ok run: its throughput at the p90 and p10 step time); ``runs``, ``ok_runs``
     and ``noisy_runs`` count them, the last by their stored ``noisy`` flag; ``repeats_disagree``: their
     tokens/s spread as much (:func:`metrics.noisy_iqr`); ``noisy``: either, as the summary flags it. Every
@@ -56,7 +60,7 @@ def per_config(runs: pd.DataFrame) -> pd.DataFrame:
     ``unsettled`` (an ok run never reached steady state) and ``ok_run_ids`` (a tuple, for resampling).
     """
     key = runs["sweep_id"].astype(str) + " " + runs["config_hash"].fillna("run " + runs["id"].astype(str))
-    ok = runs["tokens_per_s"].where(runs["ok"])
+    ok = runs["throughput_per_s"].where(runs["ok"])
     by = ok.groupby(key, sort=False)
     c = pd.DataFrame({"median": by.median(), "lo": by.min(), "hi": by.max(), "runs": by.size(), "ok_runs": by.count()})
     c["noisy_runs"] = (runs["noisy"].eq(1) & runs["ok"]).groupby(key, sort=False).sum()
@@ -82,9 +86,9 @@ def per_config(runs: pd.DataFrame) -> pd.DataFrame:
     chosen = rank.sort_values(["_first", "_far", "_status"], kind="stable").drop_duplicates("_first").index
     several = c["ok_runs"] > 1
     out = runs.assign(
-        tokens_per_s=c["median"],
-        tokens_per_s_lo=c["lo"].where(several, runs["tokens_per_s_lo"]),
-        tokens_per_s_hi=c["hi"].where(several, runs["tokens_per_s_hi"]),
+        throughput_per_s=c["median"],
+        throughput_per_s_lo=c["lo"].where(several, runs["throughput_per_s_lo"]),
+        throughput_per_s_hi=c["hi"].where(several, runs["throughput_per_s_hi"]),
         **{k: c[k] for k in c.columns if k not in ("median", "lo", "hi")},
     )
     out = out.loc[chosen].reset_index(drop=True)
@@ -176,15 +180,15 @@ def baseline(
         hits, how = ok, "first ok config (none has amp, ckpt and compile all off)"
     elif len(hits) > 1:
         how += f"; first of {len(hits)} matching configs"
-    base = hits.iloc[0] if len(hits) else pd.Series({"tokens_per_s": None}, name=None)
+    base = hits.iloc[0] if len(hits) else pd.Series({"throughput_per_s": None}, name=None)
     stored = configs["speedup"].notna() & configs["sweep_id"].eq(base.get("sweep_id"))
     stored &= configs["baseline_config_hash"].eq(base.get("config_hash"))
-    point = metrics.speedup(configs["tokens_per_s"], base["tokens_per_s"])
+    point = metrics.speedup(configs["throughput_per_s"], base["throughput_per_s"])
     out = configs.assign(is_baseline=configs.index == base.name, speedup=configs["speedup"].where(stored, point))
     for c in ("speedup_ci_lo", "speedup_ci_hi", "speedup_basis", "speedup_verdict"):
         out[c] = configs[c].where(stored).astype(float if c.startswith("speedup_ci") else object)
     if throughput is not None and base.name is not None:
-        fastest = configs["tokens_per_s"].where(configs["ok"]).rank(ascending=False, method="first")
+        fastest = configs["throughput_per_s"].where(configs["ok"]).rank(ascending=False, method="first")
         shown = fastest <= (intervals_for or len(configs))
         todo = np.flatnonzero(~stored & configs["ok"] & ~out["is_baseline"] & shown)
         figures = metrics.speedups([throughput[i] for i in todo], throughput[configs.index.get_loc(base.name)])
@@ -200,7 +204,7 @@ SPEEDUP = ("speedup", "speedup_ci_lo", "speedup_ci_hi", "speedup_basis", "speedu
 def throughputs(configs: pd.DataFrame, runs: pd.DataFrame, steps: pd.DataFrame) -> list[metrics.Throughput]:
     """What each config's tokens/s interval is resampled from (:class:`perfsweep.metrics.Throughput`):
     its ok runs' tokens/s and their measured step times (``steps``: run_id, step_time_ms, in order)."""
-    by_run = runs.set_index("id")["tokens_per_s"]
+    by_run = runs.set_index("id")["throughput_per_s"]
     times = steps.groupby("run_id")["step_time_ms"].agg(list)
     return [
         metrics.Throughput([by_run[i] for i in ids], [times.get(i, []) for i in ids]) for ids in configs["ok_run_ids"]

@@ -118,10 +118,16 @@ class ProgressLine:
             print(text, file=sys.stderr, flush=True)
         self.last_phase = phase
 
-    def done(self, status: str, tokens_per_s: float | None) -> None:
+    def done(self, status: str, tokens_per_s: float | None, samples_per_s: float | None = None) -> None:
         if self.tty:
             print(file=sys.stderr)
-        tps = f", {tokens_per_s:,.0f} tokens/s" if tokens_per_s else ""
+        tps = (
+            f", {tokens_per_s:,.0f} tokens/s"
+            if tokens_per_s
+            else f", {samples_per_s:,.0f} samples/s"
+            if samples_per_s
+            else ""
+        )
         print(f"  -> {status}{tps} in {time.time() - self.job_start:.1f} s", file=sys.stderr, flush=True)
 
 
@@ -354,7 +360,7 @@ def run_job(spec: JobSpec) -> tuple[int | None, str]:
     )
     row.update(fields)
     saved_id = _save(engine, row, run_id, spec, fields_of_sweep)
-    progress.done(status, row.get("tokens_per_s"))
+    progress.done(status, row.get("tokens_per_s"), row.get("samples_per_s"))
     if error:
         print(f"  {status}: {first_line(error)}", file=sys.stderr, flush=True)
     engine.dispose()

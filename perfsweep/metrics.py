@@ -223,6 +223,13 @@ def compile_payback_steps(
 # one vectorised expression, and each rule lives here only.
 
 
+def rate_unit(tokens_per_s: ArrayLike, samples_per_s: ArrayLike) -> str:
+    """What a set of runs' headline throughput counts: ``tokens``, unless no run has tokens/s and
+    some have samples/s (models with ``model.unit=samples``: images, rows)."""
+    tokens, samples = np.asarray(tokens_per_s, dtype=float), np.asarray(samples_per_s, dtype=float)
+    return "samples" if np.isnan(tokens).all() and not np.isnan(samples).all() else "tokens"
+
+
 def throughput_range(tokens_per_step: ArrayLike, step_time_ms_p10: ArrayLike, step_time_ms_p90: ArrayLike):
     """(``tokens_per_s_lo``, ``tokens_per_s_hi``): the throughput at the p90 and at the p10 step
     time, i.e. how steady the measured steps were (not a standard error)."""
@@ -380,7 +387,7 @@ def speedups(configs: Sequence[Throughput], baseline: Throughput, confidence: fl
     bootstrap interval and verdict; None where there is nothing to resample (one run without
     stored steps). Over repeats when both have more than one run, else over each run's steps (see
     :class:`Throughput`). The baseline is drawn once per basis (seed 1), each config with seed 0."""
-    size = sum(len(t.tokens_per_s_runs) + sum(map(len, t.step_times_ms_runs)) for t in configs)
+    size = sum(len(t.throughput_per_s_runs) + sum(map(len, t.step_times_ms_runs)) for t in configs)
     n_boot = int(np.clip(RATIO_DRAWS_BUDGET // max(size, 1), 1_000, 10_000))
     reference: dict[str, np.ndarray] = {}
     out: list[Speedup | None] = []
@@ -408,36 +415,38 @@ class Throughput:
     ones; a draw is the median of those runs. So the interval is always around the figure shown.
     """
 
-    tokens_per_s_runs: Sequence[float]
+    throughput_per_s_runs: Sequence[float]
     step_times_ms_runs: Sequence[Sequence[float]]
 
     def basis(self, *others: Throughput) -> str | None:
         """ "repeats" when every side has more than one run, else "steps" when every run of every
         side has measured steps, else None: one run without stored steps has no interval."""
         sides = (self, *others)
-        if all(len(t.tokens_per_s_runs) > 1 for t in sides):
+        if all(len(t.throughput_per_s_runs) > 1 for t in sides):
             return "repeats"
-        if all(len(t.tokens_per_s_runs) > 0 and all(len(s) for s in t.step_times_ms_runs) for t in sides):
+        if all(len(t.throughput_per_s_runs) > 0 and all(len(s) for s in t.step_times_ms_runs) for t in sides):
             return "steps"
         return None
 
     def replicates(self, basis: str, rng: np.random.Generator, n_boot: int = 10_000) -> np.ndarray:
         """``n_boot`` bootstrap draws of the config's tokens/s (see the class)."""
-        runs = np.asarray(self.tokens_per_s_runs, float)
+        runs = np.asarray(self.throughput_per_s_runs, float)
         if basis == "repeats":
             return np.median(_resample(runs, n_boot, 1, rng), axis=1)
         return np.median(run_draws(runs, self.step_times_ms_runs, n_boot, rng), axis=0)
 
     @property
     def value(self) -> float:
-        return float(np.median(self.tokens_per_s_runs))
+        return float(np.median(self.throughput_per_s_runs))
 
     def ratio(self, other: Throughput, confidence: float = 0.95) -> Interval:
         """This config's tokens/s over ``other``'s with its interval (:func:`speedups`; a NaN
         interval without a basis)."""
         if (s := speedups([self], other, confidence)[0]) is not None:
             return Interval(s.speedup, s.speedup_ci_lo, s.speedup_ci_hi, confidence)
-        value = self.value / other.value if len(self.tokens_per_s_runs) and len(other.tokens_per_s_runs) else np.nan
+        value = (
+            self.value / other.value if len(self.throughput_per_s_runs) and len(other.throughput_per_s_runs) else np.nan
+        )
         return Interval(float(value), float("nan"), float("nan"), confidence)
 
 
@@ -471,14 +480,16 @@ def effect_intervals(
         nan = float("nan")
         return [Interval(nan, nan, nan, confidence) for _ in signs]
     rng = np.random.default_rng(0)
-    size = sum(len(t.tokens_per_s_runs) if basis == "repeats" else sum(map(len, t.step_times_ms_runs)) for t in flat)
+    size = sum(
+        len(t.throughput_per_s_runs) if basis == "repeats" else sum(map(len, t.step_times_ms_runs)) for t in flat
+    )
     n_boot = int(np.clip(EFFECT_DRAWS_BUDGET // size, 500, 10_000))  # what one set of draws holds at once
     if basis == "repeats":
         per_config = np.array([t.replicates(basis, rng, n_boot) for t in flat])
     else:  # every run of every config in one vectorised call: a 10,000-config sweep in about a second
-        tokens = [x for t in flat for x in t.tokens_per_s_runs]
+        tokens = [x for t in flat for x in t.throughput_per_s_runs]
         runs = run_draws(tokens, [x for t in flat for x in t.step_times_ms_runs], n_boot, rng)
-        n_runs = np.array([len(t.tokens_per_s_runs) for t in flat])
+        n_runs = np.array([len(t.throughput_per_s_runs) for t in flat])
         per_config = (
             runs
             if (n_runs == 1).all()

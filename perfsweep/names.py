@@ -96,3 +96,9 @@ HEARTBEAT_INTERVAL_S = 5.0
 HEARTBEAT_STALE_S = 120.0
 """A ``running`` row whose heartbeat is older than this (database clock) is ``interrupted``: the
 rule that covers jobs on other hosts, whose processes this host cannot see."""
+
+CPU_CHECK_MAX_PARAMS = 100_000_000
+"""A model whose forward the meta device cannot run (data-dependent ops: ``.item()``, Hugging
+Face's mask checks) is checked before the jobs by one step on the CPU on a one-sample batch
+when it has at most this many parameters (400 MB in fp32 with as much again for gradients);
+a larger one is checked by its first job."""

@@ -190,7 +190,7 @@ def _prepared_key(cfg: PerfsweepConfig) -> str:
 
 def check_models(cfgs: list[PerfsweepConfig], prepared: dict[str, Any]) -> None:
     """Every distinct model trains one step on its first batch, on the meta device (no memory, no
-    kernels; perfsweep.task.meta_step): a factory that cannot be imported, returns no module, has
+    kernels; or one CPU step on one sample: perfsweep.task.check): a factory that cannot be imported, returns no module, has
     nothing for ``ckpt=true`` to wrap or whose forward gives no loss is refused here in one line."""
     from perfsweep import data as data_mod
     from perfsweep import task
@@ -213,7 +213,7 @@ def check_models(cfgs: list[PerfsweepConfig], prepared: dict[str, Any]) -> None:
                 f"invalid config: {_data_key(cfg)}: reading the first batch raised {first_line(exc)}"
             ) from None
         vocab = token_data.vocab_size if token_data is not None else None
-        task.meta_step(cfg.model, batch, vocab, cfg.seq_len, ckpt=cfg.ckpt)
+        task.check(cfg.model, batch, vocab, cfg.seq_len, ckpt=cfg.ckpt)
 
 
 def _data_key(cfg: PerfsweepConfig) -> str:

@@ -135,7 +135,8 @@ class Built:
     fused: bool
     tokens_per_step: int | None
     samples_per_step: int
-    first_batch: Any
+    figures: dict[str, Any]
+    """Parameter counts and FLOPs for ``runs`` (:func:`model_figures`)."""
 
 
 def build(cfg: PerfsweepConfig, device: torch.device, token_data: data_mod.TokenData | None) -> tuple[Trainer, Built]:
@@ -143,6 +144,14 @@ def build(cfg: PerfsweepConfig, device: torch.device, token_data: data_mod.Token
     vocab_size = token_data.vocab_size if token_data is not None else None
     raw = task.build_model(cfg.model, vocab_size, cfg.seq_len).to(device)
     raw.train()
+    loader = data_mod.loader(
+        cfg.data, token_data, cfg.batch, cfg.seq_len, cfg.workers, cfg.seed, pin_memory=device.type == "cuda"
+    )
+    batches = data_mod.infinite(loader)
+    first = next(batches)  # what a batch holds; it is then trained on first, like any other
+    tokens, samples = task.units(first, cfg.model.unit)
+    batches = itertools.chain([first], batches)
+    figures = model_figures(cfg, raw, first, vocab_size, tokens, samples)  # before checkpointing wraps it
     if cfg.ckpt:
         task.apply_checkpointing(raw, cfg.model)
     model: torch.nn.Module = raw
@@ -160,22 +169,17 @@ def build(cfg: PerfsweepConfig, device: torch.device, token_data: data_mod.Token
     def autocast() -> contextlib.AbstractContextManager:
         return torch.autocast(device_type=device.type, dtype=amp_dtype, enabled=cfg.amp)
 
-    loader = data_mod.loader(
-        cfg.data, token_data, cfg.batch, cfg.seq_len, cfg.workers, cfg.seed, pin_memory=device.type == "cuda"
-    )
-    batches = data_mod.infinite(loader)
-    first = next(batches)  # what a batch holds; it is then trained on first, like any other
-    tokens, samples = task.units(first, cfg.model.unit)
-    batches = itertools.chain([first], batches)
     loss_fn = task.loss_function(cfg.model)
     trainer = Trainer(model, loss_fn, optimizer, scaler, batches, device, autocast, cfg.profile.nvtx)
-    return trainer, Built(raw, fused, tokens, samples, first)
+    return trainer, Built(raw, fused, tokens, samples, figures)
 
 
-def model_figures(cfg: PerfsweepConfig, built: Built, vocab_size: int | None) -> dict[str, Any]:
-    """Parameter counts and FLOPs per unit, with where the FLOPs came from (``flops_method``):
-    the model's own formula where it has one, else FlopCounterMode over one meta-device step."""
-    raw = built.raw
+def model_figures(
+    cfg: PerfsweepConfig, raw: torch.nn.Module, batch: Any, vocab_size: int | None, tokens: int | None, samples: int
+) -> dict[str, Any]:
+    """Parameter counts and FLOPs per token and per sample, with where the FLOPs came from
+    (``flops_method``): the model's own formula where it has one, else FlopCounterMode
+    (perfsweep.task.count_flops)."""
     params = {id(p): p.numel() for p in raw.parameters()}  # tied weights once
     out: dict[str, Any] = {
         "n_params": sum(params.values()),
@@ -186,21 +190,24 @@ def model_figures(cfg: PerfsweepConfig, built: Built, vocab_size: int | None) ->
         "flops_per_sample": None,
         "flops_method": None,
     }
-    if hasattr(raw, "flops_per_token") and built.tokens_per_step is not None and cfg.seq_len is not None:
-        out["flops_per_token"] = float(raw.flops_per_token(cfg.seq_len))
-        out["flops_per_sample"] = out["flops_per_token"] * built.tokens_per_step / built.samples_per_step
-        out["flops_method"] = "formula"
-        return out
+    if hasattr(raw, "flops_per_token") and tokens is not None and cfg.seq_len is not None:
+        per_token = float(raw.flops_per_token(cfg.seq_len))
+        return out | {
+            "flops_per_token": per_token,
+            "flops_per_sample": per_token * tokens / samples,
+            "flops_method": "formula",
+        }
     try:
-        flops = task.meta_step(cfg.model, built.first_batch, vocab_size, cfg.seq_len, ckpt=False)
+        flops = task.count_flops(cfg.model, raw, batch, vocab_size, cfg.seq_len)
+    except task.ContractError:
+        raise  # the model breaks the contract: the run fails with that line
     except Exception as exc:  # noqa: BLE001 - counting is a figure, not the run: the run goes on
         log.warning("FLOPs not counted: %s", exc)
         flops = None
     if flops:
-        out["flops_per_sample"] = flops / built.samples_per_step
-        if built.tokens_per_step:
-            out["flops_per_token"] = flops / built.tokens_per_step
-        out["flops_method"] = "flop_counter"
+        out.update(flops_per_sample=flops / samples, flops_method="flop_counter")
+        if tokens:
+            out["flops_per_token"] = flops / tokens
     return out
 
 
@@ -251,7 +258,7 @@ def _train(
     trainer, built = build(cfg, device, token_data)
     raw = built.raw
     result.update(
-        model_figures(cfg, built, token_data.vocab_size if token_data is not None else None),
+        built.figures,
         unk_token_share=token_data.unk_token_share if token_data is not None else None,
         optimizer_fused=built.fused,
         measure_steps=cfg.steps.measure,
@@ -340,12 +347,7 @@ def _train(
 
 def classify_error(exc: BaseException) -> str:
     """Map an exception to a run status: oom for allocator failures on any device, else failed."""
-    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
-        return "oom"
-    text = str(exc).lower()
-    if isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text):
-        return "oom"  # the CPU allocator raises a plain RuntimeError
-    return "failed"
+    return "oom" if task.is_oom(exc) else "failed"
 
 
 def job_main(

@@ -114,7 +114,8 @@ class Run(Base):
     amp: Mapped[bool] = mapped_column(Boolean)
     ckpt: Mapped[bool] = mapped_column(Boolean)
     batch: Mapped[int] = mapped_column(Integer)
-    seq_len: Mapped[int] = mapped_column(Integer)
+    seq_len: Mapped[int | None] = mapped_column(Integer)
+    """Null for a model whose unit is samples (model.unit=samples: images have no sequence length)."""
     compile: Mapped[bool] = mapped_column(Boolean)
     workers: Mapped[int] = mapped_column(Integer)
     amp_dtype: Mapped[str] = mapped_column(String(8))
@@ -483,6 +484,23 @@ def connect(url: str) -> Engine:
     return engine
 
 
+@contextmanager
+def _sqlite_foreign_keys_off(conn: Any) -> Iterator[None]:
+    """Foreign keys off on a SQLite connection while it migrates: a migration that copies a table
+    (SQLite's only way to change a column) drops the old copy, which children still reference.
+    The pragma only takes effect outside a transaction, so it goes to the driver before BEGIN;
+    :func:`upgrade` checks every reference before it commits, and the pragma is back on after."""
+    if conn.dialect.name != "sqlite":
+        yield
+        return
+    raw = conn.connection.driver_connection
+    raw.execute("PRAGMA foreign_keys=OFF")
+    try:
+        yield
+    finally:
+        raw.execute("PRAGMA foreign_keys=ON")
+
+
 def upgrade(engine: Engine) -> None:
     """Run Alembic's upgrade to head on ``engine`` (a no-op when already current)."""
     logging.getLogger("alembic").setLevel(logging.WARNING)  # per-job plugin and context chatter
@@ -491,12 +509,16 @@ def upgrade(engine: Engine) -> None:
     cfg = _alembic_config()
     for attempt in range(5):
         try:
-            with engine.begin() as conn:
+            with engine.connect() as conn, _sqlite_foreign_keys_off(conn), conn.begin():
                 if conn.dialect.name == "postgresql":
                     # one migrator at a time: the others wait here, then find the schema at head
                     conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7210400501)")
                 cfg.attributes["connection"] = conn
                 command.upgrade(cfg, "head")
+                if conn.dialect.name == "sqlite" and (bad := conn.exec_driver_sql("PRAGMA foreign_key_check").first()):
+                    raise IntegrityError(
+                        "PRAGMA foreign_key_check", None, Exception(f"broken reference after upgrade: {bad}")
+                    )
             return
         except (OperationalError, IntegrityError) as exc:  # another job migrating at the same time
             racing = isinstance(exc, IntegrityError) or any(w in str(exc) for w in ("locked", "already exists"))

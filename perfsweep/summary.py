@@ -6,7 +6,7 @@ import logging
 import sys
 
 import pandas as pd
-from sqlalchemy import select, update
+from sqlalchemy import or_, select, update
 from sqlalchemy.engine import Engine
 
 from perfsweep import metrics, store
@@ -68,9 +68,15 @@ def fill_speedups(engine: Engine, sweep_id: int) -> None:
     with store.session(engine) as s:
         runs = s.scalars(
             select(Run)
-            .where(Run.sweep_id == sweep_id, Run.status == "ok", Run.tokens_per_s.is_not(None))
+            .where(
+                Run.sweep_id == sweep_id,
+                Run.status == "ok",
+                or_(Run.tokens_per_s.is_not(None), Run.samples_per_s.is_not(None)),
+            )
             .order_by(Run.grid_index, Run.job_num, Run.id)  # grid order: the shuffle must not pick the baseline
         ).all()
+        unit = metrics.rate_unit([r.tokens_per_s for r in runs], [r.samples_per_s for r in runs])
+        runs = [r for r in runs if getattr(r, f"{unit}_per_s") is not None]  # the headline of the report
         if not runs:
             return
         configs: dict[str, list[store.Run]] = {}
@@ -87,7 +93,7 @@ def fill_speedups(engine: Engine, sweep_id: int) -> None:
             times.setdefault(run_id, []).append(ms)
 
         def throughput(rs: list[store.Run]) -> metrics.Throughput:
-            return metrics.Throughput([r.tokens_per_s for r in rs], [times.get(r.id, []) for r in rs])
+            return metrics.Throughput([getattr(r, f"{unit}_per_s") for r in rs], [times.get(r.id, []) for r in rs])
 
         others = [k for k in configs if k != base_key]
         figures = metrics.speedups([throughput(configs[k]) for k in others], throughput(configs[base_key]))
@@ -117,7 +123,8 @@ def _speedup_text(verdict: str | None, value: float, lo: float, hi: float) -> st
 
 def format_summary(runs: pd.DataFrame) -> str:
     """A compact table, one row per config (:func:`perfsweep.configs.per_config`: repeats
-    combined, as the report shows them): only the axes that vary, tokens/s, the median step time
+    combined, as the report shows them): only the axes that vary, tokens/s (samples/s for models
+    that count samples), the median step time
     with its IQR and CV, the speedup over the baseline with its 95% interval (or "no measurable
     difference"), memory in MiB; ``!`` marks a noisy config, ``~`` one whose step time never
     settled in warmup."""
@@ -129,7 +136,8 @@ def format_summary(runs: pd.DataFrame) -> str:
     if (per["runs"] > 1).any():
         out["runs"] = per["runs"]
     out["status"] = per["statuses"]
-    out["tokens/s"] = per["tokens_per_s"].map(lambda v: f"{v:,.0f}" if pd.notna(v) else "-")
+    rate = f"{metrics.rate_unit(runs['tokens_per_s'], runs['samples_per_s'])}/s"
+    out[rate] = per["throughput_per_s"].map(lambda v: f"{v:,.0f}" if pd.notna(v) else "-")
     iqr = metrics.iqr_fraction(per["step_time_ms_iqr"], per["step_time_ms_median"]).fillna(0.0)
     out["step ms (IQR, CV)"] = [
         f"{m:.1f} ({q:.0%}, {cv:.0%}){'!' if noisy else ''}{'~' if unsettled else ''}" if pd.notna(m) else "-"
@@ -157,7 +165,7 @@ def format_summary(runs: pd.DataFrame) -> str:
     text = out.to_string(index=False)
     notes = []
     if per["noisy"].any():
-        notes.append(f"! noisy: step-time (or repeats' tokens/s) IQR above {NOISY_IQR_FRACTION:.0%} of the median")
+        notes.append(f"! noisy: step-time (or repeats' throughput) IQR above {NOISY_IQR_FRACTION:.0%} of the median")
     if per["unsettled"].any():
         notes.append("~ the step time never settled in warmup (steps.max_warmup or steps.max_warmup_s reached)")
     return text + ("\n" + "; ".join(notes) if notes else "")
@@ -184,7 +192,8 @@ def finish_sweep(url: str, sweep_dir: str, make_report: bool = True, status: str
         print(f"\nResults: {where} (sweep_id={sweep_id})")
         if engine.url.get_backend_name() == "sqlite":
             print(
-                f"Query:   sqlite3 {engine.url.database} 'select amp, ckpt, tokens_per_s, peak_mem_bytes "
+                f"Query:   sqlite3 {engine.url.database} 'select amp, ckpt, "
+                f"{metrics.rate_unit(df['tokens_per_s'], df['samples_per_s'])}_per_s, peak_mem_bytes "
                 f"from runs where sweep_id={sweep_id}'"
             )
         if make_report:

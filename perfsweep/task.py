@@ -17,11 +17,13 @@ path every model takes:
 - **Checkpointing** wraps the ``model.ckpt_modules`` classes with torch's non-reentrant
   ``apply_activation_checkpointing``, or calls ``gradient_checkpointing_enable()`` (``ckpt_impl=hf``).
 - **FLOPs.** A model with a formula (a ``flops_per_token(seq_len)`` method, like our GPT) uses it;
-  any other is counted by torch's ``FlopCounterMode`` over one forward and backward on the meta
-  device (no memory, no kernels), without checkpointing, so recomputation is not counted.
+  any other is counted by torch's ``FlopCounterMode`` over one forward and backward, without
+  checkpointing so recomputation is not counted: on the meta device (no memory, no kernels), or
+  where a model's forward needs real values, once on the job's first batch before warmup.
 
-:func:`meta_step` runs the same step on the meta device before any job starts, so a factory that
-cannot be imported, returns no module or whose forward gives no loss is refused in one line.
+:func:`check` runs the same step before any job starts (on the meta device, or for a model the
+meta device cannot run, on the CPU on one sample), so a factory that cannot be imported,
+returns no module or whose forward gives no loss is refused in one line.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from perfsweep.config import CkptImpl, ConfigError, Loss, ModelConfig, Unit
+from perfsweep.names import CPU_CHECK_MAX_PARAMS
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +61,15 @@ def offered_kwargs(fn: Callable[..., Any], offered: dict[str, Any]) -> dict[str,
     except (TypeError, ValueError):
         return {}
     return {k: v for k, v in offered.items() if k in params and params[k].kind != params[k].VAR_POSITIONAL}
+
+
+def is_oom(exc: BaseException) -> bool:
+    """An allocator failure on any device: torch's OutOfMemoryError, MemoryError, or the plain
+    RuntimeError the CPU allocator raises."""
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
 
 
 def call_factory(node: str, target: str, args: dict[str, Any], offered: dict[str, Any]) -> Any:
@@ -84,6 +96,8 @@ def call_factory(node: str, target: str, args: dict[str, Any], offered: dict[str
         return instantiate({"_target_": target, **args}, **offered_kwargs(fn, offered), _convert_="all")
     except Exception as exc:  # noqa: BLE001 - the user's factory: whatever it raises is the answer
         cause = exc.__cause__ or exc
+        if is_oom(cause):
+            raise cause from None  # a model too large for the device is a result (status oom), not a bad config
         raise ContractError(
             f"invalid config: {node}._target_={target!r}: the factory raised {type(cause).__name__}: "
             f"{str(cause).splitlines()[0] if str(cause) else ''}"
@@ -255,33 +269,83 @@ def _meta_limit(exc: BaseException) -> bool:
     return isinstance(exc, NotImplementedError) or "meta" in str(exc).lower()
 
 
-def meta_step(cfg: ModelConfig, batch: Batch, vocab_size: int | None, seq_len: int | None, ckpt: bool) -> float | None:
-    """Build the model on the meta device and run one forward and backward on ``batch``: the
-    contract checked without memory or kernels. Returns the step's FLOPs (FlopCounterMode, before
-    checkpointing so recomputation is not counted), or None where the meta device cannot run
-    this model (the job then checks the same on the real device)."""
+def first_sample(batch: Batch) -> Batch:
+    """The batch cut to its first row, for a check that needs no more."""
+    if isinstance(batch, torch.Tensor):
+        return batch[:1] if batch.dim() else batch
+    if isinstance(batch, Mapping):
+        return {k: first_sample(v) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(first_sample(v) for v in batch)
+    return batch
+
+
+def _counted_step(model: nn.Module, batch: Batch, loss_fn: LossFn, target: str, strict: bool) -> float | None:
+    """FLOPs of one forward and backward; a failure is the model's (ContractError) unless it is
+    the meta device's and ``strict`` is off (None)."""
     from torch.utils.flop_counter import FlopCounterMode
 
+    try:
+        with FlopCounterMode(display=False) as counter:
+            loss_fn(model, batch).backward()
+    except ContractError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's forward: either meta's limit or their bug
+        if not strict and _meta_limit(exc):
+            log.info("model._target_=%s: not runnable on the meta device (%s)", target, exc)
+            return None
+        raise ContractError(
+            f"invalid config: model._target_={target!r}: a training step on the first batch "
+            f"({_describe(batch)}) raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        ) from None
+    return float(counter.get_total_flops())
+
+
+def meta_step(cfg: ModelConfig, batch: Batch, vocab_size: int | None, seq_len: int | None, ckpt: bool) -> float | None:
+    """Build the model on the meta device and run one forward and backward on ``batch``: the
+    contract checked without memory or kernels. Returns the step's FLOPs (FlopCounterMode; pass
+    ``ckpt=False`` to count, so recomputation is not), or None where the meta device cannot run
+    this model."""
     with torch.device("meta"):
         model = build_model(cfg, vocab_size, seq_len)
     model.train()
     if ckpt:
         apply_checkpointing(model, cfg)
-    loss_fn = loss_function(cfg)
     meta_batch = to_device(batch, "meta")
     units(meta_batch, cfg.unit)  # the batch itself is readable
-    try:
-        with FlopCounterMode(display=False) as counter:
-            loss = loss_fn(model, meta_batch)
-            loss.backward()
-    except ContractError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - the user's forward: either meta's limit or their bug
-        if _meta_limit(exc):
-            log.info("model._target_=%s: not checkable on the meta device (%s)", cfg._target_, exc)
-            return None
-        raise ContractError(
-            f"invalid config: model._target_={cfg._target_!r}: a training step on the first batch "
-            f"({_describe(batch)}) raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        ) from None
-    return float(counter.get_total_flops()) if not ckpt else None
+    return _counted_step(model, meta_batch, loss_function(cfg), cfg._target_, strict=False)
+
+
+def check(cfg: ModelConfig, batch: Batch, vocab_size: int | None, seq_len: int | None, ckpt: bool) -> None:
+    """The contract, before any job: one step on the meta device, or where that cannot run this
+    model and it is small enough (``names.CPU_CHECK_MAX_PARAMS``), one CPU step on one sample."""
+    if meta_step(cfg, batch, vocab_size, seq_len, ckpt) is not None:
+        return
+    with torch.device("meta"):
+        n_params = sum(p.numel() for p in build_model(cfg, vocab_size, seq_len).parameters())
+    if n_params > CPU_CHECK_MAX_PARAMS:
+        log.info("model._target_=%s: %d parameters, left to its first job to check", cfg._target_, n_params)
+        return
+    with torch.random.fork_rng(devices=[]):
+        model = build_model(cfg, vocab_size, seq_len).train()
+        if ckpt:
+            apply_checkpointing(model, cfg)
+        _counted_step(model, first_sample(batch), loss_function(cfg), cfg._target_, strict=True)
+
+
+def count_flops(
+    cfg: ModelConfig, raw: nn.Module, batch: Batch, vocab_size: int | None, seq_len: int | None
+) -> float | None:
+    """A step's training FLOPs for a model without a formula: on the meta device, or where that
+    cannot run it, one real forward and backward of ``raw`` (before checkpointing and compile) on
+    the job's first batch, its gradients then dropped and the RNG state restored, so the steps
+    after it are those of a job that never counted."""
+    flops = meta_step(cfg, batch, vocab_size, seq_len, ckpt=False)
+    if flops is not None:
+        return flops
+    device = next((p.device for p in raw.parameters()), torch.device("cpu"))
+    cuda = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
+        flops = _counted_step(raw, to_device(batch, device), loss_function(cfg), cfg._target_, strict=True)
+    raw.zero_grad(set_to_none=True)
+    return flops

@@ -117,7 +117,10 @@ def test_help_lists_presets_only_and_cfg_with_multirun_is_one_line(tmp_path: Pat
     res = run_perfsweep(["--help"], tmp_path)
     assert res.returncode == 0
     choices = [ln for ln in res.stdout.splitlines() if ln.startswith(("model: ", "data: "))]
-    assert sorted(choices) == ["data: stdlib, synthetic, textfile", "model: gpt2_small, minigpt_seed, small, tiny"]
+    assert sorted(choices) == [
+        "data: custom, stdlib, synthetic, textfile",
+        "model: custom, gpt2_small, minigpt_seed, small, tiny",
+    ]
     res = run_perfsweep(["-m", "--cfg", "job", "amp=true,false"], tmp_path)
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert res.stderr.strip().splitlines() == [res.stderr.strip()] and "--cfg" in res.stderr

@@ -192,7 +192,7 @@ def test_batch_seq_sweep_adds_scaling_and_heatmap(report_sweeps: ReportSweeps) -
         )
     merged = heat.merge(stored, on=["batch", "seq_len"], suffixes=("_chart", "_db"))
     assert len(merged) == 4
-    np.testing.assert_allclose(merged["tokens_per_s_chart"], merged["tokens_per_s_db"])
+    np.testing.assert_allclose(merged["throughput_per_s"], merged["tokens_per_s"])
 
 
 @pytest.mark.slow
@@ -203,10 +203,10 @@ def test_throughput_bars_are_the_stored_tokens_per_s(report_sweeps: ReportSweeps
     stored = tokens_from_db(report_sweeps.db, report_sweeps.amp_ckpt)
     frame = chart.frame
     assert sorted(frame["id"]) == sorted(stored)
-    for rid, tps in zip(frame["id"], frame["tokens_per_s"], strict=True):
+    for rid, tps in zip(frame["id"], frame["throughput_per_s"], strict=True):
         assert tps == pytest.approx(stored[rid])
     # and the drawn bars, in frame order
-    np.testing.assert_allclose(bar_values(chart.figure.axes[0]), frame["tokens_per_s"].to_numpy(), rtol=1e-12)
+    np.testing.assert_allclose(bar_values(chart.figure.axes[0]), frame["throughput_per_s"].to_numpy(), rtol=1e-12)
     # speedup is relative to the default baseline (amp and ckpt off), the one the sweep stored its
     # speedups against: each bar's label is the stored speedup with its stored 95% interval
     base = frame[frame["is_baseline"]]
@@ -411,15 +411,15 @@ def test_factor_effects_of_a_known_2x2(engine: Any, tmp_path: Path) -> None:
     chart = rep.charts["factors"]
     eff = chart.frame.set_index("label")  # one row per term
     assert list(eff.index) == ["amp", "ckpt", "amp x ckpt"]
-    assert eff["effect_tokens_per_s"].tolist() == pytest.approx([70.0, 0.0, 20.0])
-    assert eff["effect_pct_tokens_per_s"].tolist() == pytest.approx([56.0, 0.0, 16.0])
+    assert eff["effect_throughput_per_s"].tolist() == pytest.approx([70.0, 0.0, 20.0])
+    assert eff["effect_pct_throughput_per_s"].tolist() == pytest.approx([56.0, 0.0, 16.0])
     assert eff["effect_peak_mem_bytes"].tolist() == pytest.approx([-100.0 * 2**20, -200.0 * 2**20, 0.0])
     # drawn: the bars are the effects in % of the mean, tokens/s left, memory right (mean 250 MiB)
     ax_tokens, ax_mem = chart.figure.axes[:2]
     assert bar_values(ax_tokens) == pytest.approx([56.0, 0.0, 16.0])
     assert bar_values(ax_mem) == pytest.approx([-40.0, -80.0, 0.0])
     # 95% intervals over the steps: amp and amp x ckpt are real, ckpt (no effect) is not
-    lo, hi = eff["effect_pct_ci_lo_tokens_per_s"], eff["effect_pct_ci_hi_tokens_per_s"]
+    lo, hi = eff["effect_pct_ci_lo_throughput_per_s"], eff["effect_pct_ci_hi_throughput_per_s"]
     assert lo["amp"] > 40 and hi["amp"] < 70 and lo["amp x ckpt"] > 0 and lo["ckpt"] < 0 < hi["ckpt"]
     assert eff["effect_verdict"].tolist() == ["", metrics.NO_DIFFERENCE, ""]
     whiskers = [seg for c in ax_tokens.collections for seg in c.get_segments()]
@@ -450,8 +450,8 @@ def test_factor_effects_use_only_complete_blocks(engine: Any, tmp_path: Path) ->
     effects, note = frames.factorial_effects(per_config(runs))
     assert note.startswith("averaged over 1 of 2 combinations of batch")
     effects = effects.set_index("label")
-    assert effects.loc["amp", "effect_tokens_per_s"] == pytest.approx(500.0)
-    assert effects.loc["ckpt", "effect_tokens_per_s"] == pytest.approx(0.0)
+    assert effects.loc["amp", "effect_throughput_per_s"] == pytest.approx(500.0)
+    assert effects.loc["ckpt", "effect_throughput_per_s"] == pytest.approx(0.0)
 
 
 def test_no_factors_when_no_block_is_complete(engine: Any, tmp_path: Path) -> None:
@@ -576,7 +576,9 @@ def test_pareto_points_and_front_are_the_stored_runs(engine: Any, tmp_path: Path
     front = next(c for c in ax.collections if c.get_label().startswith("Pareto front"))
     ok = chart.frame[chart.frame["ok"]]
     expected = ok[ok["on_front"]].sort_values("peak_mem_bytes")
-    np.testing.assert_allclose(front.get_offsets(), np.c_[expected["peak_mem_bytes"] / 2**20, expected["tokens_per_s"]])
+    np.testing.assert_allclose(
+        front.get_offsets(), np.c_[expected["peak_mem_bytes"] / 2**20, expected["throughput_per_s"]]
+    )
     # every ok run is drawn once: the front plus the rest
     rest = next(c for c in ax.collections if c.get_label() == "config")
     assert len(front.get_offsets()) + len(rest.get_offsets()) == len(ok) == 5
@@ -632,7 +634,7 @@ def test_big_sweep_bar_charts_show_top_n_plus_baseline(engine: Any, tmp_path: Pa
     frame = rep.charts["throughput"].frame
     assert len(frame) == 11 and frame["is_baseline"].sum() == 1
     assert "top 10 of 50 configs" in rep.shown_note
-    best = frame[~frame["is_baseline"]]["tokens_per_s"]
+    best = frame[~frame["is_baseline"]]["throughput_per_s"]
     assert best.tolist() == sorted(best, reverse=True)
     assert best.min() == pytest.approx(sorted(b * s for b in range(1, 11) for s in (32, 64, 128, 256, 512))[-10])
 
@@ -755,7 +757,7 @@ def test_compare_gives_each_change_an_interval_and_a_verdict(engine: Any, tmp_pa
     ax_tokens, ax_change = fig.axes[:2]
     expected = cmp.reset_index()
     drawn = bar_values(ax_tokens)  # A's bars, then B's: tokens/s, 0 where none
-    np.testing.assert_allclose(drawn, np.nan_to_num([*expected["tokens_per_s_a"], *expected["tokens_per_s_b"]]))
+    np.testing.assert_allclose(drawn, np.nan_to_num([*expected["throughput_per_s_a"], *expected["throughput_per_s_b"]]))
     np.testing.assert_allclose(bar_values(ax_change), np.nan_to_num(expected["change_pct"]))
     assert "oom in A" in {t.get_text().strip() for t in ax_change.texts}
 

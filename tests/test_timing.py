@@ -104,4 +104,4 @@ def test_a_real_job_stores_where_measurement_began(tmp_path: Path):
     measured = [s["step_time_ms"] for s in result["steps"] if s["phase"] == "measure"]
     # the window's wall time holds its steps and little else; tokens/s is taken over it
     assert sum(measured) <= result["measure_wall_ms"] <= sum(measured) * 1.5 + 5
-    assert result["tokens_per_s"] == pytest.approx(5 * cfg.tokens_per_step / (result["measure_wall_ms"] / 1000))
+    assert result["tokens_per_s"] == pytest.approx(5 * cfg.batch * cfg.seq_len / (result["measure_wall_ms"] / 1000))

@@ -74,6 +74,7 @@ class Report:
     where: str | None = None
     top: int = TOP_BARS
     charts: dict[str, Chart] = field(default_factory=dict)
+    rate: str = "tokens/s"  # the unit of throughput_per_s: samples/s for models that count samples (fmt.RATES)
     db = property(lambda self: self.engine.url.render_as_string(hide_password=True))
 
     def __post_init__(self) -> None:
@@ -100,7 +101,7 @@ def _effects(metric: str, name: str, better: int) -> Panel:
         ]
 
     label = f"effect on {name}, of the mean"
-    err = (ci,) if metric == "tokens_per_s" else ()
+    err = (ci,) if metric == "throughput_per_s" else ()
     return Panel(
         (pct,),
         title=name,
@@ -144,7 +145,7 @@ MEMORY_TEXT = {  # the memory chart's columns, and what report.md says each is
 }
 MEMORY_COLORS = {"peak allocated (tensors)": charts.BAR, "peak reserved (caching allocator)": charts.LIGHT}
 MEMORY_COLORS |= {"process RSS growth during training": charts.LIGHT, "peak memory (tensors)": charts.BAR}
-STEP, TOKENS = "step_time_ms_median", ("tokens_per_s",)
+STEP, TOKENS = "step_time_ms_median", ("throughput_per_s",)
 STAGE_PANEL = {"kind": "stacked", "colors": charts.STAGE_COLORS, "marker": STEP}
 
 THROUGHPUT = ChartSpec(
@@ -157,7 +158,7 @@ THROUGHPUT = ChartSpec(
             "throughput at its p90..p10 step time",
             color=_speedup_colors,
             text=_speedup_text,
-            err=(("tokens_per_s_lo", "tokens_per_s_hi"),),
+            err=(("throughput_per_s_lo", "throughput_per_s_hi"),),
             baseline=True,
         ),
     ),
@@ -237,7 +238,7 @@ PANELS_TEXT = {
 SCALING = ChartSpec(
     "scaling",
     "Scaling with batch / seq_len",
-    tuple(Panel((y,), "lines", grid_x=True) for y in ("tokens_per_s", "peak_mem_bytes")),
+    tuple(Panel((y,), "lines", grid_x=True) for y in ("throughput_per_s", "peak_mem_bytes")),
     frames.scaling,
     lambda f, note, r: {"axes": " and ".join(f["axis"].unique())},
     facet="axis",
@@ -257,7 +258,7 @@ HEATMAP = ChartSpec(
 FACTORS = ChartSpec(
     "factors",
     "Factor effects",
-    (_effects("tokens_per_s", "tokens/s", 1), _effects("peak_mem_bytes", "peak memory", -1)),
+    (_effects("throughput_per_s", "throughput", 1), _effects("peak_mem_bytes", "peak memory", -1)),
     lambda r: frames.factorial_effects(r.configs, r.throughput),
     lambda f, note, r: {
         "computed": f" Computed {note}." if note else "",
@@ -307,7 +308,8 @@ def make_report(
     base = configs[configs["is_baseline"]]
     base_runs = runs["sweep_id"].isin(base["sweep_id"]) & runs["config_hash"].isin(base["config_hash"])
     report = Report(engine, sweeps, runs.assign(is_baseline=base_runs), configs, throughput, how, where, top)
-    for spec in CHARTS.values():
+    report.rate = fmt.RATES[metrics.rate_unit(runs["tokens_per_s"], runs["samples_per_s"])]
+    for spec in (charts.for_rate(spec, report.rate) for spec in CHARTS.values()):
         chart = report.charts[spec.name] = Chart(spec.name, spec.title)
         try:
             chart.frame, note = spec.frame(report)
@@ -316,8 +318,8 @@ def make_report(
         except frames.Skip as why:
             chart.skipped = str(why)
     if (factors := report.charts["factors"].frame) is not None:
-        table = factors.rename(columns={"label": "term"})[["term", "tokens/s effect", "peak memory effect"]]
-        report.charts["factors"].extra_md = fmt.table(table, right=("tokens/s effect", "peak memory effect")) + "\n\n"
+        table = factors.rename(columns={"label": "term"})[["term", "throughput effect", "peak memory effect"]]
+        report.charts["factors"].extra_md = fmt.table(table, right=("throughput effect", "peak memory effect")) + "\n\n"
     return report
 
 
@@ -328,8 +330,13 @@ def write_report(report: Report, out_dir: Path) -> Path:
         (out_dir / chart.file).unlink(missing_ok=True)
         if chart.figure is not None:
             charts.save(chart.figure, out_dir / chart.file)
-    front = ["id", "sweep_id", "label", "status", "tokens_per_s", "tokens_per_s_lo", "tokens_per_s_hi", "speedup"]
-    front += ["is_baseline", "peak_mem_bytes"]  # runs.csv: what people look for first, then every runs column
+    front = ["id", "sweep_id", "label", "status", "tokens_per_s", "samples_per_s", "throughput_per_s_lo"]
+    front += [
+        "throughput_per_s_hi",
+        "speedup",
+        "is_baseline",
+        "peak_mem_bytes",
+    ]  # runs.csv: what people look for first, then every runs column
     columns = front + [c for c in report.runs if c not in front and c != "ok"]
     report.runs[columns].to_csv(out_dir / "runs.csv", index=False)
     (out_dir / "report.md").write_text(report_md(report))
@@ -372,21 +379,21 @@ def _note(r: Any) -> str:
     return f"noisy ({NOISE_RULE}) in {r.noisy_runs} of {r.ok_runs} runs" + (REPEATS if r.repeats_disagree else "")
 
 
-def results_table(configs: pd.DataFrame, limit: int = TOP_TABLE) -> tuple[str, str]:
+def results_table(configs: pd.DataFrame, limit: int = TOP_TABLE, rate: str = "tokens/s") -> tuple[str, str]:
     """The report.md table, one row per config (differing axes, runs when there are repeats, tokens/s with its
     range, speedup with its interval, memory, status) and a note."""
     rows, note = configs, ""
     if len(configs) > limit:
-        rows = configs.sort_values("tokens_per_s", ascending=False, na_position="last").head(limit)
-        note = f"Top {limit} of {len(configs):,} configs by tokens/s; every run is in runs.csv."
+        rows = configs.sort_values("throughput_per_s", ascending=False, na_position="last").head(limit)
+        note = f"Top {limit} of {len(configs):,} configs by {rate}; every run is in runs.csv."
     axes = label_axes(configs) or ["batch", "seq_len"]
     out = pd.DataFrame({SHORT_NAMES.get(a, a): [axis_text(a, v).split("=")[1] for v in rows[a]] for a in axes})
     left = [*out.columns, "status", "note"]
     if (configs["runs"] > 1).any():
         out["runs"] = [f"{n}" if k in (0, n) else f"{k} ok of {n}" for n, k in rows[["runs", "ok_runs"]].values]
     out["status"] = rows["status"].to_numpy()
-    out["tokens/s"] = [fmt.num(v) for v in rows["tokens_per_s"]]
-    out["range"] = [fmt.span(lo, hi) for lo, hi in rows[["tokens_per_s_lo", "tokens_per_s_hi"]].values]
+    out[rate] = [fmt.num(v) for v in rows["throughput_per_s"]]
+    out["range"] = [fmt.span(lo, hi) for lo, hi in rows[["throughput_per_s_lo", "throughput_per_s_hi"]].values]
     speed = rows[["is_baseline", "speedup", "speedup_ci_lo", "speedup_ci_hi", "speedup_verdict"]].itertuples(False)
     out["speedup"] = [
         "baseline" if b else fmt.speedup(s, lo, hi) + (f" {v}" if isinstance(v, str) else "")
@@ -421,12 +428,14 @@ def headline_md(report: Report) -> list[str]:
     configs, lines = report.configs, []
     ok, bad, base = configs[configs["ok"]], configs[configs["status"] != "ok"], configs[configs["is_baseline"]]
     for b in base.itertuples():
-        tokens, memory = fmt.num(b.tokens_per_s), fmt.mem(b.peak_mem_bytes)
-        lines.append(f"- **Baseline:** {b.label} ({report.baseline}): {tokens} tokens/s, peak memory {memory}.")
+        tokens, memory = fmt.num(b.throughput_per_s), fmt.mem(b.peak_mem_bytes)
+        lines.append(f"- **Baseline:** {b.label} ({report.baseline}): {tokens} {report.rate}, peak memory {memory}.")
     if len(ok) > 1:
-        fast = ok.loc[ok["tokens_per_s"].idxmax()]
+        fast = ok.loc[ok["throughput_per_s"].idxmax()]
         speed = fmt.speedup(fast["speedup"], fast["speedup_ci_lo"], fast["speedup_ci_hi"])
-        lines.append(f"- **Fastest:** {fast['label']}: {fast['tokens_per_s']:,.0f} tokens/s, {speed} vs the baseline.")
+        lines.append(
+            f"- **Fastest:** {fast['label']}: {fast['throughput_per_s']:,.0f} {report.rate}, {speed} vs the baseline."
+        )
         if ok["peak_mem_bytes"].notna().any():
             lean = ok.loc[ok["peak_mem_bytes"].idxmin()]
             ratio = metrics.speedup(lean["peak_mem_bytes"], base["peak_mem_bytes"].sum())
@@ -450,7 +459,7 @@ def report_md(report: Report) -> str:
     ]
     lines = [f"- Sweep {i} {what}: `{v}`\n" for i, what, v in sources if isinstance(v, str)]
     lines += [f"- Filter (`--where`): `{report.where}`\n"] if report.where else []
-    table = "\n\n".join(filter(None, results_table(report.configs)))
+    table = "\n\n".join(filter(None, results_table(report.configs, rate=report.rate)))
     drawn = [f"### {c.title}\n\n{c.caption}\n\n![{c.title}]({c.file})\n\n{c.extra_md}" for c in charts_ if c.figure]
     skipped = "".join(f"- `{c.file}` ({c.title}): {c.skipped}.\n" for c in charts_ if c.skipped)
     skipped = f"### Charts not drawn for this sweep\n\n{skipped}\n" if skipped else ""
@@ -470,7 +479,7 @@ def report_md(report: Report) -> str:
 
 ## Results
 
-One row per config: tokens/s is over all measured steps, the median over the config's ok runs (runs), and the \
+One row per config: {report.rate} is over all measured steps, the median over the config's ok runs (runs), and the \
 other figures are those of the run nearest that median; range is {RANGE}; step ms is that run's median measured step \
 with its IQR and coefficient of variation as shares of it; speedup is vs the baseline; peak mem is the peak of live \
 tensors.{" " + intervals if (intervals := intervals_md(report)) else ""}
@@ -486,8 +495,9 @@ tensors.{" " + intervals if (intervals := intervals_md(report)) else ""}
 ## Data
 
 - `runs.csv`: every run with every `runs` column (but `config_json`) plus `label`, `is_baseline`, \
-`tokens_per_s_lo`/`_hi`; its `speedup` columns are the stored ones, over each sweep's default baseline.
-- Database: `{report.db}`, e.g. `SELECT amp, ckpt, tokens_per_s, speedup, speedup_verdict FROM runs WHERE sweep_id = \
+`throughput_per_s_lo`/`_hi` (the range of tokens_per_s, or of samples_per_s for models that count samples); its \
+`speedup` columns are the stored ones, over each sweep's default baseline.
+- Database: `{report.db}`, e.g. `SELECT amp, ckpt, {report.rate.replace("/", "_per_")}, speedup, speedup_verdict FROM runs WHERE sweep_id = \
 {sweeps["id"].iloc[0]}`; per-step times in `steps`, stage times in `stages`, top operators in `ops`, traces in \
 `artifacts`.
 """

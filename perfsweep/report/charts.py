@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import textwrap
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -83,7 +83,25 @@ class Panel:
     grid_x: bool = False  # lines: x is a grid axis: a tick per value, log2 over 4x, values on the points
     from_zero: bool = True
     xlabel: str = ""
-    unit = property(lambda self: fmt.unit(self.y[0]))
+    rate: str = "tokens/s"  # the unit of a throughput column (fmt.RATES): samples/s for models that count samples
+    unit = property(lambda self: fmt.unit(self.y[0], self.rate))
+
+
+def for_rate(spec: ChartSpec, rate: str) -> ChartSpec:
+    """``spec`` for a sweep whose throughput is in ``rate``: its panels' unit and every text."""
+    if rate == "tokens/s":
+        return spec
+    panels = tuple(
+        replace(p, rate=rate, title=fmt.for_rate(p.title, rate), label=fmt.for_rate(p.label, rate)) for p in spec.panels
+    )
+    legend = tuple((fmt.for_rate(name, rate), color) for name, color in spec.legend)
+    return replace(
+        spec,
+        panels=panels,
+        legend=legend,
+        title=fmt.for_rate(spec.title, rate),
+        caption=fmt.for_rate(spec.caption, rate),
+    )
 
 
 @dataclass(frozen=True)
@@ -223,7 +241,7 @@ def bars(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale) -> None:
     if p.ref is not None:
         ax.axvline(p.ref / s.div, color="#444444", ls="--" if p.ref else "-", lw=1)
     _limits(ax, s.lo, s.hi, 0.4)
-    if p.unit == "tokens/s":
+    if p.unit == p.rate:
         ax.xaxis.set_major_formatter(EngFormatter(sep=""))
 
 
@@ -279,7 +297,7 @@ def lines(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale) -> None:
     ax.margins(x=0.08, y=0.15)
     if p.from_zero:
         ax.set_ylim(bottom=0)
-    if p.unit == "tokens/s":
+    if p.unit == p.rate:
         ax.yaxis.set_major_formatter(EngFormatter(sep=""))
 
 

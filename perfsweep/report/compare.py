@@ -30,7 +30,15 @@ log = logging.getLogger(__name__)
 
 TOP_COMPARE = 30
 """Most configs in compare.png (the largest changes); compare.md lists all of them."""
-VALUES = ("id", "status", "tokens_per_s", "tokens_per_s_lo", "tokens_per_s_hi", "peak_mem_bytes", "step_time_ms_median")
+VALUES = (
+    "id",
+    "status",
+    "throughput_per_s",
+    "throughput_per_s_lo",
+    "throughput_per_s_hi",
+    "peak_mem_bytes",
+    "step_time_ms_median",
+)
 CHANGE = ("change_pct", "change_pct_ci_lo", "change_pct_ci_hi", "change_basis")
 VERDICT_COLORS = {"faster": charts.GOOD, "slower": charts.BAD, metrics.NO_DIFFERENCE: charts.LIGHT}
 COMPARE = ChartSpec(
@@ -38,9 +46,12 @@ COMPARE = ChartSpec(
     "tokens/s per config",
     (
         Panel(
-            ("tokens_per_s_a", "tokens_per_s_b"),
+            ("throughput_per_s_a", "throughput_per_s_b"),
             colors={"A": charts.BAR, "B": charts.BASE},
-            err=(("tokens_per_s_lo_a", "tokens_per_s_hi_a"), ("tokens_per_s_lo_b", "tokens_per_s_hi_b")),
+            err=(
+                ("throughput_per_s_lo_a", "throughput_per_s_hi_a"),
+                ("throughput_per_s_lo_b", "throughput_per_s_hi_b"),
+            ),
         ),
         Panel(
             ("change_pct",),
@@ -83,15 +94,17 @@ def _change(r: Any) -> tuple[float, float, float, str | None, str]:
     nan = float("nan")
     if r.side != "both":
         return nan, nan, nan, None, "only in A" if r.side == "left_only" else "only in B"
-    if r.status_a != "ok" or pd.isna(r.tokens_per_s_a):
+    if r.status_a != "ok" or pd.isna(r.throughput_per_s_a):
         return nan, nan, nan, None, f"{r.status_a} in A" + ("" if r.status_b == "ok" else f", {r.status_b} in B")
-    if r.status_b != "ok" or pd.isna(r.tokens_per_s_b):
+    if r.status_b != "ok" or pd.isna(r.throughput_per_s_b):
         return nan, nan, nan, None, f"{r.status_b} in B"
     if (basis := r.throughput_a.basis(r.throughput_b)) is not None:
         iv = r.throughput_a.ratio(r.throughput_b)
         return 100 * (iv.value - 1), 100 * (iv.lo - 1), 100 * (iv.hi - 1), basis, metrics.verdict(iv)
-    change = float(metrics.change_pct(r.tokens_per_s_a, r.tokens_per_s_b))
-    overlap = metrics.ranges_overlap(r.tokens_per_s_lo_a, r.tokens_per_s_hi_a, r.tokens_per_s_lo_b, r.tokens_per_s_hi_b)
+    change = float(metrics.change_pct(r.throughput_per_s_a, r.throughput_per_s_b))
+    overlap = metrics.ranges_overlap(
+        r.throughput_per_s_lo_a, r.throughput_per_s_hi_a, r.throughput_per_s_lo_b, r.throughput_per_s_hi_b
+    )
     verdict = metrics.NO_DIFFERENCE if overlap else "faster" if change > 0 else "slower"
     return change, nan, nan, "ranges", verdict
 
@@ -106,6 +119,7 @@ def build_compare(engine: Engine, a: int, b: int, out_dir: Path | None = None, w
     configs = [per_config(r) for r in sides.values()]
     steps = load_child(engine, "steps", [i for c in configs for ids in c["ok_run_ids"] for i in ids])
     cmp = compare_frame(*configs, runs, steps)
+    rate = fmt.RATES[metrics.rate_unit(runs["tokens_per_s"], runs["samples_per_s"])]
     out = Path(out_dir) if out_dir is not None else default_out_dir(sweeps, a, f"compare_vs_{b}", f"compare_{a}_vs_{b}")
     out.mkdir(parents=True, exist_ok=True)
     names = {s: f"sweep {s} ({sweeps.loc[sweeps['id'] == s, 'name'].iloc[0]})" for s in (a, b)}
@@ -115,8 +129,11 @@ def build_compare(engine: Engine, a: int, b: int, out_dir: Path | None = None, w
         note += f"; {TOP_COMPARE} largest changes of {len(cmp):,} configs"
     (out / "compare.png").unlink(missing_ok=True)
     if not shown.empty:
-        charts.save(charts.draw(COMPARE, shown.reset_index(drop=True), note), out / "compare.png")
-    (out / "compare.md").write_text(compare_md(cmp, sides[a], sides[b], names[a], names[b], not shown.empty))
+        charts.save(
+            charts.draw(charts.for_rate(COMPARE, rate), shown.reset_index(drop=True), note), out / "compare.png"
+        )
+    md = compare_md(cmp, sides[a], sides[b], names[a], names[b], not shown.empty)
+    (out / "compare.md").write_text(fmt.for_rate(md, rate))  # its texts say tokens/s
     cmp.to_csv(out / "compare.csv", index=False)
     log.info("compare of sweep %s vs %s: %s", a, b, out)
     return out
@@ -127,8 +144,8 @@ def compare_md(cmp: pd.DataFrame, runs_a: pd.DataFrame, runs_b: pd.DataFrame, a:
     environment of each sweep, since a change there can explain a change in speed."""
     table = pd.DataFrame({"config": cmp["label"]})
     for s in "ab":
-        table[f"tokens/s {s.upper()}"] = cmp[f"tokens_per_s_{s}"].map(fmt.num)
-        ranges = zip(cmp[f"tokens_per_s_lo_{s}"], cmp[f"tokens_per_s_hi_{s}"], strict=True)
+        table[f"tokens/s {s.upper()}"] = cmp[f"throughput_per_s_{s}"].map(fmt.num)
+        ranges = zip(cmp[f"throughput_per_s_lo_{s}"], cmp[f"throughput_per_s_hi_{s}"], strict=True)
         table[f"range {s.upper()}"] = [fmt.span(lo, hi) for lo, hi in ranges]
     change = cmp[["change_pct", "change_pct_ci_lo", "change_pct_ci_hi"]].itertuples(index=False)
     table["change (95% CI)"] = [

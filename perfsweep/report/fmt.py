@@ -19,12 +19,29 @@ from perfsweep.names import ENVIRONMENT_COLUMNS
 UNITS = {"_pct": "%", "_bytes": "bytes", "_per_s": "tokens/s", "_fraction": "fraction", "_ms": "ms", "loss": "nats"}
 """The unit of a column, from its name (perfsweep puts units in column names): first match wins."""
 LABELS = {"%": "change", "bytes": "peak memory", "tokens/s": "throughput", "ms": "time per step", "nats": "loss"}
+LABELS["samples/s"] = "throughput"
+RATES = {"tokens": "tokens/s", "samples": "samples/s"}
+"""The headline throughput's unit by what the runs count (perfsweep.metrics.rate_unit)."""
 SETUP_COLUMNS = ("device_type", *ENVIRONMENT_COLUMNS, "model_name", "data_name", "warmup_steps", "measure_steps")
 """What the environment tables list: where the runs ran, and what they trained for how long."""
 
 
-def unit(column: str) -> str:
-    return next((u for part, u in UNITS.items() if part in column), "")
+def unit(column: str, rate: str = "tokens/s") -> str:
+    """The unit of ``column``; a throughput (``_per_s``) is in ``rate``."""
+    found = next((u for part, u in UNITS.items() if part in column), "")
+    return rate if found == "tokens/s" else found
+
+
+def for_rate(text: str, rate: str) -> str:
+    """``text`` written for a sweep whose throughput is in ``rate`` (the texts say tokens/s)."""
+    if rate == "tokens/s":
+        return text
+    what = rate.split("/")[0]
+    return (
+        text.replace("tokens/s", rate)
+        .replace("Tokens/s", rate.capitalize())
+        .replace("Tokens per", f"{what.capitalize()} per")
+    )
 
 
 def scale(unit: str, values: Any) -> tuple[float, str]:

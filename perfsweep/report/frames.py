@@ -55,7 +55,7 @@ def top_configs(configs: pd.DataFrame, pool: pd.DataFrame, n: int) -> tuple[pd.D
     """
     if len(pool) <= n:
         return pool, ""
-    chosen = pool[pool["ok"]].sort_values("tokens_per_s", ascending=False, kind="stable").head(n)
+    chosen = pool[pool["ok"]].sort_values("throughput_per_s", ascending=False, kind="stable").head(n)
     chosen = pd.concat([chosen, pool[pool["is_baseline"] & ~pool.index.isin(chosen.index)]])
     labels, shared = relabel(chosen, label_axes(configs))
     note = f"top {n} of {len(configs):,} configs by tokens/s" + (f"; all shown: {shared}" if shared else "")
@@ -106,14 +106,14 @@ def memory(r: Any) -> tuple[pd.DataFrame, str]:
     return f.drop(columns=drop), r.shown_note
 
 
-def pareto_mask(tokens_per_s: pd.Series, mem: pd.Series) -> pd.Series:
+def pareto_mask(throughput_per_s: pd.Series, mem: pd.Series) -> pd.Series:
     """True for points no other point beats on both throughput (higher) and memory (lower).
 
     Sorted by memory (ties: faster first), a point is on the front when it is faster than every
     leaner one: one sort and a running maximum, fine for 10,000 runs.
     """
-    t = pd.DataFrame({"t": tokens_per_s, "m": mem}).dropna().sort_values(["m", "t"], ascending=[True, False])["t"]
-    return (t > t.cummax().shift(fill_value=-np.inf)).reindex(tokens_per_s.index, fill_value=False)
+    t = pd.DataFrame({"t": throughput_per_s, "m": mem}).dropna().sort_values(["m", "t"], ascending=[True, False])["t"]
+    return (t > t.cummax().shift(fill_value=-np.inf)).reindex(throughput_per_s.index, fill_value=False)
 
 
 def pareto(r: Any) -> tuple[pd.DataFrame, str]:
@@ -121,7 +121,7 @@ def pareto(r: Any) -> tuple[pd.DataFrame, str]:
     if (n := int((r.configs["ok"] & r.configs["peak_mem_bytes"].notna()).sum())) < 3:
         raise Skip(f"needs at least 3 configs that finished with a memory figure (has {n})")
     return r.configs.assign(
-        on_front=pareto_mask(r.configs["tokens_per_s"].where(r.configs["ok"]), r.configs["peak_mem_bytes"])
+        on_front=pareto_mask(r.configs["throughput_per_s"].where(r.configs["ok"]), r.configs["peak_mem_bytes"])
     ), ""
 
 
@@ -166,7 +166,7 @@ def _groups(df: pd.DataFrame, axes: Sequence[str], keep: int, noun: str) -> tupl
     if not axes:
         return pd.Series("", index=df.index), ""
     group = config_labels(df, axes, unique=False)
-    best = df["tokens_per_s"].where(df["ok"]).groupby(group).max().sort_values(ascending=False, na_position="last")
+    best = df["throughput_per_s"].where(df["ok"]).groupby(group).max().sort_values(ascending=False, na_position="last")
     if len(best) <= keep:
         return group, ""
     labels, shared = relabel(df[group.isin(best.index[:keep])], axes, unique=False)
@@ -200,7 +200,7 @@ def heatmap(r: Any, max_panels: int = 4) -> tuple[pd.DataFrame, str]:
     levels = [configs["panel"].unique(), sorted(configs["seq_len"].unique()), sorted(configs["batch"].unique())]
     grid = pd.MultiIndex.from_product(levels, names=keys)
     cells = configs.sort_values("status", key=lambda s: s.map(STATUS_ORDER.index), kind="stable").drop_duplicates(keys)
-    return cells.set_index(keys)[["status", "tokens_per_s"]].reindex(grid).reset_index(), note
+    return cells.set_index(keys)[["status", "throughput_per_s"]].reindex(grid).reset_index(), note
 
 
 def factorial_effects(df: pd.DataFrame, throughput: Sequence[Any] | None = None) -> tuple[pd.DataFrame, str]:
@@ -210,11 +210,11 @@ def factorial_effects(df: pd.DataFrame, throughput: Sequence[Any] | None = None)
     One row per term (``label``: ``amp``, ``ckpt``, ``amp x ckpt``) with, per metric,
     ``effect_<metric>`` = mean at +1 minus mean at -1 (coded levels: off=-1, on=+1; for an
     interaction the product of the codes), in the metric's own unit, ``effect_pct_<metric>``
-    = that as % of the overall mean, and both as text (``tokens/s effect``, ``peak memory effect``).
+    = that as % of the overall mean, and both as text (``throughput effect``, ``peak memory effect``).
     Only complete blocks enter: combinations of the other differing axes (e.g. batch, seq_len) in
     which every on/off combination ran ok; the note says how many of them there were. With each
     config's ``throughput`` (:func:`perfsweep.configs.throughputs`), the tokens/s effects get 95%
-    bootstrap intervals (:func:`perfsweep.metrics.effect_intervals`, ``effect_pct_ci_lo/hi_tokens_per_s``)
+    bootstrap intervals (:func:`perfsweep.metrics.effect_intervals`, ``effect_pct_ci_lo/hi_throughput_per_s``)
     and ``effect_verdict``: "no measurable difference" where the interval contains 0.
     """
     if not (factors := [a for a in ON_OFF_AXES if df[a].nunique() > 1]):
@@ -222,14 +222,16 @@ def factorial_effects(df: pd.DataFrame, throughput: Sequence[Any] | None = None)
     blocks = [a for a in label_axes(df) if a not in factors]
     ok = df.assign(_t=list(throughput) if throughput is not None else None)[df["ok"]]
     grouped = ok.groupby([*blocks, *factors], dropna=False)
-    cells = grouped[["tokens_per_s", "peak_mem_bytes"]].mean().reset_index().assign(_t=grouped["_t"].agg(list).values)
+    cells = (
+        grouped[["throughput_per_s", "peak_mem_bytes"]].mean().reset_index().assign(_t=grouped["_t"].agg(list).values)
+    )
     by_block = cells.groupby(blocks, dropna=False) if blocks else cells.groupby(np.zeros(len(cells)))
-    if (cells := cells[by_block["tokens_per_s"].transform("size") == 2 ** len(factors)]).empty:
+    if (cells := cells[by_block["throughput_per_s"].transform("size") == 2 ** len(factors)]).empty:
         raise Skip(f"the on/off grid over {', '.join(factors)} is incomplete among ok runs")
     coded = {f: np.where(cells[f].astype(bool), 1, -1) for f in factors}
     terms = coded | {f"{a} x {b}": coded[a] * coded[b] for a, b in itertools.combinations(factors, 2)}
     out = pd.DataFrame({"label": list(terms)})
-    for metric, name in (("tokens_per_s", "tokens/s"), ("peak_mem_bytes", "peak memory")):
+    for metric, name in (("throughput_per_s", "throughput"), ("peak_mem_bytes", "peak memory")):
         effect, pct = metrics.effects(cells[metric].to_numpy(dtype=float), list(terms.values()))
         out[f"effect_{metric}"], out[f"effect_pct_{metric}"] = effect, pct
         absolute = [fmt.mem(v, signed=True) if metric == "peak_mem_bytes" else f"{v:+,.0f}" for v in effect]
@@ -237,14 +239,16 @@ def factorial_effects(df: pd.DataFrame, throughput: Sequence[Any] | None = None)
     if throughput is not None:
         ivs = metrics.effect_intervals(cells["_t"].tolist(), list(terms.values()))
         out = out.assign(
-            **{f"effect_pct_ci_{end}_tokens_per_s": [getattr(i, end) for i in ivs] for end in ("lo", "hi")}
+            **{f"effect_pct_ci_{end}_throughput_per_s": [getattr(i, end) for i in ivs] for end in ("lo", "hi")}
         )
         out["effect_verdict"] = [metrics.NO_DIFFERENCE if i.contains(0.0) else "" for i in ivs]
         text = [
             f"{t[:-1]}, 95% CI {i.lo:+.1f} to {i.hi:+.1f}%)" if np.isfinite(i.lo) else t
-            for t, i in zip(out["tokens/s effect"], ivs, strict=True)
+            for t, i in zip(out["throughput effect"], ivs, strict=True)
         ]
-        out["tokens/s effect"] = [t + (f" {v}" if v else "") for t, v in zip(text, out["effect_verdict"], strict=True)]
+        out["throughput effect"] = [
+            t + (f" {v}" if v else "") for t, v in zip(text, out["effect_verdict"], strict=True)
+        ]
     if not blocks:
         return out, ""
     used, total = cells.groupby(blocks, dropna=False).ngroups, df.groupby(blocks, dropna=False).ngroups

@@ -1,10 +1,11 @@
-"""Any model: FLOPs per sample and where the FLOPs figure came from
+"""Any model: FLOPs per sample, where the FLOPs figure came from, seq_len nullable
 
 Revision ID: 0007
 Revises: 0006
 Create Date: 2026-11-23 18:30:00
 
-Adds nullable columns and changes no stored value but the new ones. Every earlier row is
+Adds nullable columns, lets runs.seq_len be null (models whose unit is samples), and changes no
+stored value but the new ones. Every earlier row is
 perfsweep's GPT, whose FLOPs came from its formula: flops_method 'formula', and flops_per_sample
 = flops_per_token x seq_len (a sample is one sequence).
 """
@@ -26,9 +27,13 @@ RUN_COLUMNS = (
 
 
 def upgrade() -> None:
+    # SQLite changes a column's NULL constraint by copying the table: perfsweep.store.upgrade runs
+    # migrations with its foreign keys off (the old copy's drop would fail on the child tables'
+    # references) and checks every reference before it commits.
     with op.batch_alter_table("runs", schema=None) as batch_op:
         for column in RUN_COLUMNS:
             batch_op.add_column(column)
+        batch_op.alter_column("seq_len", existing_type=sa.Integer(), nullable=True)
     runs = sa.table(
         "runs",
         sa.column("flops_per_token", sa.Float),
@@ -44,6 +49,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    # seq_len stays nullable: rows of samples models would not fit a NOT NULL column
     with op.batch_alter_table("runs", schema=None) as batch_op:
         for column in reversed(RUN_COLUMNS):
             batch_op.drop_column(column.name)

@@ -1,0 +1,267 @@
+"""Your own model (issue 13): a module outside the repository, the shipped examples, the contract's refusals.
+
+Every sweep here runs the CLI as a user would, in a fresh folder, with the model's file importable
+from that folder (the launch directory) or through PYTHONPATH, never from the repository.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from perfsweep import task
+from perfsweep.config import ConfigError, Loss, ModelConfig, PerfsweepConfig, Unit
+from tests.util import REPO, run_perfsweep, sqlite_rows
+
+FAST = [
+    "device=cpu",  # asserts CPU behaviour (memory counted by torch.profiler, bf16 on the CPU)
+    "steps.warmup=1",
+    "steps.stable_window=0",
+    "steps.measure=3",
+    "profile.wait=0",
+    "profile.warmup=0",
+    "profile.active=1",
+    "report=false",
+]
+
+USER_MODEL = '''
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class MyBlock(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.up = nn.Linear(width, 4 * width)
+        self.down = nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        return x + self.down(F.gelu(self.up(self.norm(x))))
+
+
+class TinyLM(nn.Module):
+    """Returns the loss itself: model.loss=output, the batch (inputs, targets) as its arguments."""
+
+    def __init__(self, vocab_size, width, depth):
+        super().__init__()
+        self.emb = nn.Embedding(vocab_size, width)
+        self.blocks = nn.ModuleList(MyBlock(width) for _ in range(depth))
+        self.out = nn.Linear(width, vocab_size, bias=False)
+
+    def forward(self, idx, targets):
+        x = self.emb(idx)
+        for block in self.blocks:
+            x = block(x)
+        return F.cross_entropy(self.out(x).flatten(0, 1).float(), targets.flatten())
+
+
+def build(vocab_size, width=64, depth=4):
+    return TinyLM(vocab_size, width, depth)
+
+
+def not_a_module(vocab_size):
+    return {"weights": 1}
+
+
+class Logits(nn.Module):
+    def __init__(self, vocab_size):
+        super().__init__()
+        self.emb = nn.Embedding(vocab_size, 16)
+        self.out = nn.Linear(16, vocab_size)
+
+    def forward(self, idx, targets=None):
+        return self.out(self.emb(idx))
+
+
+def logits_only(vocab_size):
+    return Logits(vocab_size)
+
+
+def raises(vocab_size):
+    raise RuntimeError("weights file missing")
+'''
+
+DATA = ["data=synthetic", "data.synthetic_vocab=512", "data.synthetic_tokens=20000"]
+
+
+@pytest.fixture
+def user_dir(tmp_path: Path) -> Path:
+    """A folder outside the repository holding the user's model file, the launch directory."""
+    (tmp_path / "usermodels.py").write_text(textwrap.dedent(USER_MODEL))
+    return tmp_path
+
+
+def matmul_flops_per_token(width: int, depth: int, vocab: int) -> int:
+    """Hand count: 6 FLOPs per matmul weight per token (2 forward, 4 backward); an embedding lookup is no matmul."""
+    return 6 * (depth * 2 * width * 4 * width + width * vocab)
+
+
+@pytest.mark.slow
+def test_a_module_outside_the_repository_sweeps_amp_x_ckpt(user_dir: Path) -> None:
+    res = run_perfsweep(
+        ["-m", "model=custom", "model._target_=usermodels.build", "model.ckpt_modules=[MyBlock]"]
+        + ["+model.width=64", "+model.depth=4", *DATA, "batch=8", "seq_len=64", *FAST]
+        + ["amp=true,false", "ckpt=true,false"],
+        user_dir,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    runs = sqlite_rows(user_dir / "results.db", "SELECT * FROM runs ORDER BY job_num")
+    assert [(r["amp"], r["ckpt"], r["status"]) for r in runs] == [
+        (1, 1, "ok"),
+        (1, 0, "ok"),
+        (0, 1, "ok"),
+        (0, 0, "ok"),
+    ]
+    for r in runs:
+        assert r["model_name"] == "usermodels.build" and r["seq_len"] == 64
+        assert r["tokens_per_s"] == pytest.approx(r["samples_per_s"] * 64)
+        assert r["flops_method"] == "flop_counter"
+        assert r["flops_per_token"] == pytest.approx(matmul_flops_per_token(64, 4, 512), rel=0.02)
+        assert r["model_tflops_per_s"] > 0 and r["n_params"] > 0
+        assert json.loads(r["config_json"])["model"]["width"] == 64  # the factory's own keys are stored
+        stages = sqlite_rows(user_dir / "results.db", f"SELECT stage, cpu_time_ms FROM stages WHERE run_id = {r['id']}")
+        assert {s["stage"] for s in stages} == {"data_to_device", "forward", "backward", "optimizer_step", "zero_grad"}
+        assert all(s["cpu_time_ms"] > 0 for s in stages if s["stage"] in ("forward", "backward", "optimizer_step"))
+    peak = {(r["amp"], r["ckpt"]): r["peak_allocated_bytes"] for r in runs}
+    for amp in (0, 1):  # checkpointing each MyBlock keeps one input per block instead of its internals
+        assert peak[(amp, 1)] < peak[(amp, 0)], peak
+    assert "tokens/s" in res.stdout
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["model._target_=nosuch_pkg.build"], "cannot import it (ModuleNotFoundError: No module named 'nosuch_pkg')"),
+        (["model._target_=usermodels.not_a_module"], "returned dict, expected a torch.nn.Module"),
+        (["model._target_=usermodels.logits_only"], "the forward must return a scalar loss tensor"),
+        (["model._target_=usermodels.raises"], "the factory raised RuntimeError: weights file missing"),
+        (["model._target_=usermodels.build", "ckpt=true"], "model.ckpt_modules=[]: ckpt=true"),
+        (["model._target_=usermodels.build", "+model.widht=8"], "TypeError: build() got an unexpected keyword"),
+        (["model.loss=cross_entropy"], "model._target_=None: must be a dotted path"),
+    ],
+    ids=["import-error", "not-a-module", "no-loss", "factory-raises", "nothing-to-checkpoint", "bad-arg", "no-target"],
+)
+def test_bad_factories_are_refused_before_any_job(user_dir: Path, overrides: list[str], expected: str) -> None:
+    res = run_perfsweep(["-m", "model=custom", *overrides, *DATA, "batch=2", "seq_len=16", *FAST], user_dir)
+    assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert expected in lines[0] and lines[0].endswith("no job was started"), lines[0]
+    if "_target_=" in overrides[0]:
+        assert overrides[0].split("=", 1)[1] in lines[0]  # names the factory
+    assert not list(user_dir.glob("multirun/*/*/*_*"))  # no job folder
+
+
+def test_a_samples_model_refuses_seq_len() -> None:
+    with pytest.raises(ConfigError, match=r"seq_len=64: must be null: model.unit=samples \(examples.cnn.build\)"):
+        PerfsweepConfig(seq_len=64, model={"_target_": "examples.cnn.build", "unit": "samples"})
+    with pytest.raises(ConfigError, match="seq_len=None: must be a positive integer"):
+        PerfsweepConfig(seq_len=None, model={"_target_": "a.build"})
+
+
+# --- the contract, in process: batches, losses, units -------------------------------------------
+
+
+class Echo(torch.nn.Module):
+    """Returns whatever ``out`` makes of its inputs: the forward's return types of real models."""
+
+    def __init__(self, out) -> None:
+        super().__init__()
+        torch.manual_seed(0)  # the same weights in every Echo
+        self.w = torch.nn.Linear(4, 3)
+        self.out = out
+
+    def forward(self, x=None, **kw):
+        x = kw.get("pixel_values", x)
+        return self.out(self.w(x))
+
+
+def test_losses_from_every_kind_of_output_and_batch() -> None:
+    x, y = torch.randn(5, 4), torch.tensor([0, 1, 2, 1, 0])
+    ce = torch.nn.functional.cross_entropy
+    expected = float(ce(Echo(lambda z: z).w(x), y).detach())
+    output = task.loss_function(ModelConfig(_target_="m.build"))
+    predicted = task.loss_function(ModelConfig(_target_="m.build", loss=Loss.cross_entropy))
+    # loss=output: a mapping with "loss" (a Hugging Face ModelOutput is one), an object with .loss
+    assert float(output(Echo(lambda z: {"loss": ce(z, y)}), (x,))) == pytest.approx(expected)
+    assert float(output(Echo(lambda z: type("Out", (), {"loss": ce(z, y)})()), x)) == pytest.approx(expected)
+    # loss=cross_entropy: (inputs, targets) or a dict with labels; logits as a tensor, .logits or a tuple's first
+    assert float(predicted(Echo(lambda z: z), (x, y))) == pytest.approx(expected)
+    assert float(predicted(Echo(lambda z: (z, None)), {"pixel_values": x, "labels": y})) == pytest.approx(expected)
+    with pytest.raises(task.ContractError, match="returned a tuple"):
+        output(Echo(lambda z: (z,)), x)
+    with pytest.raises(task.ContractError, match=r"needs \(inputs, targets\)"):
+        predicted(Echo(lambda z: z), x)
+    assert task.units({"input_ids": torch.zeros(4, 16), "mask": torch.zeros(4, 16)}, Unit.tokens) == (64, 4)
+    assert task.units((torch.zeros(8, 3, 32, 32), y), Unit.samples) == (None, 8)
+    assert task.first_sample({"a": torch.zeros(4, 2), "b": [torch.zeros(4)]})["b"][0].shape == (1,)
+
+
+# --- the shipped examples ----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_cnn_example_reports_samples_per_s(tmp_path: Path) -> None:
+    res = run_perfsweep(
+        ["-m", "-cd", str(REPO / "examples"), "-cn", "cnn", "amp=false", "ckpt=true,false", "batch=16"]
+        + ["data.image_size=16", "data.n_samples=256", "model.width=8", "model.depth=2", *FAST],
+        tmp_path,
+        env={"PYTHONPATH": str(REPO)},
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    runs = sqlite_rows(tmp_path / "results.db", "SELECT * FROM runs ORDER BY job_num")
+    assert [r["status"] for r in runs] == ["ok", "ok"]
+    for r in runs:
+        assert r["model_name"] == "small_cnn" and r["data_name"] == "synthetic_images"
+        assert r["tokens_per_s"] is None and r["seq_len"] is None and r["flops_per_token"] is None
+        assert r["samples_per_s"] == pytest.approx(16 * 3 / (r["measure_wall_ms"] / 1000))
+        assert r["flops_method"] == "flop_counter" and r["flops_per_sample"] > 0
+    assert "samples/s" in res.stdout and "tokens/s" not in res.stdout.split("Sweep 1")[1].split("Results:")[0]
+    speedup = sqlite_rows(tmp_path / "results.db", "SELECT speedup_verdict FROM runs WHERE ckpt = 0")
+    assert speedup == [{"speedup_verdict": "baseline"}]  # speedups over samples/s
+    refused = run_perfsweep(["-cd", str(REPO / "examples"), "-cn", "cnn", "seq_len=64", *FAST], tmp_path)
+    assert refused.returncode == 2 and "seq_len=64: must be null: model.unit=samples (small_cnn)" in refused.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None, reason='transformers not installed: pip install -e ".[hf]"'
+)
+def test_hf_causal_lm_example_trains_a_llama_from_a_config(tmp_path: Path) -> None:
+    res = run_perfsweep(
+        ["-m", "-cd", str(REPO / "examples"), "-cn", "hf_causal_lm", "amp=false", "ckpt=true,false"]
+        + ["model.ckpt_impl=torch,hf", "batch=4", "seq_len=64", "model.hidden_size=64", "model.layers=4"]
+        + ["model.heads=2", "model.intermediate_size=256", "data.vocab_limit=2048", *FAST],
+        tmp_path,
+        env={"PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"},
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    runs = sqlite_rows(tmp_path / "results.db", "SELECT * FROM runs ORDER BY job_num")
+    assert [r["status"] for r in runs] == ["ok"] * 4
+    hidden, layers, ffn, vocab = 64, 4, 256, 2048
+    per_token = 6 * (layers * (4 * hidden * hidden + 3 * hidden * ffn) + hidden * vocab)
+    for r in runs:
+        assert r["model_name"] == "hf_llama_small" and r["vocab_size"] == vocab
+        # HF's forward needs real values (mask checks): counted once on the job's first batch; the matmuls at
+        # least (FlopCounterMode has no formula for every attention kernel: on CPU SDPA's is not counted)
+        assert r["flops_method"] == "flop_counter" and per_token <= r["flops_per_token"] < 1.2 * per_token
+    peak = {(json.loads(r["config_json"])["model"]["ckpt_impl"], r["ckpt"]): r["peak_allocated_bytes"] for r in runs}
+    for impl in ("torch", "hf"):  # both ways of checkpointing the decoder layers lower the peak
+        assert peak[(impl, 1)] < peak[(impl, 0)], peak
+
+
+def test_examples_are_not_found_without_their_folder_on_the_path(tmp_path: Path) -> None:
+    """The refusal a user gets when the launch directory does not hold the factory's package."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    res = run_perfsweep(["-cd", str(REPO / "examples"), "-cn", "cnn", *FAST], tmp_path, env=env)
+    assert res.returncode == 2
+    assert "data._target_='examples.cnn.images': cannot import it" in res.stderr  # the data is built first
+    assert "importable from the launch directory or PYTHONPATH" in res.stderr
