@@ -25,6 +25,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from perfsweep import store
+from tests.util import run_row
 
 # The session-scoped ``pg_url`` fixture (a no-op when conftest.py already loads tests.pg).
 pytest_plugins = ["tests.pg"]
@@ -729,3 +730,40 @@ def test_upgrade_to_statistics_derives_spread_of_old_rows_from_their_steps(tmp_p
         checked += 1
     con.close()
     assert checked >= 6
+
+
+def test_upgrade_to_any_model_keeps_every_row_and_lets_seq_len_be_null(tmp_path: Path):
+    """Schema 0007 on the H100 database: SQLite copies ``runs`` to make seq_len nullable (with its
+    child rows' references intact), old rows get flops_method 'formula' and FLOPs per sample =
+    per token x seq_len, and a samples model's row (seq_len null) can then be stored."""
+    import shutil
+    import sqlite3
+
+    db = tmp_path / "old.db"
+    shutil.copy(Path(__file__).parent / "fixtures" / "h100" / "results-fp16-seed-snapshot-gpt2.db", db)
+    con = sqlite3.connect(db)
+    before = con.execute("SELECT id, seq_len, flops_per_token, tokens_per_s FROM runs ORDER BY id").fetchall()
+    children = {t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("steps", "stages", "ops")}
+    con.close()
+    engine = store.connect(f"sqlite:///{db}")
+    con = sqlite3.connect(db)
+    after = con.execute("SELECT id, seq_len, flops_per_token, tokens_per_s FROM runs ORDER BY id").fetchall()
+    assert after == before and len(before) >= 6
+    assert {t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in children} == children
+    assert con.execute("PRAGMA foreign_key_check").fetchall() == []
+    for per_token, seq_len, per_sample, method in con.execute(
+        "SELECT flops_per_token, seq_len, flops_per_sample, flops_method FROM runs"
+    ):
+        if per_token is None:
+            assert (per_sample, method) == (None, None)
+        else:
+            assert per_sample == pytest.approx(per_token * seq_len) and method == "formula"
+    nullable = {r[1]: not r[3] for r in con.execute("PRAGMA table_info(runs)")}
+    con.close()
+    assert nullable["seq_len"]
+    sid = store.get_or_create_sweep(engine, "/sweeps/cnn", "cnn")
+    rid = store.save_run(engine, run_row(sid, seq_len=None, tokens_per_s=None, samples_per_s=120.0))
+    with store.session(engine) as s:
+        row = s.get(store.Run, rid)
+        assert (row.seq_len, row.tokens_per_s, row.samples_per_s) == (None, None, 120.0)
+    engine.dispose()
