@@ -198,6 +198,14 @@ def model_flops_utilisation(
     )
 
 
+def flops_per_unit(
+    flops_per_step: float, tokens_per_step: int | None, samples_per_step: int
+) -> tuple[float | None, float]:
+    """(``flops_per_token``, ``flops_per_sample``) of a step's training FLOPs; per token is None for
+    a model that counts samples (``tokens_per_step`` None)."""
+    return (flops_per_step / tokens_per_step if tokens_per_step else None), flops_per_step / samples_per_step
+
+
 def cpu_flops_utilisation(
     model_tflops_per_s: float | None, compute_dtype: str | None, fp32_flops: float | None, bf16_flops: float | None
 ) -> float | None:

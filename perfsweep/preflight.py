@@ -27,6 +27,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from perfsweep.cli import first_line
 from perfsweep.config import (
+    GPT_TARGET,
     NODE_SCHEMAS,
     AmpDtype,
     ConfigError,
@@ -189,7 +190,7 @@ def _prepared_key(cfg: PerfsweepConfig) -> str:
 
 
 def check_models(cfgs: list[PerfsweepConfig], prepared: dict[str, Any]) -> None:
-    """Every distinct model trains one step on its first batch, on the meta device (no memory, no
+    """Every distinct model but our GPT trains one step on its first batch, on the meta device (no memory, no
     kernels; or one CPU step on one sample: perfsweep.task.check): a factory that cannot be imported, returns no module, has
     nothing for ``ckpt=true`` to wrap or whose forward gives no loss is refused here in one line."""
     from perfsweep import data as data_mod
@@ -197,6 +198,10 @@ def check_models(cfgs: list[PerfsweepConfig], prepared: dict[str, Any]) -> None:
 
     seen: set[str] = set()
     for cfg in cfgs:
+        if cfg.model._target_ == GPT_TARGET:  # our own model: only what ckpt=true would wrap can be wrong
+            if cfg.ckpt:
+                _check_gpt_ckpt_modules(cfg.model.ckpt_modules)
+            continue
         plain = to_plain_dict(cfg)
         key = json.dumps([plain["model"], plain["data"], cfg.ckpt, cfg.seed], sort_keys=True)
         if key in seen:
@@ -214,6 +219,28 @@ def check_models(cfgs: list[PerfsweepConfig], prepared: dict[str, Any]) -> None:
             ) from None
         vocab = token_data.vocab_size if token_data is not None else None
         task.check(cfg.model, batch, vocab, cfg.seq_len, ckpt=cfg.ckpt)
+
+
+def _check_gpt_ckpt_modules(names: list[str]) -> None:
+    """The GPT's classes, read without building it: a meta-device build costs ~1.5 s once (its
+    weight init imports torch._dynamo), a second and a half on every sweep for a model we wrote."""
+    import inspect
+
+    import torch
+
+    from perfsweep import model
+
+    classes = {
+        n
+        for c in vars(model).values()
+        if inspect.isclass(c) and issubclass(c, torch.nn.Module)
+        for n in (c.__name__, f"{c.__module__}.{c.__qualname__}")
+    }
+    if not set(names) & classes:
+        raise ConfigError(
+            f"invalid config: model.ckpt_modules={sorted(names)}: ckpt=true with perfsweep's GPT: no submodule "
+            "has such a class, so nothing would be checkpointed; use [Block]"
+        )
 
 
 def _data_key(cfg: PerfsweepConfig) -> str:

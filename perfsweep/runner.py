@@ -33,7 +33,7 @@ from perfsweep import task
 from perfsweep.config import AmpDtype, Device, PerfsweepConfig, to_run_config
 from perfsweep.envinfo import compute_dtype, environment, peak_flops
 from perfsweep.memory import MemoryProbe, MemorySnapshot, persistent_bytes, step_alloc_peak_bytes
-from perfsweep.metrics import StepRecord, bottleneck_verdict, model_flops_utilisation, summarize
+from perfsweep.metrics import StepRecord, bottleneck_verdict, flops_per_unit, model_flops_utilisation, summarize
 from perfsweep.names import STAGES
 from perfsweep.profiling import ProfiledWindow
 from perfsweep.profiling import stage as labelled_stage
@@ -191,12 +191,8 @@ def model_figures(
         "flops_method": None,
     }
     if hasattr(raw, "flops_per_token") and tokens is not None and cfg.seq_len is not None:
-        per_token = float(raw.flops_per_token(cfg.seq_len))
-        return out | {
-            "flops_per_token": per_token,
-            "flops_per_sample": per_token * tokens / samples,
-            "flops_method": "formula",
-        }
+        per_token, per_sample = flops_per_unit(float(raw.flops_per_token(cfg.seq_len)) * tokens, tokens, samples)
+        return out | {"flops_per_token": per_token, "flops_per_sample": per_sample, "flops_method": "formula"}
     try:
         flops = task.count_flops(cfg.model, raw, batch, vocab_size, cfg.seq_len)
     except task.ContractError:
@@ -205,9 +201,8 @@ def model_figures(
         log.warning("FLOPs not counted: %s", exc)
         flops = None
     if flops:
-        out.update(flops_per_sample=flops / samples, flops_method="flop_counter")
-        if tokens:
-            out["flops_per_token"] = flops / tokens
+        per_token, per_sample = flops_per_unit(flops, tokens, samples)
+        out.update(flops_per_token=per_token, flops_per_sample=per_sample, flops_method="flop_counter")
     return out
 
 

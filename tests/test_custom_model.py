@@ -265,3 +265,69 @@ def test_examples_are_not_found_without_their_folder_on_the_path(tmp_path: Path)
     assert res.returncode == 2
     assert "data._target_='examples.cnn.images': cannot import it" in res.stderr  # the data is built first
     assert "importable from the launch directory or PYTHONPATH" in res.stderr
+
+
+USER_DATA = """
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+
+class Rows(Dataset):
+    def __init__(self, n, width):
+        self.x = torch.arange(n * width, dtype=torch.float32).view(n, width)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {"features": self.x[i], "labels": torch.tensor(i % 3)}
+
+
+def rows(n=10, width=4, seed=None):
+    assert seed is not None  # perfsweep passes the keys the signature names
+    return Rows(n, width)
+
+
+def loader(batch, n=10):
+    return DataLoader(Rows(n, 4), batch_size=batch + 1)  # used as it is: its own batch size
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        return iter(torch.ones(3, 2) * i for i in range(7))
+
+
+def stream():
+    return Stream()
+
+
+def nothing():
+    return [1, 2, 3]
+"""
+
+
+def test_data_factories_give_datasets_loaders_and_streams(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from perfsweep import data as data_mod
+    from perfsweep.config import DataConfig
+
+    (tmp_path / "userdata.py").write_text(textwrap.dedent(USER_DATA))
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def batches(target: str, batch: int = 4, **args):
+        return data_mod.loader(DataConfig(_target_=target, args=args), None, batch, None, 0, 7, False)
+
+    first = next(iter(batches("userdata.rows", n=12)))  # a Dataset: batched here, dict batches kept
+    assert first["features"].shape == (4, 4) and first["labels"].shape == (4,)
+    assert len(list(batches("userdata.rows", n=12))) == 3  # drop_last, seeded shuffle
+    orders = [[int(b["labels"].sum()) for b in batches("userdata.rows", n=12)] for _ in range(2)]
+    assert orders[0] == orders[1]
+    assert next(iter(batches("userdata.loader")))["features"].shape == (5, 4)  # a DataLoader: as it is
+    assert next(iter(batches("userdata.stream", batch=2))).shape == (2, 3, 2)  # an IterableDataset: batched
+    moved = task.to_device({"a": first["features"], "b": [first["labels"]]}, "meta")
+    assert moved["a"].device.type == "meta" and moved["b"][0].device.type == "meta"
+    with pytest.raises(task.ContractError, match=r"holds 2 samples, fewer than one batch"):
+        batches("userdata.rows", n=2)
+    with pytest.raises(
+        task.ContractError, match=r"a batch is a int; expected a tensor, a tuple/list of tensors or a dict"
+    ):
+        task.units(next(iter(batches("userdata.nothing"))), Unit.samples)  # an iterable is used as it is
