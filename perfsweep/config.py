@@ -103,6 +103,7 @@ class DataKind(str, enum.Enum):
     stdlib = "stdlib"
     textfile = "textfile"
     synthetic = "synthetic"
+    custom = "custom"  # a user's factory, ``data._target_``
 
 
 class Loss(str, enum.Enum):
@@ -268,10 +269,18 @@ class DataConfig:
         self.kind = _enum(DataKind, self.kind, "data.kind")
         if self._target_ is not None:
             _require(
+                self.kind == DataKind.custom,
+                "data._target_",
+                self._target_,
+                f"a data factory needs data=custom (the preset data={self.name} has data.kind={self.kind.value})",
+            )
+        if self.kind == DataKind.custom:
+            _require(
                 _dotted(self._target_),
                 "data._target_",
                 self._target_,
-                "must be a dotted path to a Dataset or DataLoader factory, e.g. my_pkg.data.build",
+                "must be a dotted path to a Dataset or DataLoader factory, e.g. my_pkg.data.build "
+                "(data=custom needs one)",
             )
             return
         _no_unknown(
@@ -488,11 +497,18 @@ class PerfsweepConfig:
         _require(self.batch >= 1, "batch", self.batch, "must be a positive integer")
         if self.model.unit == Unit.samples:
             _require(
+                self.data._target_ is not None,
+                "model.unit",
+                "samples",
+                f"needs data from a factory (data=custom data._target_=...): data={self.data.data_name} is token "
+                "windows, whose model counts tokens (model.unit=tokens, with seq_len)",
+            )
+            _require(
                 self.seq_len is None,
                 "seq_len",
                 self.seq_len,
                 f"must be null: model.unit=samples ({self.model.model_name}) has no sequence length; "
-                "the input size is the data's own setting",
+                "set seq_len=null (an input's size is a setting of the data)",
             )
         else:
             _require(

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from perfsweep import metrics
-from perfsweep.names import GRID_AXES, ON_OFF_AXES, RUN_STATUSES
+from perfsweep.names import GRID_AXES, ON_OFF_AXES, RUN_STATUSES, SETTING_PREFIX
 
 CONFIG_AXES: tuple[str, ...] = (*GRID_AXES, "amp_dtype", "model_name", "data_name")
 """What identifies a measured configuration: the grid axes plus what they do not cover."""
@@ -97,19 +97,31 @@ def per_config(runs: pd.DataFrame) -> pd.DataFrame:
 
 def label_axes(df: pd.DataFrame) -> list[str]:
     """The config axes whose values differ between runs; ``sweep_id`` too when it disambiguates."""
-    axes = [a for a in CONFIG_AXES if a in df.columns and df[a].nunique(dropna=False) > 1]
+    candidates = [*CONFIG_AXES, *setting_columns(df)]
+    axes = [a for a in candidates if a in df.columns and df[a].nunique(dropna=False) > 1]
     if "sweep_id" in df.columns and df["sweep_id"].nunique() > 1 and df.duplicated(axes or list(CONFIG_AXES)).any():
         axes.append("sweep_id")
     return axes
 
 
+def setting_columns(df: pd.DataFrame) -> list[str]:
+    """The ``cfg.<key>`` columns (:data:`perfsweep.names.SETTING_PREFIX`): settings outside the
+    axes that tell configs apart, added by perfsweep.results where a sweep varies them."""
+    return [c for c in df.columns if isinstance(c, str) and c.startswith(SETTING_PREFIX)]
+
+
+def axis_name(axis: str) -> str:
+    """How labels and tables name an axis: ``model`` for model_name, ``model.width`` for cfg.model.width."""
+    return SHORT_NAMES.get(axis, axis.removeprefix(SETTING_PREFIX))
+
+
 def axis_text(axis: str, value: Any) -> str:
-    """``amp=on``, ``batch=8``, ``model=tiny``: one axis of a config label."""
+    """``amp=on``, ``batch=8``, ``model=tiny``, ``model.width=64``: one axis of a config label."""
     if axis in ON_OFF_AXES:
         value = "on" if bool(value) else "off"
     elif isinstance(value, float) and value.is_integer():
         value = int(value)
-    return f"{SHORT_NAMES.get(axis, axis)}={value}"
+    return f"{axis_name(axis)}={value}"
 
 
 def config_labels(df: pd.DataFrame, axes: Sequence[str], unique: bool = True) -> pd.Series:
@@ -117,7 +129,8 @@ def config_labels(df: pd.DataFrame, axes: Sequence[str], unique: bool = True) ->
     if axes:
         labels = [" ".join(parts) for parts in zip(*([axis_text(a, v) for v in df[a]] for a in axes), strict=True)]
     else:
-        labels = [f"{m} batch={b} seq_len={s}" for m, b, s in df[["model_name", "batch", "seq_len"]].itertuples(False)]
+        rows = df[["model_name", "batch", "seq_len"]].itertuples(False)
+        labels = [f"{m} batch={b}" + ("" if pd.isna(s) else f" seq_len={s}") for m, b, s in rows]
     out = pd.Series(labels, index=df.index, dtype=object)
     dup = out.duplicated(keep=False) & unique
     out[dup] = out[dup] + " #" + df.loc[dup, "id"].astype(str)

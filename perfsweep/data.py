@@ -13,7 +13,7 @@ import json
 import logging
 import os
 import sysconfig
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -239,6 +239,11 @@ def loader(
 
     offered = {"batch": batch, "seq_len": seq_len, "seed": seed, "workers": workers, "pin_memory": pin_memory}
     made = call_factory("data", cfg._target_, cfg.args, offered)
+    if isinstance(made, Iterator):
+        raise ContractError(
+            f"invalid config: data._target_={cfg._target_!r}: returned a one-shot {type(made).__name__}, which "
+            "ends after one pass; return a Dataset, an IterableDataset or a DataLoader (iterated once per epoch)"
+        )
     if isinstance(made, (DataLoader, IterableDataset)) or (
         not isinstance(made, Dataset) and isinstance(made, Iterable) and not isinstance(made, (str, bytes))
     ):
@@ -250,7 +255,13 @@ def loader(
             f"invalid config: data._target_={cfg._target_!r}: returned {type(made).__name__}, "
             "expected a torch Dataset, IterableDataset or DataLoader"
         )
-    n = len(made)  # type: ignore[arg-type]
+    try:
+        n = len(made)  # type: ignore[arg-type]
+    except TypeError:
+        raise ContractError(
+            f"invalid config: data._target_={cfg._target_!r}: returned a {type(made).__name__} without __len__; "
+            "a map-style Dataset needs one (a stream is an IterableDataset)"
+        ) from None
     if n < batch:
         raise ContractError(
             f"invalid config: batch={batch}: data._target_={cfg._target_!r} holds {n} samples, fewer than one batch"

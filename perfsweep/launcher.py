@@ -30,7 +30,7 @@ from perfsweep import data as data_mod
 from perfsweep import importer, runner, store
 from perfsweep.cli import first_line
 from perfsweep.config import PerfsweepConfig, short_dirname, to_plain_dict
-from perfsweep.names import GRID_AXES, HEARTBEAT_INTERVAL_S
+from perfsweep.names import GRID_AXES, HEARTBEAT_INTERVAL_S, NOT_MEASURED
 from perfsweep.store import utcnow
 
 log = logging.getLogger(__name__)
@@ -69,10 +69,6 @@ def not_ok_line(statuses: list[str]) -> str:
 
 def db_url(cfg: PerfsweepConfig, launch_dir: str | Path) -> str:
     return cfg.db.url or store.default_url(launch_dir)
-
-
-NOT_MEASURED = ("db", "name", "timeout_s", "allow_failures", "resume", "sweep", "repeat", "order", "report")
-"""Config keys that say where results go or how the sweep behaves, not what is measured."""
 
 
 def config_hash(config: dict[str, Any]) -> str:

@@ -9,6 +9,24 @@ from __future__ import annotations
 GRID_AXES: tuple[str, ...] = ("amp", "ckpt", "batch", "seq_len", "compile", "workers")
 """The sweep axes: top-level keys of ``PerfsweepConfig`` and real columns of ``runs``."""
 
+NOT_MEASURED: tuple[str, ...] = (
+    "db",
+    "name",
+    "timeout_s",
+    "allow_failures",
+    "resume",
+    "sweep",
+    "repeat",
+    "order",
+    "report",
+)
+"""Config keys that say where results go or how the sweep behaves, not what is measured: left out
+of ``runs.config_hash`` and of the settings that tell configs apart."""
+
+SETTING_PREFIX = "cfg."
+"""Report columns named ``cfg.<key>`` (``cfg.model.width``) hold a config key outside the axes that
+tells a sweep's configs apart (a factory's own keys, ``lr``); labels show it as ``model.width=64``."""
+
 ON_OFF_AXES: tuple[str, ...] = ("amp", "ckpt", "compile")
 """Grid axes that switch a technique on or off: the factors of the factorial analysis; the
 default baseline has them all off."""

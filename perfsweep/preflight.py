@@ -203,22 +203,44 @@ def check_models(cfgs: list[PerfsweepConfig], prepared: dict[str, Any]) -> None:
                 _check_gpt_ckpt_modules(cfg.model.ckpt_modules)
             continue
         plain = to_plain_dict(cfg)
-        key = json.dumps([plain["model"], plain["data"], cfg.ckpt, cfg.seed], sort_keys=True)
+        key = json.dumps([plain["model"], plain["data"], cfg.ckpt, cfg.seed, cfg.batch, cfg.seq_len], sort_keys=True)
         if key in seen:
             continue
         seen.add(key)
         token_data = prepared.get(_prepared_key(cfg))
-        loader = data_mod.loader(cfg.data, token_data, cfg.batch, cfg.seq_len, 0, cfg.seed, pin_memory=False)
+        where = f"invalid config: {_data_key(cfg)}"
         try:
+            loader = data_mod.loader(cfg.data, token_data, cfg.batch, cfg.seq_len, 0, cfg.seed, pin_memory=False)
             batch = next(iter(loader))
+            tokens, samples = task.units(batch, cfg.model.unit)
         except StopIteration:
-            raise ConfigError(f"invalid config: {_data_key(cfg)}: yields no batch of batch={cfg.batch}") from None
+            raise ConfigError(f"{where}: yields no batch of batch={cfg.batch}") from None
+        except task.ContractError as exc:
+            raise ConfigError(str(exc) if str(exc).startswith("invalid config") else f"{where}: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - the user's dataset: what it raises is the answer
             raise ConfigError(
-                f"invalid config: {_data_key(cfg)}: reading the first batch raised {first_line(exc)}"
+                f"{where}: reading the first batch raised {type(exc).__name__}: {first_line(exc)}"
             ) from None
+        _check_batch_shape(cfg, where, tokens, samples)
         vocab = token_data.vocab_size if token_data is not None else None
         task.check(cfg.model, batch, vocab, cfg.seq_len, ckpt=cfg.ckpt)
+
+
+def _check_batch_shape(cfg: PerfsweepConfig, where: str, tokens: int | None, samples: int) -> None:
+    """A batch holds ``batch`` samples of ``seq_len`` tokens, or the stored batch, seq_len and every
+    figure per token would describe a run that did not happen (a loader with its own batch size,
+    data that ignores seq_len)."""
+    if samples != cfg.batch:
+        raise ConfigError(
+            f"{where}: a batch holds {samples} samples but batch={cfg.batch}; let the factory take a `batch` "
+            f"argument (or return a Dataset, which perfsweep batches), or set batch={samples}"
+        )
+    if tokens is not None and cfg.seq_len is not None and tokens != samples * cfg.seq_len:
+        per = tokens // samples
+        raise ConfigError(
+            f"{where}: a batch holds sequences of {per} positions but seq_len={cfg.seq_len}; let the factory "
+            f"take a `seq_len` argument, or set seq_len={per}"
+        )
 
 
 def _check_gpt_ckpt_modules(names: list[str]) -> None:

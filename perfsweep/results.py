@@ -7,6 +7,7 @@ only for the configs a chart or an interval needs. Everything here reads; nothin
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable, Sequence
 
@@ -17,7 +18,8 @@ from sqlalchemy.exc import DBAPIError
 
 from perfsweep import store
 from perfsweep.cli import UserError, first_line
-from perfsweep.configs import prepare_runs
+from perfsweep.configs import CONFIG_AXES, prepare_runs
+from perfsweep.names import NOT_MEASURED, SETTING_PREFIX
 from perfsweep.where import WhereError, parse_where
 
 log = logging.getLogger(__name__)
@@ -78,8 +80,33 @@ def load_runs(engine: Engine, sweep_ids: Sequence[int], where: str | None = None
         raise
     for col in ("started_at", "finished_at"):
         df[col] = pd.to_datetime(df[col], utc=True, errors="coerce", format="mixed")
+    df = _with_settings(engine, df)
     log.debug("loaded %d runs of sweeps %s", len(df), list(sweep_ids))
     return df
+
+
+def _with_settings(engine: Engine, runs: pd.DataFrame) -> pd.DataFrame:
+    """``runs`` plus a column per setting outside the config axes that tells configs of a sweep apart
+    (``model.width``, ``data.image_size``: a sweep over a factory's own keys), named ``cfg.<key>``.
+
+    Only runs whose axes match another config's of the same sweep have their JSON config read,
+    so a sweep over the axes alone costs nothing here."""
+    if runs.empty or "config_hash" not in runs:
+        return runs
+    axes = [a for a in (*CONFIG_AXES, "sweep_id") if a in runs.columns]
+    same = runs.groupby(axes, dropna=False)["config_hash"].transform("nunique") > 1
+    if not same.any():
+        return runs
+    ids = runs.loc[runs["sweep_id"].isin(runs.loc[same, "sweep_id"]), "id"].tolist()  # all runs of those sweeps
+    configs = pd.read_sql_query(f"SELECT id, config_json FROM runs WHERE id IN ({_ids_sql(ids)})", engine)
+    flat = pd.json_normalize([json.loads(c) if isinstance(c, str) else c or {} for c in configs["config_json"]])
+    flat = flat.drop(columns=[c for c in flat.columns if c.split(".")[0] in NOT_MEASURED], errors="ignore")
+    flat = flat.map(lambda v: json.dumps(v) if isinstance(v, (list, dict)) else v)
+    flat.index = configs["id"].to_numpy()
+    keys = runs.set_index("id").loc[flat.index, axes]
+    groups = [keys[a].to_numpy() for a in axes]
+    varying = [c for c in flat.columns if flat[c].groupby(groups, dropna=False).nunique(dropna=False).gt(1).any()]
+    return runs.join(flat[varying].add_prefix(SETTING_PREFIX), on="id") if varying else runs
 
 
 CHILD_COLUMNS = {

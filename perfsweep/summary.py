@@ -11,8 +11,8 @@ from sqlalchemy.engine import Engine
 
 from perfsweep import metrics, store
 from perfsweep.cli import first_line
-from perfsweep.configs import per_config, prepare_runs
-from perfsweep.names import GRID_AXES, NOISY_IQR_FRACTION, ON_OFF_AXES
+from perfsweep.configs import per_config, prepare_runs, setting_columns
+from perfsweep.names import GRID_AXES, NOISY_IQR_FRACTION, ON_OFF_AXES, SETTING_PREFIX
 from perfsweep.results import load_runs
 
 log = logging.getLogger(__name__)
@@ -128,11 +128,11 @@ def format_summary(runs: pd.DataFrame) -> str:
     with its IQR and CV, the speedup over the baseline with its 95% interval (or "no measurable
     difference"), memory in MiB; ``!`` marks a noisy config, ``~`` one whose step time never
     settled in warmup."""
-    varying = [a for a in GRID_AXES if runs[a].nunique() > 1] or ["batch", "seq_len"]
+    varying = [a for a in (*GRID_AXES, *setting_columns(runs)) if runs[a].nunique() > 1] or ["batch", "seq_len"]
     per = per_config(runs)
     out = pd.DataFrame({"job": per["first_job_num"].fillna(-1).astype(int) + 1})
     for a in varying:
-        out[a] = per[a]
+        out[a.removeprefix(SETTING_PREFIX)] = per[a]
     if (per["runs"] > 1).any():
         out["runs"] = per["runs"]
     out["status"] = per["statuses"]

@@ -28,6 +28,7 @@ returns no module or whose forward gives no loss is refused in one line.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import logging
 from collections.abc import Callable, Mapping
@@ -51,6 +52,9 @@ LossFn = Callable[[nn.Module, Batch], torch.Tensor]
 
 class ContractError(ConfigError):
     """The model or its batches break the contract; one line naming ``_target_`` and what was expected."""
+
+    cause: BaseException | None = None
+    """What the user's code raised, where it raised (:func:`meta_step` tells the meta device's limits apart)."""
 
 
 def offered_kwargs(fn: Callable[..., Any], offered: dict[str, Any]) -> dict[str, Any]:
@@ -82,26 +86,34 @@ def call_factory(node: str, target: str, args: dict[str, Any], offered: dict[str
     try:
         fn = get_object(target)
     except Exception as exc:  # noqa: BLE001 - ImportError, AttributeError...: all say the same
+        module, _, name = target.rpartition(".")
+        try:  # the module imports but lacks the name: say that, not Hydra's "is not a package"
+            found = importlib.import_module(module)
+            why = f"module {module!r} has no attribute {name!r}" if not hasattr(found, name) else None
+        except Exception:  # noqa: BLE001 - the module itself does not import: Hydra's cause says why
+            why = None
         cause = exc.__cause__ or exc
+        why = why or f"{type(cause).__name__}: {_first(cause)}"
         raise ContractError(
-            f"invalid config: {node}._target_={target!r}: cannot import it ({type(cause).__name__}: "
-            f"{str(cause).splitlines()[0] if str(cause) else ''}); it must be importable from the "
-            "launch directory or PYTHONPATH"
+            f"invalid config: {node}._target_={target!r}: cannot import it ({why}); it must be importable "
+            "from the launch directory or PYTHONPATH"
         ) from None
     finally:
         hydra_log.disabled = level
     if not callable(fn):
         raise ContractError(f"invalid config: {node}._target_={target!r}: is a {type(fn).__name__}, not a callable")
+    offered = {k: v for k, v in offered.items() if k not in args and v is not None}  # the user's keys win
     try:
         return instantiate({"_target_": target, **args}, **offered_kwargs(fn, offered), _convert_="all")
     except Exception as exc:  # noqa: BLE001 - the user's factory: whatever it raises is the answer
         cause = exc.__cause__ or exc
         if is_oom(cause):
             raise cause from None  # a model too large for the device is a result (status oom), not a bad config
-        raise ContractError(
-            f"invalid config: {node}._target_={target!r}: the factory raised {type(cause).__name__}: "
-            f"{str(cause).splitlines()[0] if str(cause) else ''}"
-        ) from None
+        err = ContractError(
+            f"invalid config: {node}._target_={target!r}: the factory raised {type(cause).__name__}: {_first(cause)}"
+        )
+        err.cause = cause
+        raise err from None
 
 
 def build_model(cfg: ModelConfig, vocab_size: int | None, seq_len: int | None) -> nn.Module:
@@ -164,11 +176,17 @@ def to_device(batch: Batch, device: torch.device | str) -> Batch:
     return batch
 
 
-def _describe(x: Any) -> str:
+def _first(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else ""
+
+
+def _describe(x: Any, depth: int = 0) -> str:
     if isinstance(x, torch.Tensor):
-        return f"a tensor of shape {tuple(x.shape)}"
+        return f"a {str(x.dtype).removeprefix('torch.')} tensor of shape {tuple(x.shape)}"
     if isinstance(x, Mapping):
         return f"a {type(x).__name__} with keys {sorted(map(str, x))[:6]}"
+    if isinstance(x, (tuple, list)) and x and depth < 2:
+        return f"a {type(x).__name__} of {len(x)} whose first item is {_describe(x[0], depth + 1)}"
     return f"a {type(x).__name__}"
 
 
@@ -190,10 +208,14 @@ def batch_input(batch: Batch) -> torch.Tensor:
 
 
 def units(batch: Batch, unit: Unit) -> tuple[int | None, int]:
-    """(tokens, samples) in one batch; tokens is None for ``unit=samples``."""
+    """(tokens, samples) in one batch: its input's rows, and for ``unit=tokens`` rows x positions
+    (the input's first two dimensions: token ids (B, T), or embeddings (B, T, D)); tokens is None
+    for ``unit=samples``."""
     x = batch_input(batch)
     samples = int(x.shape[0]) if x.dim() else 1
-    return (int(x.numel()) if unit == Unit.tokens else None), samples
+    if unit != Unit.tokens:
+        return None, samples
+    return samples * (int(x.shape[1]) if x.dim() >= 2 else 1), samples
 
 
 def _call(model: nn.Module, inputs: Batch) -> Any:
@@ -306,8 +328,14 @@ def meta_step(cfg: ModelConfig, batch: Batch, vocab_size: int | None, seq_len: i
     contract checked without memory or kernels. Returns the step's FLOPs (FlopCounterMode; pass
     ``ckpt=False`` to count, so recomputation is not), or None where the meta device cannot run
     this model."""
-    with torch.device("meta"):
-        model = build_model(cfg, vocab_size, seq_len)
+    try:
+        with torch.device("meta"):
+            model = build_model(cfg, vocab_size, seq_len)
+    except ContractError as exc:
+        if exc.cause is not None and _meta_limit(exc.cause):  # e.g. an .item() while it initialises
+            log.info("model._target_=%s: not buildable on the meta device (%s)", cfg._target_, exc.cause)
+            return None
+        raise
     model.train()
     if ckpt:
         apply_checkpointing(model, cfg)
@@ -321,10 +349,13 @@ def check(cfg: ModelConfig, batch: Batch, vocab_size: int | None, seq_len: int |
     model and it is small enough (``names.CPU_CHECK_MAX_PARAMS``), one CPU step on one sample."""
     if meta_step(cfg, batch, vocab_size, seq_len, ckpt) is not None:
         return
-    with torch.device("meta"):
-        n_params = sum(p.numel() for p in build_model(cfg, vocab_size, seq_len).parameters())
-    if n_params > CPU_CHECK_MAX_PARAMS:
-        log.info("model._target_=%s: %d parameters, left to its first job to check", cfg._target_, n_params)
+    try:
+        with torch.device("meta"):
+            n_params = sum(p.numel() for p in build_model(cfg, vocab_size, seq_len).parameters())
+    except ContractError:  # not buildable on meta: its size is unknown without building it for real
+        n_params = None
+    if n_params is None or n_params > CPU_CHECK_MAX_PARAMS:
+        log.info("model._target_=%s: %s parameters, left to its first job to check", cfg._target_, n_params)
         return
     with torch.random.fork_rng(devices=[]):
         model = build_model(cfg, vocab_size, seq_len).train()

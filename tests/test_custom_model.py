@@ -87,6 +87,30 @@ def logits_only(vocab_size):
 
 def raises(vocab_size):
     raise RuntimeError("weights file missing")
+
+
+class Pairs(torch.utils.data.Dataset):
+    def __init__(self, length):
+        self.length = length
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        x = torch.arange(self.length + 1) % 100
+        return x[:-1], x[1:]
+
+
+def fixed_length():
+    return Pairs(12)  # ignores seq_len
+
+
+def own_batches(seq_len):
+    return torch.utils.data.DataLoader(Pairs(seq_len), batch_size=3)  # ignores batch
+
+
+def one_pass(seq_len):
+    return (Pairs(seq_len)[i] for i in range(3))
 '''
 
 DATA = ["data=synthetic", "data.synthetic_vocab=512", "data.synthetic_tokens=20000"]
@@ -146,11 +170,19 @@ def test_a_module_outside_the_repository_sweeps_amp_x_ckpt(user_dir: Path) -> No
         (["model._target_=usermodels.build", "ckpt=true"], "model.ckpt_modules=[]: ckpt=true"),
         (["model._target_=usermodels.build", "+model.widht=8"], "TypeError: build() got an unexpected keyword"),
         (["model.loss=cross_entropy"], "model._target_=None: must be a dotted path"),
+        (["data=custom", "data._target_=usermodels.fixed_length"], "sequences of 12 positions but seq_len=16"),
+        (["data=custom", "data._target_=usermodels.own_batches"], "a batch holds 3 samples but batch=2"),
+        (["data=custom", "data._target_=usermodels.one_pass"], "returned a one-shot generator"),
     ],
-    ids=["import-error", "not-a-module", "no-loss", "factory-raises", "nothing-to-checkpoint", "bad-arg", "no-target"],
+    ids=[
+        *("import-error", "not-a-module", "no-loss", "factory-raises", "nothing-to-checkpoint", "bad-arg", "no-target"),
+        *("data-ignores-seq-len", "data-ignores-batch", "one-shot-data"),
+    ],
 )
 def test_bad_factories_are_refused_before_any_job(user_dir: Path, overrides: list[str], expected: str) -> None:
-    res = run_perfsweep(["-m", "model=custom", *overrides, *DATA, "batch=2", "seq_len=16", *FAST], user_dir)
+    model = [] if overrides[0].startswith("model") else ["model._target_=usermodels.build", "+model.vocab_size=100"]
+    data = [] if overrides[0].startswith("data") else DATA
+    res = run_perfsweep(["-m", "model=custom", *model, *overrides, *data, "batch=2", "seq_len=16", *FAST], user_dir)
     assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1, res.stderr
@@ -160,9 +192,18 @@ def test_bad_factories_are_refused_before_any_job(user_dir: Path, overrides: lis
     assert not list(user_dir.glob("multirun/*/*/*_*"))  # no job folder
 
 
-def test_a_samples_model_refuses_seq_len() -> None:
+IMAGES = {"kind": "custom", "name": None, "_target_": "examples.cnn.images"}
+
+
+def test_a_samples_model_refuses_seq_len_and_token_data() -> None:
     with pytest.raises(ConfigError, match=r"seq_len=64: must be null: model.unit=samples \(examples.cnn.build\)"):
-        PerfsweepConfig(seq_len=64, model={"_target_": "examples.cnn.build", "unit": "samples"})
+        PerfsweepConfig(seq_len=64, model={"_target_": "examples.cnn.build", "unit": "samples"}, data=IMAGES)
+    with pytest.raises(ConfigError, match=r"model.unit='samples': needs data from a factory \(data=custom"):
+        PerfsweepConfig(seq_len=None, model={"_target_": "examples.cnn.build", "unit": "samples"})
+    with pytest.raises(ConfigError, match=r"data._target_='examples.cnn.images': a data factory needs data=custom"):
+        PerfsweepConfig(seq_len=None, model={"_target_": "a.build"}, data={"_target_": "examples.cnn.images"})
+    with pytest.raises(ConfigError, match=r"data._target_=None: must be a dotted path .* \(data=custom needs one\)"):
+        PerfsweepConfig(model={"_target_": "a.build"}, data={"kind": "custom", "name": None})
     with pytest.raises(ConfigError, match="seq_len=None: must be a positive integer"):
         PerfsweepConfig(seq_len=None, model={"_target_": "a.build"})
 
@@ -191,11 +232,13 @@ def test_losses_from_every_kind_of_output_and_batch() -> None:
     output = task.loss_function(ModelConfig(_target_="m.build"))
     predicted = task.loss_function(ModelConfig(_target_="m.build", loss=Loss.cross_entropy))
     # loss=output: a mapping with "loss" (a Hugging Face ModelOutput is one), an object with .loss
-    assert float(output(Echo(lambda z: {"loss": ce(z, y)}), (x,))) == pytest.approx(expected)
-    assert float(output(Echo(lambda z: type("Out", (), {"loss": ce(z, y)})()), x)) == pytest.approx(expected)
+    assert float(output(Echo(lambda z: {"loss": ce(z, y)}), (x,)).detach()) == pytest.approx(expected)
+    assert float(output(Echo(lambda z: type("Out", (), {"loss": ce(z, y)})()), x).detach()) == pytest.approx(expected)
     # loss=cross_entropy: (inputs, targets) or a dict with labels; logits as a tensor, .logits or a tuple's first
-    assert float(predicted(Echo(lambda z: z), (x, y))) == pytest.approx(expected)
-    assert float(predicted(Echo(lambda z: (z, None)), {"pixel_values": x, "labels": y})) == pytest.approx(expected)
+    assert float(predicted(Echo(lambda z: z), (x, y)).detach()) == pytest.approx(expected)
+    assert float(predicted(Echo(lambda z: (z, None)), {"pixel_values": x, "labels": y}).detach()) == pytest.approx(
+        expected
+    )
     with pytest.raises(task.ContractError, match="returned a tuple"):
         output(Echo(lambda z: (z,)), x)
     with pytest.raises(task.ContractError, match=r"needs \(inputs, targets\)"):
@@ -211,8 +254,9 @@ def test_losses_from_every_kind_of_output_and_batch() -> None:
 @pytest.mark.slow
 def test_cnn_example_reports_samples_per_s(tmp_path: Path) -> None:
     res = run_perfsweep(
-        ["-m", "-cd", str(REPO / "examples"), "-cn", "cnn", "amp=false", "ckpt=true,false", "batch=16"]
-        + ["data.image_size=16", "data.n_samples=256", "model.width=8", "model.depth=2", *FAST],
+        ["-m", "-cd", str(REPO / "examples"), "-cn", "cnn", "amp=false", "ckpt=false", "batch=16"]
+        + ["data.image_size=8,16", "data.n_samples=256", "model.width=8", "model.depth=2"]
+        + [o for o in FAST if o != "report=false"],  # with the report
         tmp_path,
         env={"PYTHONPATH": str(REPO)},
     )
@@ -225,8 +269,13 @@ def test_cnn_example_reports_samples_per_s(tmp_path: Path) -> None:
         assert r["samples_per_s"] == pytest.approx(16 * 3 / (r["measure_wall_ms"] / 1000))
         assert r["flops_method"] == "flop_counter" and r["flops_per_sample"] > 0
     assert "samples/s" in res.stdout and "tokens/s" not in res.stdout.split("Sweep 1")[1].split("Results:")[0]
-    speedup = sqlite_rows(tmp_path / "results.db", "SELECT speedup_verdict FROM runs WHERE ckpt = 0")
-    assert speedup == [{"speedup_verdict": "baseline"}]  # speedups over samples/s
+    # the sweep varies a key of the data factory: the summary and the report tell the configs apart by it
+    summary = res.stdout.split("Sweep 1")[1].split("Results:")[0]
+    assert "data.image_size" in summary and "seq_len" not in summary
+    report = (next(tmp_path.glob("multirun/*/*/report")) / "report.md").read_text()
+    assert "| data.image_size |" in report and "samples/s" in report and "seq_len=nan" not in report
+    verdicts = sqlite_rows(tmp_path / "results.db", "SELECT speedup_verdict FROM runs ORDER BY job_num")
+    assert verdicts[0] == {"speedup_verdict": "baseline"} and verdicts[1]["speedup_verdict"] != "baseline"
     refused = run_perfsweep(["-cd", str(REPO / "examples"), "-cn", "cnn", "seq_len=64", *FAST], tmp_path)
     assert refused.returncode == 2 and "seq_len=64: must be null: model.unit=samples (small_cnn)" in refused.stderr
 
@@ -314,7 +363,9 @@ def test_data_factories_give_datasets_loaders_and_streams(tmp_path: Path, monkey
     monkeypatch.syspath_prepend(str(tmp_path))
 
     def batches(target: str, batch: int = 4, **args):
-        return data_mod.loader(DataConfig(_target_=target, args=args), None, batch, None, 0, 7, False)
+        return data_mod.loader(
+            DataConfig(name=None, kind="custom", _target_=target, args=args), None, batch, None, 0, 7, False
+        )
 
     first = next(iter(batches("userdata.rows", n=12)))  # a Dataset: batched here, dict batches kept
     assert first["features"].shape == (4, 4) and first["labels"].shape == (4,)

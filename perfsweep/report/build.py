@@ -23,7 +23,7 @@ from sqlalchemy.engine import Engine
 
 from perfsweep import metrics
 from perfsweep.cli import UserError, first_line
-from perfsweep.configs import SHORT_NAMES, axis_text, label_axes, per_config, throughputs
+from perfsweep.configs import axis_name, axis_text, label_axes, per_config, throughputs
 from perfsweep.configs import baseline as pick_baseline
 from perfsweep.names import BOTTLENECK_RULE, GPU_BOUND_BUSY_FRACTION, KERNEL_CATEGORIES, NOISY_IQR_FRACTION, STAGES
 from perfsweep.report import charts, fmt, frames
@@ -387,7 +387,7 @@ def results_table(configs: pd.DataFrame, limit: int = TOP_TABLE, rate: str = "to
         rows = configs.sort_values("throughput_per_s", ascending=False, na_position="last").head(limit)
         note = f"Top {limit} of {len(configs):,} configs by {rate}; every run is in runs.csv."
     axes = label_axes(configs) or ["batch", "seq_len"]
-    out = pd.DataFrame({SHORT_NAMES.get(a, a): [axis_text(a, v).split("=")[1] for v in rows[a]] for a in axes})
+    out = pd.DataFrame({axis_name(a): [axis_text(a, v).split("=")[1] for v in rows[a]] for a in axes})
     left = [*out.columns, "status", "note"]
     if (configs["runs"] > 1).any():
         out["runs"] = [f"{n}" if k in (0, n) else f"{k} ok of {n}" for n, k in rows[["runs", "ok_runs"]].values]

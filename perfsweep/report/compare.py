@@ -20,7 +20,7 @@ from sqlalchemy.engine import Engine
 
 from perfsweep import metrics
 from perfsweep.cli import UserError
-from perfsweep.configs import CONFIG_AXES, config_labels, label_axes, per_config, throughputs
+from perfsweep.configs import CONFIG_AXES, config_labels, label_axes, per_config, setting_columns, throughputs
 from perfsweep.report import charts, fmt
 from perfsweep.report.build import default_out_dir
 from perfsweep.report.charts import ChartSpec, Panel
@@ -79,7 +79,8 @@ def compare_frame(a: pd.DataFrame, b: pd.DataFrame, runs: pd.DataFrame, steps: p
     was nothing to resample); ``verdict`` is faster / slower / no measurable difference, or says
     which side is missing or did not finish.
     """
-    axes, cols = list(CONFIG_AXES), [*CONFIG_AXES, *VALUES, "error", "throughput"]
+    axes = [*CONFIG_AXES, *setting_columns(runs)]  # and the settings a sweep varies beyond the axes
+    cols = [*axes, *VALUES, "error", "throughput"]
     a, b = (c.assign(throughput=throughputs(c, runs, steps)).sort_values("id") for c in (a, b))
     a, b = (c.drop_duplicates(axes, keep="last")[cols] for c in (a, b))
     m = a.merge(b, on=axes, how="outer", suffixes=("_a", "_b"), indicator="side")

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from perfsweep import metrics
-from perfsweep.configs import SHORT_NAMES, STATUS_ORDER, axis_text, config_labels, label_axes
+from perfsweep.configs import STATUS_ORDER, axis_name, axis_text, config_labels, label_axes
 from perfsweep.names import KERNEL_CATEGORIES, ON_OFF_AXES, STAGES
 from perfsweep.report import fmt
 from perfsweep.results import load_child
@@ -252,5 +252,5 @@ def factorial_effects(df: pd.DataFrame, throughput: Sequence[Any] | None = None)
     if not blocks:
         return out, ""
     used, total = cells.groupby(blocks, dropna=False).ngroups, df.groupby(blocks, dropna=False).ngroups
-    note = f"averaged over {used} of {total} combinations of {', '.join(SHORT_NAMES.get(a, a) for a in blocks)}"
+    note = f"averaged over {used} of {total} combinations of {', '.join(axis_name(a) for a in blocks)}"
     return out, note + (" (the others lack an ok run for some on/off combination)" if used < total else "")
