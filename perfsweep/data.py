@@ -208,6 +208,12 @@ def make_loader(data: TokenData, seq_len: int, batch: int, workers: int, seed: i
         raise ValueError(
             f"batch={batch}: corpus has only {len(ds)} windows of seq_len={seq_len}; lower batch or seq_len"
         )
+    return batched(ds, batch, workers, seed, pin_memory)
+
+
+def batched(ds: Dataset, batch: int, workers: int, seed: int, pin_memory: bool) -> DataLoader:
+    """Every map-style dataset's loader, ours or a user's: shuffled by ``seed`` (the same order in
+    every config of a sweep), whole batches only, persistent workers so no epoch restarts them."""
     return DataLoader(
         ds,
         batch_size=batch,
@@ -266,16 +272,7 @@ def loader(
         raise ContractError(
             f"invalid config: batch={batch}: data._target_={cfg._target_!r} holds {n} samples, fewer than one batch"
         )
-    return DataLoader(
-        made,
-        batch_size=batch,
-        shuffle=True,
-        drop_last=True,
-        num_workers=workers,
-        pin_memory=pin_memory,
-        persistent_workers=workers > 0,
-        generator=torch.Generator().manual_seed(seed),
-    )
+    return batched(made, batch, workers, seed, pin_memory)
 
 
 def infinite(loader: Iterable[Any]):
