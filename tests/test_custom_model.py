@@ -160,6 +160,21 @@ def test_a_module_outside_the_repository_sweeps_amp_x_ckpt(user_dir: Path) -> No
     assert "tokens/s" in res.stdout
 
 
+@pytest.mark.slow
+def test_a_user_model_compiles_with_its_blocks_checkpointed(user_dir: Path) -> None:
+    """torch.compile over the checkpoint wrappers (wrapped first, compiled after, as torchtitan
+    does), in a plain run; aot_eager compiles in seconds on CPU."""
+    res = run_perfsweep(
+        ["model=custom", "model._target_=usermodels.build", "model.ckpt_modules=[MyBlock]", "+model.width=32"]
+        + [*DATA, "batch=4", "seq_len=16", "ckpt=true", "compile=true", "compile_backend=aot_eager", *FAST],
+        user_dir,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    (r,) = sqlite_rows(user_dir / "results.db", "SELECT * FROM runs")
+    assert (r["status"], r["compile"], r["ckpt"], r["compile_cache"]) == ("ok", 1, 1, "isolated")
+    assert r["compile_time_ms"] > 0 and r["n_recompiles"] is not None and r["flops_method"] == "flop_counter"
+
+
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
