@@ -165,6 +165,10 @@ def main() -> None:
 
         sys.exit(importlib.import_module(SUBCOMMANDS[sys.argv[1]]).main(sys.argv[2:]))
     _refuse_cfg_with_multirun(sys.argv[1:])
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        # `python -m perfsweep` imports from the launch directory; the `perfsweep` console script
+        # must too, so a model._target_ next to the user's config resolves either way (jobs inherit it)
+        sys.path.insert(0, os.getcwd())
     # Let Hydra's composition errors reach us as exceptions (instead of its multi-line report)
     # so that they are answered in one line like every other mistake; HYDRA_FULL_ERROR=1 set by
     # the user still shows the whole traceback.

@@ -60,6 +60,8 @@ def _split(node: Any, cls: type) -> Any:
         return node
     node = dict(node or {})
     declared = {f.name for f in dataclasses.fields(cls)} - {"args"}
+    if cls is DataConfig and str(getattr(node.get("kind"), "value", node.get("kind"))) == "custom":
+        declared = set(CUSTOM_DATA_KEYS)  # a factory's own path, glob...: its keys, not the built-in corpora's
     args = {k: node.pop(k) for k in list(node) if k not in declared}
     return cls(**node, args={**node.pop("args", {}), **args})
 
@@ -180,6 +182,7 @@ class ModelConfig:
         self.ckpt_impl = _enum(CkptImpl, self.ckpt_impl, "model.ckpt_impl")
         if (gpt := self.gpt) is not None:  # validated, and stored with every shape key
             self.args = dataclasses.asdict(gpt)
+            self.ckpt_modules = self.ckpt_modules or ["Block"]
 
     @property
     def model_name(self) -> str:
@@ -573,6 +576,10 @@ def short_dirname(name: str) -> str:
     return f"{name.encode()[: DIRNAME_MAX - 12].decode(errors='ignore')}_{digest}"
 
 
+CUSTOM_DATA_KEYS = ("_target_", "name", "kind")
+"""The keys of ``data=custom`` that are perfsweep's; every other one is the factory's (``data.path``)."""
+
+
 def register_configs() -> None:
     """Register the schema (config.yaml lists ``perfsweep_schema`` first in its defaults) and the
     ``${uid:}`` resolver. The sweeper registers itself: see perfsweep.__main__.register."""
@@ -603,5 +610,6 @@ def to_plain_dict(cfg: PerfsweepConfig) -> dict[str, Any]:
     d = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
     assert isinstance(d, dict)
     for node in ("model", "data"):  # as written in a config file: a factory's keys beside the rest
-        d[node] = {**{k: v for k, v in d[node].items() if k != "args"}, **d[node]["args"]}
+        keep = CUSTOM_DATA_KEYS if node == "data" and d[node]["kind"] == DataKind.custom.value else d[node]
+        d[node] = {**{k: v for k, v in d[node].items() if k in keep and k != "args"}, **d[node]["args"]}
     return d

@@ -254,7 +254,8 @@ def loader(
         not isinstance(made, Dataset) and isinstance(made, Iterable) and not isinstance(made, (str, bytes))
     ):
         if isinstance(made, IterableDataset):
-            return DataLoader(made, batch_size=batch, num_workers=workers, pin_memory=pin_memory)
+            # whole batches only: a short last one would be counted as a full one
+            return DataLoader(made, batch_size=batch, drop_last=True, num_workers=workers, pin_memory=pin_memory)
         return made
     if not isinstance(made, Dataset):
         raise ContractError(

@@ -303,8 +303,8 @@ def run_job(spec: JobSpec) -> tuple[int | None, str]:
         job_num=spec.job_num,
         overrides=" ".join(spec.overrides),
         amp_dtype=config["amp_dtype"],
-        model_name=cfg.model.model_name,
-        data_name=cfg.data.data_name,
+        model_name=cfg.model.model_name[:100],  # the columns' length: a long _target_ path is cut, not refused
+        data_name=cfg.data.data_name[:100],
         config_json=config,
         config_hash=config_hash(config),
         started_at=started,

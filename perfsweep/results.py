@@ -97,7 +97,7 @@ def _with_settings(engine: Engine, runs: pd.DataFrame) -> pd.DataFrame:
     same = runs.groupby(axes, dropna=False)["config_hash"].transform("nunique") > 1
     if not same.any():
         return runs
-    ids = runs.loc[runs["sweep_id"].isin(runs.loc[same, "sweep_id"]), "id"].tolist()  # all runs of those sweeps
+    ids = runs["id"].tolist()  # every loaded run: another sweep's matching configs (compare) need the values too
     configs = pd.read_sql_query(f"SELECT id, config_json FROM runs WHERE id IN ({_ids_sql(ids)})", engine)
     flat = pd.json_normalize([json.loads(c) if isinstance(c, str) else c or {} for c in configs["config_json"]])
     flat = flat.drop(columns=[c for c in flat.columns if c.split(".")[0] in NOT_MEASURED], errors="ignore")

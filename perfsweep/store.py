@@ -505,6 +505,7 @@ def upgrade(engine: Engine) -> None:
     """Run Alembic's upgrade to head on ``engine`` (a no-op when already current)."""
     logging.getLogger("alembic").setLevel(logging.WARNING)  # per-job plugin and context chatter
     from alembic import command
+    from alembic.migration import MigrationContext
 
     cfg = _alembic_config()
     for attempt in range(5):
@@ -514,8 +515,14 @@ def upgrade(engine: Engine) -> None:
                     # one migrator at a time: the others wait here, then find the schema at head
                     conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7210400501)")
                 cfg.attributes["connection"] = conn
+                before = MigrationContext.configure(conn).get_current_revision()
                 command.upgrade(cfg, "head")
-                if conn.dialect.name == "sqlite" and (bad := conn.exec_driver_sql("PRAGMA foreign_key_check").first()):
+                migrated = MigrationContext.configure(conn).get_current_revision() != before
+                if (
+                    migrated
+                    and conn.dialect.name == "sqlite"
+                    and (bad := conn.exec_driver_sql("PRAGMA foreign_key_check").first())
+                ):
                     raise IntegrityError(
                         "PRAGMA foreign_key_check", None, Exception(f"broken reference after upgrade: {bad}")
                     )

@@ -172,12 +172,17 @@ def to_device(batch: Batch, device: torch.device | str) -> Batch:
     if isinstance(batch, Mapping):
         return {k: to_device(v, device) for k, v in batch.items()}
     if isinstance(batch, (tuple, list)):
-        return type(batch)(to_device(v, device) for v in batch)
+        return _same_kind(batch, [to_device(v, device) for v in batch])
     return batch
 
 
 def _first(exc: BaseException) -> str:
     return str(exc).splitlines()[0] if str(exc) else ""
+
+
+def _same_kind(seq: tuple | list, items: list[Any]) -> tuple | list:
+    """``items`` in a sequence of ``seq``'s type: a NamedTuple is built from positional fields."""
+    return type(seq)(*items) if hasattr(seq, "_fields") else type(seq)(items)
 
 
 def _describe(x: Any, depth: int = 0) -> str:
@@ -298,7 +303,7 @@ def first_sample(batch: Batch) -> Batch:
     if isinstance(batch, Mapping):
         return {k: first_sample(v) for k, v in batch.items()}
     if isinstance(batch, (tuple, list)):
-        return type(batch)(first_sample(v) for v in batch)
+        return _same_kind(batch, [first_sample(v) for v in batch])
     return batch
 
 
@@ -313,6 +318,8 @@ def _counted_step(model: nn.Module, batch: Batch, loss_fn: LossFn, target: str, 
     except ContractError:
         raise
     except Exception as exc:  # noqa: BLE001 - the user's forward: either meta's limit or their bug
+        if is_oom(exc):
+            raise  # too large for the device: the run's status is oom, not a bad config
         if not strict and _meta_limit(exc):
             log.info("model._target_=%s: not runnable on the meta device (%s)", target, exc)
             return None
@@ -369,14 +376,19 @@ def count_flops(
 ) -> float | None:
     """A step's training FLOPs for a model without a formula: on the meta device, or where that
     cannot run it, one real forward and backward of ``raw`` (before checkpointing and compile) on
-    the job's first batch, its gradients then dropped and the RNG state restored, so the steps
-    after it are those of a job that never counted."""
+    the first sample of the job's first batch, times the batch's samples (a sample's FLOPs do not
+    depend on its batch), so counting needs a sample's memory, not a step's. Its gradients are
+    then dropped, the device's cache emptied and the RNG state restored: the steps after it are
+    those of a job that never counted."""
     flops = meta_step(cfg, batch, vocab_size, seq_len, ckpt=False)
     if flops is not None:
         return flops
     device = next((p.device for p in raw.parameters()), torch.device("cpu"))
     cuda = [device.index or 0] if device.type == "cuda" else []
+    samples = units(batch, cfg.unit)[1]
     with torch.random.fork_rng(devices=cuda):
-        flops = _counted_step(raw, to_device(batch, device), loss_function(cfg), cfg._target_, strict=True)
+        one = _counted_step(raw, to_device(first_sample(batch), device), loss_function(cfg), cfg._target_, strict=True)
     raw.zero_grad(set_to_none=True)
-    return flops
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return None if one is None else one * samples

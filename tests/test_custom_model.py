@@ -389,6 +389,7 @@ def test_data_factories_give_datasets_loaders_and_streams(tmp_path: Path, monkey
     assert orders[0] == orders[1]
     assert next(iter(batches("userdata.loader")))["features"].shape == (5, 4)  # a DataLoader: as it is
     assert next(iter(batches("userdata.stream", batch=2))).shape == (2, 3, 2)  # an IterableDataset: batched
+    assert len(list(batches("userdata.stream", batch=2))) == 3  # whole batches only: 7 items, batch 2
     moved = task.to_device({"a": first["features"], "b": [first["labels"]]}, "meta")
     assert moved["a"].device.type == "meta" and moved["b"][0].device.type == "meta"
     with pytest.raises(task.ContractError, match=r"holds 2 samples, fewer than one batch"):
@@ -397,3 +398,50 @@ def test_data_factories_give_datasets_loaders_and_streams(tmp_path: Path, monkey
         task.ContractError, match=r"a batch is a int; expected a tensor, a tuple/list of tensors or a dict"
     ):
         task.units(next(iter(batches("userdata.nothing"))), Unit.samples)  # an iterable is used as it is
+
+
+def test_namedtuple_batches_and_a_factory_s_own_path_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from collections import namedtuple
+
+    from perfsweep.config import to_plain_dict, to_run_config
+
+    Sample = namedtuple("Sample", "x y")
+    batch = Sample(torch.zeros(4, 3), torch.ones(4))
+    moved, one = task.to_device(batch, "meta"), task.first_sample(batch)
+    assert isinstance(moved, Sample) and moved.x.device.type == "meta" and one.y.shape == (1,)
+    # data=custom: keys the built-in corpora also have (path, glob) are the factory's, and round-trip
+    cfg = PerfsweepConfig(
+        seq_len=None,
+        model={"_target_": "examples.cnn.build", "unit": "samples"},
+        data={"kind": "custom", "name": None, "_target_": "my.data", "path": "/x", "glob": "*.png"},
+    )
+    assert cfg.data.args == {"path": "/x", "glob": "*.png"} and cfg.data.path is None
+    plain = to_plain_dict(cfg)
+    assert plain["data"] == {"_target_": "my.data", "name": None, "kind": "custom", "path": "/x", "glob": "*.png"}
+    assert to_plain_dict(to_run_config(plain)) == plain
+
+
+def test_gpt_ckpt_modules_are_checked_against_its_submodules() -> None:
+    from perfsweep.preflight import _check_gpt_ckpt_modules
+
+    _check_gpt_ckpt_modules(["Block"])
+    _check_gpt_ckpt_modules(["LayerNorm"])  # a submodule class, even if not perfsweep's own
+    with pytest.raises(ConfigError, match=r"model.ckpt_modules=\['GPT'\]: ckpt=true with perfsweep's GPT"):
+        _check_gpt_ckpt_modules(["GPT"])  # the root is never wrapped
+
+
+def test_the_console_script_imports_from_the_launch_directory(user_dir: Path) -> None:
+    import subprocess
+    import sys
+
+    script = Path(sys.executable).parent / "perfsweep"
+    if not script.exists():
+        pytest.skip(f"no console script beside {sys.executable} (perfsweep not pip-installed here)")
+    res = subprocess.run(
+        [str(script), "model=custom", "model._target_=usermodels.not_a_module", *DATA, "batch=2", "seq_len=16", *FAST],
+        cwd=user_dir,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 2 and "returned dict, expected a torch.nn.Module" in res.stderr, res.stderr[-2000:]

@@ -313,7 +313,7 @@ def make_report(
         chart = report.charts[spec.name] = Chart(spec.name, spec.title)
         try:
             chart.frame, note = spec.frame(report)
-            chart.figure = charts.draw(spec, chart.frame, note)
+            chart.figure = charts.draw(spec, chart.frame, fmt.for_rate(note, report.rate))
             chart.caption = spec.caption.format(**spec.facts(chart.frame, note, report))
         except frames.Skip as why:
             chart.skipped = str(why)
@@ -453,6 +453,11 @@ def headline_md(report: Report) -> list[str]:
 
 
 def report_md(report: Report) -> str:
+    """report.md, every text in the sweep's throughput unit (its pieces say tokens/s)."""
+    return fmt.for_rate(_report_md(report), report.rate)
+
+
+def _report_md(report: Report) -> str:
     runs, sweeps, charts_ = report.runs, report.sweeps, report.charts.values()
     sources = [
         (s.id, what, v) for s in sweeps.itertuples() for what, v in (("command", s.command), ("folder", s.sweep_dir))
