@@ -19,7 +19,7 @@ path every model takes:
 - **FLOPs.** A model with a formula (a ``flops_per_token(seq_len)`` method, like our GPT) uses it;
   any other is counted by torch's ``FlopCounterMode`` over one forward and backward, without
   checkpointing so recomputation is not counted: on the meta device (no memory, no kernels), or
-  where a model's forward needs real values, once on the job's first batch before warmup.
+  where a model's forward needs real values, on one sample of the job's first batch before warmup.
 
 :func:`check` runs the same step before any job starts (on the meta device, or for a model the
 meta device cannot run, on the CPU on one sample), so a factory that cannot be imported,
