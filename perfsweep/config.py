@@ -60,7 +60,7 @@ def _split(node: Any, cls: type) -> Any:
         return node
     node = dict(node or {})
     declared = {f.name for f in dataclasses.fields(cls)} - {"args"}
-    if cls is DataConfig and str(getattr(node.get("kind"), "value", node.get("kind"))) == "custom":
+    if cls is DataConfig and node.get("kind") == DataKind.custom:  # a str enum: "custom" matches too
         declared = set(CUSTOM_DATA_KEYS)  # a factory's own path, glob...: its keys, not the built-in corpora's
     args = {k: node.pop(k) for k in list(node) if k not in declared}
     return cls(**node, args={**node.pop("args", {}), **args})

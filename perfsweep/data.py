@@ -250,13 +250,10 @@ def loader(
             f"invalid config: data._target_={cfg._target_!r}: returned a one-shot {type(made).__name__}, which "
             "ends after one pass; return a Dataset, an IterableDataset or a DataLoader (iterated once per epoch)"
         )
-    if isinstance(made, (DataLoader, IterableDataset)) or (
-        not isinstance(made, Dataset) and isinstance(made, Iterable) and not isinstance(made, (str, bytes))
-    ):
-        if isinstance(made, IterableDataset):
-            # whole batches only: a short last one would be counted as a full one
-            return DataLoader(made, batch_size=batch, drop_last=True, num_workers=workers, pin_memory=pin_memory)
-        return made
+    if isinstance(made, IterableDataset):  # whole batches only: a short last one would count as a full one
+        return DataLoader(made, batch_size=batch, drop_last=True, num_workers=workers, pin_memory=pin_memory)
+    if not isinstance(made, Dataset) and isinstance(made, Iterable) and not isinstance(made, (str, bytes)):
+        return made  # a DataLoader, or any iterable of batches
     if not isinstance(made, Dataset):
         raise ContractError(
             f"invalid config: data._target_={cfg._target_!r}: returned {type(made).__name__}, "

@@ -180,9 +180,8 @@ def model_figures(
     """Parameter counts and FLOPs per token and per sample, with where the FLOPs came from
     (``flops_method``): the model's own formula where it has one, else FlopCounterMode
     (perfsweep.task.count_flops)."""
-    params = {id(p): p.numel() for p in raw.parameters()}  # tied weights once
     out: dict[str, Any] = {
-        "n_params": sum(params.values()),
+        "n_params": sum(p.numel() for p in raw.parameters()),  # parameters() yields tied weights once
         "n_params_non_embedding": raw.num_params(non_embedding=True) if hasattr(raw, "num_params") else None,
         "vocab_size": vocab_size,
         "vocab_size_padded": getattr(raw, "vocab_size_padded", None),

@@ -64,7 +64,8 @@ def offered_kwargs(fn: Callable[..., Any], offered: dict[str, Any]) -> dict[str,
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return {}
-    return {k: v for k, v in offered.items() if k in params and params[k].kind != params[k].VAR_POSITIONAL}
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return {k: v for k, v in offered.items() if k in params and params[k].kind in named}
 
 
 def is_oom(exc: BaseException) -> bool:

@@ -379,20 +379,20 @@ def _note(r: Any) -> str:
     return f"noisy ({NOISE_RULE}) in {r.noisy_runs} of {r.ok_runs} runs" + (REPEATS if r.repeats_disagree else "")
 
 
-def results_table(configs: pd.DataFrame, limit: int = TOP_TABLE, rate: str = "tokens/s") -> tuple[str, str]:
+def results_table(configs: pd.DataFrame, limit: int = TOP_TABLE) -> tuple[str, str]:
     """The report.md table, one row per config (differing axes, runs when there are repeats, tokens/s with its
     range, speedup with its interval, memory, status) and a note."""
     rows, note = configs, ""
     if len(configs) > limit:
         rows = configs.sort_values("throughput_per_s", ascending=False, na_position="last").head(limit)
-        note = f"Top {limit} of {len(configs):,} configs by {rate}; every run is in runs.csv."
+        note = f"Top {limit} of {len(configs):,} configs by tokens/s; every run is in runs.csv."
     axes = label_axes(configs) or ["batch", "seq_len"]
     out = pd.DataFrame({axis_name(a): [axis_text(a, v).split("=")[1] for v in rows[a]] for a in axes})
     left = [*out.columns, "status", "note"]
     if (configs["runs"] > 1).any():
         out["runs"] = [f"{n}" if k in (0, n) else f"{k} ok of {n}" for n, k in rows[["runs", "ok_runs"]].values]
     out["status"] = rows["status"].to_numpy()
-    out[rate] = [fmt.num(v) for v in rows["throughput_per_s"]]
+    out["tokens/s"] = [fmt.num(v) for v in rows["throughput_per_s"]]
     out["range"] = [fmt.span(lo, hi) for lo, hi in rows[["throughput_per_s_lo", "throughput_per_s_hi"]].values]
     speed = rows[["is_baseline", "speedup", "speedup_ci_lo", "speedup_ci_hi", "speedup_verdict"]].itertuples(False)
     out["speedup"] = [
@@ -429,12 +429,12 @@ def headline_md(report: Report) -> list[str]:
     ok, bad, base = configs[configs["ok"]], configs[configs["status"] != "ok"], configs[configs["is_baseline"]]
     for b in base.itertuples():
         tokens, memory = fmt.num(b.throughput_per_s), fmt.mem(b.peak_mem_bytes)
-        lines.append(f"- **Baseline:** {b.label} ({report.baseline}): {tokens} {report.rate}, peak memory {memory}.")
+        lines.append(f"- **Baseline:** {b.label} ({report.baseline}): {tokens} tokens/s, peak memory {memory}.")
     if len(ok) > 1:
         fast = ok.loc[ok["throughput_per_s"].idxmax()]
         speed = fmt.speedup(fast["speedup"], fast["speedup_ci_lo"], fast["speedup_ci_hi"])
         lines.append(
-            f"- **Fastest:** {fast['label']}: {fast['throughput_per_s']:,.0f} {report.rate}, {speed} vs the baseline."
+            f"- **Fastest:** {fast['label']}: {fast['throughput_per_s']:,.0f} tokens/s, {speed} vs the baseline."
         )
         if ok["peak_mem_bytes"].notna().any():
             lean = ok.loc[ok["peak_mem_bytes"].idxmin()]
@@ -453,7 +453,7 @@ def headline_md(report: Report) -> list[str]:
 
 
 def report_md(report: Report) -> str:
-    """report.md, every text in the sweep's throughput unit (its pieces say tokens/s)."""
+    """report.md, every text in the sweep's throughput unit (its pieces say tokens/s; fmt.for_rate)."""
     return fmt.for_rate(_report_md(report), report.rate)
 
 
@@ -464,7 +464,7 @@ def _report_md(report: Report) -> str:
     ]
     lines = [f"- Sweep {i} {what}: `{v}`\n" for i, what, v in sources if isinstance(v, str)]
     lines += [f"- Filter (`--where`): `{report.where}`\n"] if report.where else []
-    table = "\n\n".join(filter(None, results_table(report.configs, rate=report.rate)))
+    table = "\n\n".join(filter(None, results_table(report.configs)))
     drawn = [f"### {c.title}\n\n{c.caption}\n\n![{c.title}]({c.file})\n\n{c.extra_md}" for c in charts_ if c.figure]
     skipped = "".join(f"- `{c.file}` ({c.title}): {c.skipped}.\n" for c in charts_ if c.skipped)
     skipped = f"### Charts not drawn for this sweep\n\n{skipped}\n" if skipped else ""
@@ -484,7 +484,7 @@ def _report_md(report: Report) -> str:
 
 ## Results
 
-One row per config: {report.rate} is over all measured steps, the median over the config's ok runs (runs), and the \
+One row per config: tokens/s is over all measured steps, the median over the config's ok runs (runs), and the \
 other figures are those of the run nearest that median; range is {RANGE}; step ms is that run's median measured step \
 with its IQR and coefficient of variation as shares of it; speedup is vs the baseline; peak mem is the peak of live \
 tensors.{" " + intervals if (intervals := intervals_md(report)) else ""}
