@@ -21,6 +21,7 @@ from omegaconf import DictConfig
 
 from perfsweep import preflight
 from perfsweep.config import ConfigError, register_configs, to_run_config
+from perfsweep.names import EXIT_0_STATUSES
 
 # torch, pandas and SQLAlchemy are imported inside hydra_main: a typo, --help or a subcommand
 # answers in about a second instead of paying for torch first.
@@ -125,7 +126,7 @@ def hydra_main(cfg: DictConfig) -> str:
             file=sys.stderr,
         )
         sys.exit(1)
-    if status != "ok" and not run_cfg.allow_failures:
+    if status not in EXIT_0_STATUSES and not run_cfg.allow_failures:
         print(
             f"perfsweep: {launcher.not_ok_line([status])}; exit code 1 (allow_failures=true exits 0)", file=sys.stderr
         )

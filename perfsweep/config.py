@@ -456,6 +456,9 @@ class PerfsweepConfig:
     """isolated: each job compiles cold into its own cache; shared: reuse the user's caches."""
     lr: float = 3e-4
     """AdamW learning rate."""
+    grad_scaler_init_scale: float = 65536.0
+    """fp16 only: GradScaler's starting loss scale (torch's default 2**16). A scale far too small
+    lets fp16 gradients underflow to zero; the numerics audit (perfsweep.audit) flags the run."""
     weight_decay: float = 0.1
     """AdamW weight decay."""
     seed: int = 0
@@ -481,6 +484,10 @@ class PerfsweepConfig:
     allow_failures: bool = False
     """Exit 0 even when some jobs failed, ran out of memory or timed out (default: exit 1, after
     the summary, so scripts notice); their rows are stored either way."""
+    skip_predicted_oom: bool = False
+    """Do not train a config whose predicted peak memory (perfsweep.ledger; perfsweep's GPT only)
+    exceeds the device's free memory less ledger.SKIP_MARGIN_FRACTION: its row is stored with
+    status ``skipped`` and the prediction. Off by default: a prediction is not a measurement."""
     report: bool = True
     """Build the report (charts, report.md) at the end of the sweep; false prints the summary only
     (``perfsweep report --sweep ID`` builds it any time later)."""
@@ -533,6 +540,7 @@ class PerfsweepConfig:
             )
         _require(self.workers >= 0, "workers", self.workers, "must be >= 0")
         _require(self.lr > 0, "lr", self.lr, "must be > 0")
+        _require(self.grad_scaler_init_scale > 0, "grad_scaler_init_scale", self.grad_scaler_init_scale, "must be > 0")
         _require(self.timeout_s > 0, "timeout_s", self.timeout_s, "must be > 0 seconds")
         _require(self.repeat >= 1, "repeat", self.repeat, "must be a positive integer")
         _require(

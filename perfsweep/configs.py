@@ -21,7 +21,7 @@ from perfsweep.names import GRID_AXES, ON_OFF_AXES, RUN_STATUSES, SETTING_PREFIX
 CONFIG_AXES: tuple[str, ...] = (*GRID_AXES, "amp_dtype", "model_name", "data_name")
 """What identifies a measured configuration: the grid axes plus what they do not cover."""
 SHORT_NAMES: dict[str, str] = {"model_name": "model", "data_name": "data", "sweep_id": "sweep"}
-STATUS_ORDER: tuple[str, ...] = ("ok", "oom", "failed", "timeout", "interrupted", "running")
+STATUS_ORDER: tuple[str, ...] = ("ok", "oom", "skipped", "failed", "timeout", "interrupted", "running")
 """Which run stands for a config, or a heatmap cell, whose runs' statuses differ: the most telling first."""
 assert set(STATUS_ORDER) == set(RUN_STATUSES)
 

@@ -30,7 +30,7 @@ from perfsweep import data as data_mod
 from perfsweep import importer, runner, store
 from perfsweep.cli import first_line
 from perfsweep.config import PerfsweepConfig, short_dirname, to_plain_dict
-from perfsweep.names import GRID_AXES, HEARTBEAT_INTERVAL_S, NOT_MEASURED
+from perfsweep.names import EXIT_0_STATUSES, GRID_AXES, HEARTBEAT_INTERVAL_S, NOT_MEASURED
 from perfsweep.store import utcnow
 
 log = logging.getLogger(__name__)
@@ -61,8 +61,8 @@ class JobSpec:
 
 
 def not_ok_line(statuses: list[str]) -> str:
-    """'2 of 4 jobs did not finish ok (1 failed, 1 timeout)' for the exit message."""
-    bad = [s for s in statuses if s != "ok"]
+    """'2 of 4 jobs did not finish ok (1 failed, 1 timeout)' for the exit message (skipped jobs are not counted)."""
+    bad = [s for s in statuses if s not in EXIT_0_STATUSES]
     counts = ", ".join(f"{bad.count(s)} {s}" for s in dict.fromkeys(bad))
     return f"{len(bad)} of {len(statuses)} job{'s' if len(statuses) != 1 else ''} did not finish ok ({counts})"
 
@@ -229,7 +229,7 @@ def _run_in_child(
                 elif msg[0] == "error":
                     _, status, message, tb, partial = msg
                     log.debug("job traceback:\n%s", tb)
-                    outcome = (status, f"{message}\n{tb}", partial)
+                    outcome = (status, f"{message}\n{tb}" if tb else message, partial)
             elif not proc.is_alive() and not parent_conn.poll():
                 break
     finally:

@@ -30,12 +30,17 @@ from torch.profiler import ProfilerActivity, profile
 log = logging.getLogger(__name__)
 
 
-def _status_kib(field: str) -> int | None:
+def _proc_kib(path: str, field: str) -> int | None:
+    """A ``Field:  123 kB`` line of a /proc file, in KiB; None where there is no /proc (macOS)."""
     try:
-        m = re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M)
+        m = re.search(rf"^{field}:\s+(\d+) kB", Path(path).read_text(), re.M)
     except OSError:
         return None
     return int(m.group(1)) if m else None
+
+
+def _status_kib(field: str) -> int | None:
+    return _proc_kib("/proc/self/status", field)
 
 
 def current_rss_bytes() -> int:
@@ -61,6 +66,36 @@ def reset_peak_rss() -> bool:
         return True
     except OSError:
         return False
+
+
+def _cgroup_free_bytes() -> int | None:
+    """memory.max - memory.current of this process's cgroup (v2), None where unlimited or absent."""
+    try:
+        line = Path("/proc/self/cgroup").read_text().splitlines()[0]
+        base = Path("/sys/fs/cgroup") / line.split("::", 1)[1].lstrip("/")
+        limit = (base / "memory.max").read_text().strip()
+        if limit == "max":
+            return None
+        return int(limit) - int((base / "memory.current").read_text())
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def free_bytes(device: torch.device) -> int | None:
+    """Memory a job on ``device`` can still take: CUDA's free bytes on the device; on the CPU the
+    least of MemAvailable, the cgroup's headroom and the address-space limit's (RLIMIT_AS, what
+    ``ulimit -v`` sets). None where nothing can be read."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    candidates: list[int] = []
+    if (kib := _proc_kib("/proc/meminfo", "MemAvailable")) is not None:
+        candidates.append(kib * 1024)
+    if (cgroup := _cgroup_free_bytes()) is not None:
+        candidates.append(cgroup)
+    soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY and (vm := _status_kib("VmSize")) is not None:
+        candidates.append(soft - vm * 1024)
+    return min(candidates) if candidates else None
 
 
 class MemoryProbe:

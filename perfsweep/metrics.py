@@ -65,6 +65,8 @@ class StepFigures(Figures):
     data_wait_ms_median: float
     data_wait_fraction: float | None
     """Share of the measured steps' time spent waiting for the next batch."""
+    data_bound: bool | None
+    """:func:`data_bound` of ``data_wait_fraction``."""
     tokens_per_s: float | None
     """None for a model whose unit is samples (``model.unit``)."""
     samples_per_s: float
@@ -110,7 +112,8 @@ def summarize(
         noisy=bool(noisy_iqr(float(p75 - p25), float(p50))),
         measure_wall_ms=measure_wall_ms,
         data_wait_ms_median=float(np.median(waits)),
-        data_wait_fraction=float(waits.sum() / times.sum()) if times.sum() > 0 else None,
+        data_wait_fraction=(wait := float(waits.sum() / times.sum()) if times.sum() > 0 else None),
+        data_bound=data_bound(wait),
         tokens_per_s=tokens_per_step * len(measured) / window_s if tokens_per_step is not None else None,
         samples_per_s=samples_per_step * len(measured) / window_s,
         final_loss=measured[-1].loss,
@@ -152,6 +155,20 @@ def gpu_busy_fraction(gpu_busy_ms: float, step_ms: float) -> float:
     return gpu_busy_ms / step_ms if step_ms > 0 else float("nan")
 
 
+def data_bound(data_wait_fraction: float | None) -> bool | None:
+    """The loader, not the model, sets the pace: more than :data:`DATA_BOUND_WAIT_FRACTION` of the
+    measured steps' time went to waiting for the next batch (the seed course's test that the data
+    loader is not the bottleneck). Stored per run as ``runs.data_bound``; on CPU and GPU alike."""
+    return None if data_wait_fraction is None else bool(data_wait_fraction > DATA_BOUND_WAIT_FRACTION)
+
+
+def prediction_error(predicted_bytes: int | None, measured_bytes: int | None) -> float | None:
+    """``runs.predicted_peak_error``: predicted / measured - 1 (negative: the ledger predicted too little)."""
+    if not predicted_bytes or not measured_bytes:
+        return None
+    return predicted_bytes / measured_bytes - 1.0
+
+
 def bottleneck_verdict(
     gpu_busy_ms: float | None, step_time_ms_median: float | None, data_wait_fraction: float | None
 ) -> Verdict:
@@ -163,7 +180,7 @@ def bottleneck_verdict(
     if gpu_busy_ms is None or not step_time_ms_median:
         return Verdict()
     busy = gpu_busy_fraction(gpu_busy_ms, step_time_ms_median)
-    if data_wait_fraction is not None and data_wait_fraction > DATA_BOUND_WAIT_FRACTION:
+    if data_bound(data_wait_fraction):
         verdict = "data"
     elif busy >= GPU_BOUND_BUSY_FRACTION:
         verdict = "gpu"

@@ -21,7 +21,7 @@ import os
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +29,19 @@ import torch
 
 from perfsweep import compile as compile_mod
 from perfsweep import data as data_mod
-from perfsweep import task
+from perfsweep import ledger, task
 from perfsweep.config import AmpDtype, Device, PerfsweepConfig, to_run_config
 from perfsweep.envinfo import compute_dtype, environment, peak_flops
-from perfsweep.memory import MemoryProbe, MemorySnapshot, persistent_bytes, step_alloc_peak_bytes
-from perfsweep.metrics import StepRecord, bottleneck_verdict, flops_per_unit, model_flops_utilisation, summarize
+from perfsweep.memory import MemoryProbe, MemorySnapshot, free_bytes, persistent_bytes, step_alloc_peak_bytes
+from perfsweep.metrics import (
+    StepRecord,
+    bottleneck_verdict,
+    flops_per_unit,
+    model_flops_utilisation,
+    prediction_error,
+    summarize,
+)
+from perfsweep.model import padded_vocab
 from perfsweep.names import STAGES
 from perfsweep.profiling import ProfiledWindow
 from perfsweep.profiling import stage as labelled_stage
@@ -90,6 +98,9 @@ class Trainer:
     device: torch.device
     autocast: Callable[[], contextlib.AbstractContextManager]
     nvtx: bool
+    scale_drops: list[torch.Tensor] = field(default_factory=list)
+    """fp16 only: one 0-dim device tensor per step, true where GradScaler skipped the step (its
+    scale dropped: inf/NaN gradients); kept on the device so counting costs no synchronisation."""
     labelled: bool = False
     """Enter the stage labels (record_function, NVTX). Only the profiled window needs them, and
     outside a profiler they cost ~8 us each, ~40 us a step (benchmarks/bench_stage_labels.py)."""
@@ -110,7 +121,12 @@ class Trainer:
             self.scaler.scale(loss).backward()
         with stage(OPTIMIZER_STEP, nvtx):
             self.scaler.step(self.optimizer)
-            self.scaler.update()
+            if self.scaler.is_enabled():
+                before = self.scaler._scale.clone()  # noqa: SLF001 - the public get_scale() synchronises
+                self.scaler.update()
+                self.scale_drops.append(self.scaler._scale < before)  # noqa: SLF001
+            else:
+                self.scaler.update()
         with stage(ZERO_GRAD, nvtx):
             self.optimizer.zero_grad(set_to_none=True)
         return loss, (t_data - t0) * 1000.0
@@ -163,7 +179,9 @@ def build(cfg: PerfsweepConfig, device: torch.device, token_data: data_mod.Token
         raise ValueError(
             f"amp_dtype=fp16 with device={cfg.device.value} resolved to {device}: fp16 needs CUDA; use bf16"
         )
-    scaler = torch.amp.GradScaler(device.type, enabled=use_fp16 and device.type == "cuda")
+    scaler = torch.amp.GradScaler(
+        device.type, init_scale=cfg.grad_scaler_init_scale, enabled=use_fp16 and device.type == "cuda"
+    )
     amp_dtype = torch.float16 if use_fp16 else torch.bfloat16
 
     def autocast() -> contextlib.AbstractContextManager:
@@ -205,6 +223,42 @@ def model_figures(
     return out
 
 
+class PredictedOOM(Exception):
+    """``skip_predicted_oom=true`` and the ledger predicts more than the device has free."""
+
+
+def predict_memory(
+    cfg: PerfsweepConfig, token_data: data_mod.TokenData | None, device: torch.device
+) -> ledger.Ledger | None:
+    """The job's memory ledger (perfsweep.ledger), for perfsweep's GPT on token data; None for
+    other models, whose activations have no formula here."""
+    gpt = cfg.model.gpt
+    if gpt is None or token_data is None or cfg.seq_len is None:
+        return None
+    shape = ledger.GPTShape(
+        n_layers=gpt.n_layers,
+        n_heads=gpt.n_heads,
+        d_model=gpt.d_model,
+        d_ff=gpt.d_ff,
+        max_seq_len=gpt.max_seq_len,
+        vocab_padded=padded_vocab(token_data.vocab_size, gpt.vocab_multiple),
+        bias=gpt.bias,
+        dropout=gpt.dropout,
+    )
+    setting = ledger.Setting(cfg.batch, cfg.seq_len, cfg.amp, cfg.ckpt, cfg.compile, device.type)
+    return ledger.predict_gpt(shape, setting)
+
+
+def _skip_if_it_cannot_fit(predicted: ledger.Ledger, device: torch.device) -> None:
+    free = free_bytes(device)
+    if free is not None and not predicted.fits(free):
+        gib = 2**30
+        raise PredictedOOM(
+            f"predicted peak {predicted.peak_bytes / gib:.2f} GiB > {free / gib:.2f} GiB free on {device} "
+            f"less {ledger.SKIP_MARGIN_FRACTION:.0%} (skip_predicted_oom=true; the ledger is in runs.predicted_*)"
+        )
+
+
 def train(
     cfg: PerfsweepConfig,
     token_data: data_mod.TokenData | None,
@@ -225,6 +279,11 @@ def train(
     device = resolve_device(cfg.device)
     result.update(environment(device, launch_dir))
     job_dir.mkdir(parents=True, exist_ok=True)
+    predicted = predict_memory(cfg, token_data, device)
+    if predicted is not None:
+        result.update(predicted.row())  # on the row whatever the outcome: an oom row shows what was expected
+        if cfg.skip_predicted_oom:
+            _skip_if_it_cannot_fit(predicted, device)
 
     snapshot = None
     if cfg.profile.memory_snapshot and device.type == "cuda":
@@ -303,12 +362,16 @@ def _train(
         result["peak_allocated_bytes"] = persistent_bytes(raw, trainer.optimizer) + step_peak
         result["peak_mem_bytes"] = result["peak_allocated_bytes"]
 
+    result["predicted_peak_error"] = prediction_error(
+        result.get("predicted_peak_bytes"), result["peak_allocated_bytes"]
+    )
     summary = summarize(records, built.tokens_per_step, built.samples_per_step, window_ms)
     result.update(summary.row())
     dtype = compute_dtype(cfg.amp, cfg.amp_dtype.value)
     peak = peak_flops(result["device_name"], dtype) if device.type == "cuda" else None
     if result["flops_per_sample"] is not None:
         result.update(model_flops_utilisation(result["flops_per_sample"], summary.samples_per_s, peak, dtype).row())
+    result.update(grad_scaler_figures(trainer, result["measure_start_step"]))
     if cfg.compile:
         result["compile_time_ms"] = summary.compile_time_ms
         result["compile_cache"] = cfg.compile_cache.value
@@ -339,8 +402,24 @@ def _train(
     return result
 
 
+def grad_scaler_figures(trainer: Trainer, measure_start_step: int) -> dict[str, Any]:
+    """fp16's GradScaler: its scale after the measured steps and how many steps it skipped after
+    warmup (skips in warmup are the scale calibrating; later ones mean overflowing gradients).
+    Read after the measured steps, so the synchronisation they cost is outside the timings."""
+    if not trainer.scaler.is_enabled():
+        return {}
+    drops = torch.stack(trainer.scale_drops).tolist() if trainer.scale_drops else []
+    return {
+        "grad_scaler_final_scale": float(trainer.scaler.get_scale()),
+        "grad_scaler_skipped_steps": int(sum(drops[measure_start_step:])),
+    }
+
+
 def classify_error(exc: BaseException) -> str:
-    """Map an exception to a run status: oom for allocator failures on any device, else failed."""
+    """Map an exception to a run status: oom for allocator failures on any device, skipped for a
+    predicted one (skip_predicted_oom), else failed."""
+    if isinstance(exc, PredictedOOM):
+        return "skipped"
     return "oom" if task.is_oom(exc) else "failed"
 
 
@@ -372,7 +451,10 @@ def job_main(
         cfg = to_run_config(cfg_dict)
         conn.send(("result", train(cfg, token_data, Path(job_dir), label, launch_dir, progress, partial)))
     except BaseException as exc:  # noqa: BLE001 - every failure is a result
-        tb = traceback.format_exc(limit=8)
-        conn.send(("error", classify_error(exc), f"{type(exc).__name__}: {exc}", tb, partial))
+        if isinstance(exc, PredictedOOM):  # a decision, not a crash: no traceback
+            conn.send(("error", "skipped", str(exc), "", partial))
+        else:
+            tb = traceback.format_exc(limit=8)
+            conn.send(("error", classify_error(exc), f"{type(exc).__name__}: {exc}", tb, partial))
     finally:
         conn.close()

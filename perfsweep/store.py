@@ -197,6 +197,8 @@ class Run(Base):
     """Wall time of the measured window; tokens_per_s is the window's tokens over it."""
     data_wait_ms_median: Mapped[float | None] = mapped_column(Float)
     data_wait_fraction: Mapped[float | None] = mapped_column(Float)
+    data_bound: Mapped[bool | None] = mapped_column(Boolean)
+    """data_wait_fraction above names.DATA_BOUND_WAIT_FRACTION: the loader, not the model, sets the pace."""
     tokens_per_s: Mapped[float | None] = mapped_column(Float)
     samples_per_s: Mapped[float | None] = mapped_column(Float)
     final_loss: Mapped[float | None] = mapped_column(Float)
@@ -244,6 +246,35 @@ class Run(Base):
     num_alloc_retries: Mapped[int | None] = mapped_column(Integer)
     num_ooms: Mapped[int | None] = mapped_column(Integer)
     memory_snapshot_path: Mapped[str | None] = mapped_column(String(1000))
+    # memory ledger: predicted before the job trained (perfsweep.ledger; perfsweep's GPT only),
+    # bytes live at the predicted peak by category; they add up to predicted_peak_bytes
+    predicted_params_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    predicted_grads_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    predicted_optimizer_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    predicted_activations_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    """Saved activations, autocast's weight copies and checkpointed block inputs."""
+    predicted_logits_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    predicted_slack_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    """CUDA caching allocator's reserved-but-unused share (not in predicted_peak_bytes)."""
+    predicted_peak_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    """Predicted peak_allocated_bytes."""
+    predicted_peak_phase: Mapped[str | None] = mapped_column(String(16))
+    """backward_start or backward_end: the moment the ledger puts the peak at."""
+    predicted_peak_error: Mapped[float | None] = mapped_column(Float)
+    """predicted_peak_bytes / peak_allocated_bytes - 1 (negative: the ledger predicted too little)."""
+    # numerics: fp16's GradScaler and the loss against the sweep's FP32-eager twin (perfsweep.audit)
+    grad_scaler_final_scale: Mapped[float | None] = mapped_column(Float)
+    grad_scaler_skipped_steps: Mapped[int | None] = mapped_column(Integer)
+    """Optimizer steps GradScaler skipped for inf/NaN gradients (fp16 only)."""
+    numerics_twin_run_id: Mapped[int | None] = mapped_column(Integer)
+    """The run this one's losses were compared with: same sweep, settings, seed and steps, with
+    amp, ckpt and compile off."""
+    loss_max_rel_diff: Mapped[float | None] = mapped_column(Float)
+    """Largest |loss - twin loss| / |twin loss| over the steps both ran."""
+    numerics_diverged_step: Mapped[int | None] = mapped_column(Integer)
+    """First step whose loss left the tolerance (names.LOSS_TOLERANCE); null when none did."""
+    numerics_warning: Mapped[bool | None] = mapped_column(Boolean)
+    """A step left the tolerance, or a GradScaler skipped steps after warmup."""
     # torch.compile
     compile_time_ms: Mapped[float | None] = mapped_column(Float)
     compile_payback_steps: Mapped[float | None] = mapped_column(Float)

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 import pandas as pd
 from sqlalchemy import or_, select, update
 from sqlalchemy.engine import Engine
 
-from perfsweep import metrics, store
+from perfsweep import audit, metrics, store
 from perfsweep.cli import first_line
 from perfsweep.configs import per_config, prepare_runs, setting_columns
-from perfsweep.names import GRID_AXES, NOISY_IQR_FRACTION, ON_OFF_AXES, SETTING_PREFIX
+from perfsweep.names import DATA_BOUND_WAIT_FRACTION, GRID_AXES, NOISY_IQR_FRACTION, ON_OFF_AXES, SETTING_PREFIX
 from perfsweep.results import load_runs
 
 log = logging.getLogger(__name__)
@@ -121,6 +122,16 @@ def _speedup_text(verdict: str | None, value: float, lo: float, hi: float) -> st
     return f"{value:.2f}x" if pd.isna(lo) else f"{value:.2f}x ({lo:.2f}-{hi:.2f}) {verdict}"
 
 
+def numerics_text(diverged_step: Any, scaler_skipped: Any) -> str:
+    """'diverged at step 7', '3 steps skipped (fp16)', or both: why a run's numerics are flagged."""
+    parts = []
+    if pd.notna(diverged_step):
+        parts.append(f"diverged at step {int(diverged_step)}")
+    if pd.notna(scaler_skipped) and scaler_skipped:
+        parts.append(f"{int(scaler_skipped)} steps skipped (fp16)")
+    return ", ".join(parts) or "flagged"
+
+
 def format_summary(runs: pd.DataFrame) -> str:
     """A compact table, one row per config (:func:`perfsweep.configs.per_config`: repeats
     combined, as the report shows them): only the axes that vary, tokens/s (samples/s for models
@@ -154,6 +165,23 @@ def format_summary(runs: pd.DataFrame) -> str:
         speed = per[["speedup_verdict", "speedup", "speedup_ci_lo", "speedup_ci_hi"]].itertuples(index=False)
         out["speedup (95% CI)"] = [_speedup_text(*r) for r in speed]
     out["peak mem MiB"] = per["peak_mem_bytes"].map(lambda v: f"{v / 2**20:,.1f}" if pd.notna(v) else "-")
+    if per["predicted_peak_bytes"].notna().any():  # perfsweep.ledger's prediction, and how far off it was
+        out["predicted MiB (err)"] = [
+            "-" if pd.isna(p) else f"{p / 2**20:,.1f}" + ("" if pd.isna(e) else f" ({e:+.0%})")
+            for p, e in zip(per["predicted_peak_bytes"], per["predicted_peak_error"], strict=True)
+        ]
+    if per["numerics_warning"].eq(1).any():
+        out["numerics"] = [
+            "-" if pd.isna(w) else ("ok" if not w else numerics_text(step, skipped))
+            for w, step, skipped in zip(
+                per["numerics_warning"], per["numerics_diverged_step"], per["grad_scaler_skipped_steps"], strict=True
+            )
+        ]
+    if per["data_bound"].eq(1).any():
+        out["data wait"] = [
+            "-" if pd.isna(f) else f"{f:.0%}" + (" bound" if bound == 1 else "")
+            for f, bound in zip(per["data_wait_fraction"], per["data_bound"], strict=True)
+        ]
     if per["mfu"].notna().any():  # GPUs with a known peak (perfsweep.envinfo.PEAK_FLOPS)
         out["MFU"] = per["mfu"].map(lambda v: f"{v:.1%}" if pd.notna(v) else "-")
     if per["bottleneck"].notna().any():  # GPU runs with a profiled window; never shown for CPU
@@ -166,6 +194,16 @@ def format_summary(runs: pd.DataFrame) -> str:
     notes = []
     if per["noisy"].any():
         notes.append(f"! noisy: step-time (or repeats' throughput) IQR above {NOISY_IQR_FRACTION:.0%} of the median")
+    if per["data_bound"].eq(1).any():
+        notes.append(
+            f"bound: more than {DATA_BOUND_WAIT_FRACTION:.0%} of the measured steps went to waiting for the next "
+            "batch; the data loader sets the pace (raise workers, or prepare batches ahead)"
+        )
+    if per["numerics_warning"].eq(1).any():
+        notes.append(
+            "numerics: the loss left the tolerance of its FP32-eager twin (names.LOSS_TOLERANCE) from the step "
+            "shown, or fp16's GradScaler skipped measured steps; see runs.loss_max_rel_diff"
+        )
     if per["unsettled"].any():
         notes.append("~ the step time never settled in warmup (steps.max_warmup or steps.max_warmup_s reached)")
     return text + ("\n" + "; ".join(notes) if notes else "")
@@ -184,6 +222,7 @@ def finish_sweep(url: str, sweep_dir: str, make_report: bool = True, status: str
         fill_compile_payback(engine, sweep_id)
         fill_speedups(engine, sweep_id)
         fill_cpu_utilisation(engine, sweep_id)
+        audit.audit_sweep(engine, sweep_id)
         df = summary_frame(engine, sweep_id)
         n_ok = int((df["status"] == "ok").sum())
         print(f"\nSweep {sweep_id} ({len(df)} run{'s' if len(df) != 1 else ''}, {n_ok} ok)")

@@ -178,6 +178,22 @@ def full_result(sweep_id: int, job_num: int = 3) -> dict[str, Any]:
         "step_time_ms_std": 1.4142135623730951,
         "data_wait_ms_median": 0.015625,
         "data_wait_fraction": 1.5e-4,
+        "data_bound": False,
+        "predicted_params_bytes": 2 * GiB + 3,
+        "predicted_grads_bytes": 0,
+        "predicted_optimizer_bytes": 4 * GiB + 6,
+        "predicted_activations_bytes": 30 * GiB + 1,
+        "predicted_logits_bytes": 40 * GiB + 7,
+        "predicted_slack_bytes": 4 * GiB + 9,
+        "predicted_peak_bytes": 76 * GiB + 17,
+        "predicted_peak_phase": "backward_start",
+        "predicted_peak_error": -0.0375,
+        "grad_scaler_final_scale": 32768.0,
+        "grad_scaler_skipped_steps": 2,
+        "numerics_twin_run_id": 1,
+        "loss_max_rel_diff": 0.0123,
+        "numerics_diverged_step": 7,
+        "numerics_warning": True,
         "tokens_per_s": 20228.123456789012,
         "samples_per_s": 79.01610725308208,
         "final_loss": 3.2188758248682006,
@@ -767,3 +783,28 @@ def test_upgrade_to_any_model_keeps_every_row_and_lets_seq_len_be_null(tmp_path:
         row = s.get(store.Run, rid)
         assert (row.seq_len, row.tokens_per_s, row.samples_per_s) == (None, None, 120.0)
     engine.dispose()
+
+
+def test_upgrade_to_the_memory_ledger_adds_columns_and_the_data_bound_flag(tmp_path: Path):
+    """Schema 0008 on the H100 database: every row and child row kept, no stored value changed,
+    data_bound from the stored data_wait_fraction, the ledger and audit null (never predicted)."""
+    import shutil
+    import sqlite3
+
+    db = tmp_path / "old.db"
+    shutil.copy(Path(__file__).parent / "fixtures" / "h100" / "results-fp16-seed-snapshot-gpt2.db", db)
+    con = sqlite3.connect(db)
+    before = con.execute("SELECT * FROM runs ORDER BY id").fetchall()
+    con.close()
+    store.connect(f"sqlite:///{db}").dispose()
+    con = sqlite3.connect(db)
+    con.row_factory = sqlite3.Row
+    after = con.execute("SELECT * FROM runs ORDER BY id").fetchall()
+    assert len(after) == len(before) >= 6
+    for old, new in zip(before, after, strict=True):
+        assert tuple(new)[: len(old)] == tuple(old)  # the columns it had, in place and unchanged
+        assert new["data_bound"] == (
+            None if new["data_wait_fraction"] is None else int(new["data_wait_fraction"] > 0.1)
+        )
+        assert (new["predicted_peak_bytes"], new["numerics_warning"]) == (None, None)
+    con.close()

@@ -78,6 +78,12 @@ def test_default_sweep_rows(default_sweep: Path):
         # CPU: parameters + AdamW state (3 x 4 bytes a parameter) + the step's allocations
         assert r["peak_mem_bytes"] == r["peak_allocated_bytes"] > 3 * 4 * r["n_params"]
         assert r["peak_reserved_bytes"] is None  # no caching allocator on CPU
+        # the memory ledger, predicted before the job trained, next to what was measured
+        parts = [r[f"predicted_{k}_bytes"] for k in ("params", "grads", "optimizer", "activations", "logits")]
+        assert sum(parts) == r["predicted_peak_bytes"] > 0 and r["predicted_slack_bytes"] == 0  # no slack on CPU
+        assert r["predicted_peak_error"] == pytest.approx(r["predicted_peak_bytes"] / r["peak_allocated_bytes"] - 1)
+        assert abs(r["predicted_peak_error"]) < 0.15, r  # the issue's target; docs/benchmarks.md has the figures
+        assert r["data_bound"] == int(r["data_wait_fraction"] > 0.10)
         assert r["device_type"] == "cpu" and r["torch_version"] and r["hostname"]
         # provenance: what can explain a difference between two runs' numbers
         assert r["cpu_model"] == envinfo.cpu_name() and r["cpu_count"] == os.cpu_count()

@@ -57,6 +57,7 @@ class PerfsweepSweeper(BasicSweeper):
             except preflight.COMPOSE_ERRORS as exc:
                 _refuse(f"{preflight.error_line(exc)} [grid point {i + 1}/{len(jobs)}: {' '.join(job)}]")
         from perfsweep import importer, launcher, schedule, summary  # torch, once every grid point composed
+        from perfsweep.names import EXIT_0_STATUSES
 
         first = run_cfgs[0]
         try:
@@ -139,7 +140,7 @@ class PerfsweepSweeper(BasicSweeper):
                 file=sys.stderr,
             )
             sys.exit(1)
-        if any(s != "ok" for s in statuses) and not first.allow_failures:
+        if any(s not in EXIT_0_STATUSES for s in statuses) and not first.allow_failures:
             print(
                 f"perfsweep: {launcher.not_ok_line(statuses)}; exit code 1 (allow_failures=true exits 0)",
                 file=sys.stderr,

@@ -25,7 +25,15 @@ from perfsweep import metrics
 from perfsweep.cli import UserError, first_line
 from perfsweep.configs import axis_name, axis_text, label_axes, per_config, throughputs
 from perfsweep.configs import baseline as pick_baseline
-from perfsweep.names import BOTTLENECK_RULE, GPU_BOUND_BUSY_FRACTION, KERNEL_CATEGORIES, NOISY_IQR_FRACTION, STAGES
+from perfsweep.names import (
+    BOTTLENECK_RULE,
+    DATA_BOUND_WAIT_FRACTION,
+    GPU_BOUND_BUSY_FRACTION,
+    KERNEL_CATEGORIES,
+    LOSS_TOLERANCE,
+    NOISY_IQR_FRACTION,
+    STAGES,
+)
 from perfsweep.report import charts, fmt, frames
 from perfsweep.report.charts import ChartSpec, Panel
 from perfsweep.results import load_child, load_sweep_runs
@@ -416,6 +424,65 @@ def results_table(configs: pd.DataFrame, limit: int = TOP_TABLE) -> tuple[str, s
     return fmt.table(out, right=[c for c in out.columns if c not in left]), note
 
 
+LEDGER_PARTS = (
+    ("params", "predicted_params_bytes"),
+    ("grads", "predicted_grads_bytes"),
+    ("optimizer", "predicted_optimizer_bytes"),
+    ("activations", "predicted_activations_bytes"),
+    ("logits", "predicted_logits_bytes"),
+)
+
+
+def ledger_md(configs: pd.DataFrame) -> str:
+    """The memory ledger per config: predicted peak (perfsweep.ledger) by category next to the
+    measured peak and the error; "" where nothing was predicted (models without a formula)."""
+    rows = configs[configs["predicted_peak_bytes"].notna()]
+    if rows.empty:
+        return ""
+    out = pd.DataFrame({"config": rows["label"].to_numpy(), "status": rows["status"].to_numpy()})
+    out["measured"] = [fmt.mem(v) for v in rows["peak_allocated_bytes"]]
+    out["predicted"] = [fmt.mem(v) for v in rows["predicted_peak_bytes"]]
+    out["error"] = [fmt.num(v, "{:+.1%}") for v in rows["predicted_peak_error"]]
+    out["peak at"] = rows["predicted_peak_phase"].fillna("-").str.replace("_", " ").to_numpy()
+    for name, column in LEDGER_PARTS:
+        out[name] = [fmt.mem(v) for v in rows[column]]
+    errors = rows["predicted_peak_error"].abs().dropna()
+    worst = f" The largest error here is {errors.max():.1%}." if not errors.empty else ""
+    return (
+        f"Predicted before each job trained, from the model's shape and the settings (`perfsweep/ledger.py` has the "
+        f"formulas and their sources); measured is `peak_allocated_bytes`. The parts add up to the predicted peak at "
+        f"the moment it happens: at the start of backward no gradient exists yet, at the end of backward the "
+        f"loss's buffers are gone.{worst}\n\n"
+        + fmt.table(out, right=[c for c in out.columns if c not in ("config", "status", "peak at")])
+    )
+
+
+def numerics_md(configs: pd.DataFrame) -> str:
+    """The numerics audit per config (perfsweep.audit): its FP32-eager twin, the largest relative
+    loss difference, the step it left the tolerance, fp16's GradScaler; "" where nothing was audited."""
+    rows = configs[configs["numerics_warning"].notna()]
+    if rows.empty:
+        return ""
+    labels = dict(zip(configs["id"], configs["label"], strict=True))
+    out = pd.DataFrame({"config": rows["label"].to_numpy()})
+    out["twin"] = [labels.get(t, f"run {int(t)}") if pd.notna(t) else "-" for t in rows["numerics_twin_run_id"]]
+    out["max loss diff"] = [fmt.num(v, "{:.2%}") for v in rows["loss_max_rel_diff"]]
+    out["tolerance"] = [
+        f"{LOSS_TOLERANCE[d if a else 'fp32']:.1%}" for a, d in zip(rows["amp"], rows["amp_dtype"], strict=True)
+    ]
+    out["diverged at step"] = [fmt.num(v) for v in rows["numerics_diverged_step"]]
+    if rows["grad_scaler_final_scale"].notna().any():
+        out["GradScaler scale"] = [fmt.num(v, "{:g}") for v in rows["grad_scaler_final_scale"]]
+        out["skipped steps"] = [fmt.num(v) for v in rows["grad_scaler_skipped_steps"]]
+    out["verdict"] = ["**numerics warning**" if w else "ok" for w in rows["numerics_warning"]]
+    return (
+        "Each run with AMP, checkpointing or compile on, against the sweep's run with the same settings and seed and all "
+        "three off (FP32 eager), step by step over the steps both ran (`perfsweep/audit.py`): a step is out when its "
+        "loss differs from the twin's by more than the tolerance of the run's compute dtype. Rows are the run "
+        "nearest each config's median.\n\n" + fmt.table(out, right=["max loss diff", "tolerance", "diverged at step"])
+    )
+
+
 def intervals_md(report: Report) -> str:
     """How the speedups' intervals were computed, and which speedups have none."""
     has = report.configs.loc[report.configs["ok"] & ~report.configs["is_baseline"], "speedup_ci_lo"].notna()
@@ -444,6 +511,16 @@ def headline_md(report: Report) -> list[str]:
     if not bad.empty:
         counts = ", ".join(f"{c} {s}" for s, c in bad["status"].value_counts().items())
         lines.append(f"- **Did not finish:** {counts}: {fmt.listing(bad['label'], 6)}.")
+    if (flagged := ok[ok["numerics_warning"].eq(1)]).shape[0]:
+        lines.append(
+            f"- **Numerics warning:** {fmt.listing(flagged['label'], 4)}: the loss left its FP32-eager twin's "
+            "(or fp16's GradScaler skipped measured steps); see Numerics below before trusting their speed."
+        )
+    if (bound := ok[ok["data_bound"].eq(1)]).shape[0]:
+        lines.append(
+            f"- **Data-bound:** {fmt.listing(bound['label'], 4)} spent more than {DATA_BOUND_WAIT_FRACTION:.0%} of "
+            "the measured steps waiting for the next batch: the loader sets their pace (raise `workers`)."
+        )
     if noisy := noisy_md(configs):
         lines.append(
             f"- **Noisy timings:** {noisy} ({fmt.listing(ok.loc[ok['noisy'], 'label'], 4)}); compare them "
@@ -473,6 +550,14 @@ def _report_md(report: Report) -> str:
     when = "" if pd.isna(start) else f", run {start:%Y-%m-%d %H:%M}" + (f" - {end:%H:%M}" if pd.notna(end) else "")
     names = f"{', '.join(map(str, sweeps['id']))} ({', '.join(dict.fromkeys(sweeps['name'].astype(str)))})"
     headline = "\n".join(headline_md(report))
+    sections = "".join(
+        f"\n## {title}\n\n{body}\n"
+        for title, body in (
+            ("Memory: predicted and measured", ledger_md(report.configs)),
+            ("Numerics: loss against the FP32-eager twin", numerics_md(report.configs)),
+        )
+        if body
+    )
     return f"""# perfsweep report: sweep {names}
 
 {len(runs):,} run{"s" if len(runs) != 1 else ""} ({counts}){when} UTC; generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC} from `{report.db}`.
@@ -490,7 +575,7 @@ with its IQR and coefficient of variation as shares of it; speedup is vs the bas
 tensors.{" " + intervals if (intervals := intervals_md(report)) else ""}
 
 {table}
-
+{sections}
 ## Charts
 
 {"".join(drawn)}{skipped}## Environment

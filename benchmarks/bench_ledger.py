@@ -1,0 +1,107 @@
+"""How close the memory ledger (perfsweep/ledger.py) comes to the measured peak.
+
+Runs real sweeps on this machine's CPU and reads ``predicted_peak_bytes`` next to the measured
+``peak_allocated_bytes`` from their results.db; then, where the shared H100 databases are beside
+the project (../shared/gpu/h100-2026-11-22), predicts each of their runs from its stored config
+and compares with the peak the H100 measured. Target: within 15% for perfsweep's GPT. Usage:
+
+    python benchmarks/bench_ledger.py            # CPU sweeps (a few minutes on 2 cores) + H100 files
+    python benchmarks/bench_ledger.py --h100-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sqlite3
+import subprocess
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+from perfsweep import ledger
+
+SWEEPS = {
+    "default sweep": ["amp=true,false", "ckpt=true,false"],
+    "dropout 0.1 (CPU math attention)": ["model.dropout=0.1", "amp=true,false", "ckpt=true,false"],
+    "batch x seq_len": ["batch=4,16", "seq_len=64,256"],
+}
+H100 = Path(__file__).resolve().parents[2] / "shared" / "gpu" / "h100-2026-11-22"
+MIB = 2**20
+
+
+def cpu_rows() -> list[tuple[str, str, float, float, float]]:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, overrides in SWEEPS.items():
+            cmd = [sys.executable, "-m", "perfsweep", "-m", *overrides, "device=cpu", "report=false"]
+            subprocess.run(cmd, cwd=tmp, check=True, capture_output=True, env={**os.environ})
+            db = sqlite3.connect(Path(tmp) / "results.db")
+            sweep_id = db.execute("SELECT max(id) FROM sweeps").fetchone()[0]
+            for overrides_text, pred, meas, err in db.execute(
+                "SELECT overrides, predicted_peak_bytes, peak_allocated_bytes, predicted_peak_error FROM runs "
+                "WHERE sweep_id = ? AND status = 'ok' ORDER BY job_num",
+                (sweep_id,),
+            ):
+                rows.append((name, overrides_text, pred / MIB, meas / MIB, err))
+    return rows
+
+
+def h100_rows() -> list[tuple[str, str, float, float | None, float | None]]:
+    rows = []
+    for db_path in sorted(H100.glob("results-*.db")):
+        db = sqlite3.connect(f"file:{db_path}?immutable=1", uri=True)
+        for cfg_json, status, peak, vocab in db.execute(
+            "SELECT config_json, status, peak_allocated_bytes, vocab_size FROM runs WHERE vocab_size IS NOT NULL"
+        ):
+            cfg, m = json.loads(cfg_json), json.loads(cfg_json)["model"]
+            shape = ledger.GPTShape(  # these runs predate vocab padding: the vocabulary as it was
+                m["n_layers"], m["n_heads"], m["d_model"], m["d_ff"], m["max_seq_len"], vocab, m["bias"], m["dropout"]
+            )
+            setting = ledger.Setting(cfg["batch"], cfg["seq_len"], cfg["amp"], cfg["ckpt"], cfg["compile"], "cuda")
+            pred = ledger.predict_gpt(shape, setting).peak_bytes
+            label = (
+                f"{m['name']} {cfg['amp_dtype'] if cfg['amp'] else 'fp32'} ckpt={cfg['ckpt']} "
+                f"compile={cfg['compile']} {cfg['batch']}x{cfg['seq_len']} ({status})"
+            )
+            rows.append(
+                (db_path.name, label, pred / MIB, peak / MIB if peak else None, pred / peak - 1 if peak else None)
+            )
+    return rows
+
+
+def table(rows: list[tuple]) -> str:
+    lines = ["| sweep | config | predicted MiB | measured MiB | error |", "|---|---|---:|---:|---:|"]
+    for name, label, pred, meas, err in rows:
+        m = f"{meas:,.1f}" if meas is not None else "-"
+        e = f"{err:+.1%}" if err is not None else "-"
+        lines.append(f"| {name} | {label} | {pred:,.1f} | {m} | {e} |")
+    errors = [abs(r[4]) for r in rows if r[4] is not None]
+    if errors:
+        lines.append(
+            f"\nlargest |error| {max(errors):.1%}, mean {sum(errors) / len(errors):.1%} over {len(errors)} runs"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--h100-only", action="store_true")
+    args = parser.parse_args()
+    print(
+        f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.node()}, {platform.processor() or platform.machine()}"
+    )
+    if not args.h100_only:
+        print("\nCPU sweeps on this machine:\n")
+        print(table(cpu_rows()))
+    if H100.is_dir():
+        print(f"\nShared H100 runs ({H100}):\n")
+        print(table(h100_rows()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
