@@ -38,7 +38,9 @@ def cpu_rows() -> list[tuple[str, str, float, float, float]]:
     with tempfile.TemporaryDirectory() as tmp:
         for name, overrides in SWEEPS.items():
             cmd = [sys.executable, "-m", "perfsweep", "-m", *overrides, "device=cpu", "report=false"]
-            subprocess.run(cmd, cwd=tmp, check=True, capture_output=True, env={**os.environ})
+            res = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, env={**os.environ})
+            if res.returncode != 0:
+                raise SystemExit(f"{' '.join(cmd[2:])} failed:\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}")
             db = sqlite3.connect(Path(tmp) / "results.db")
             sweep_id = db.execute("SELECT max(id) FROM sweeps").fetchone()[0]
             for overrides_text, pred, meas, err in db.execute(

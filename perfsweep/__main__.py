@@ -20,7 +20,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from perfsweep import preflight
-from perfsweep.config import ConfigError, register_configs, to_run_config
+from perfsweep.config import MAX_BATCH, ConfigError, register_configs, to_run_config
 from perfsweep.names import EXIT_0_STATUSES
 
 # torch, pandas and SQLAlchemy are imported inside hydra_main: a typo, --help or a subcommand
@@ -68,6 +68,10 @@ def hydra_main(cfg: DictConfig) -> str:
             if run_cfg.order.value != "grid":
                 raise ConfigError(
                     f"invalid config: order={run_cfg.order.value}: orders the rounds of a multirun; add -m"
+                )
+            if run_cfg.batch == MAX_BATCH:
+                raise ConfigError(
+                    "invalid config: batch=max: searches with several jobs, each in its own process; add -m"
                 )
             if run_cfg.repeat > 1:
                 raise ConfigError(

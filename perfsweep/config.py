@@ -139,6 +139,9 @@ class CkptImpl(str, enum.Enum):
     """The model's own ``gradient_checkpointing_enable()`` (Hugging Face models), non-reentrant."""
 
 
+MAX_BATCH = "max"
+"""``batch=max``: search for the largest batch that fits (perfsweep.search)."""
+
 GPT_TARGET = "perfsweep.model.build"
 """The factory of perfsweep's own GPT: the presets in ``conf/model/`` name it."""
 
@@ -423,6 +426,8 @@ class SweepContext:
     grid_index: int = 0
     """The job's grid point, in the grid's own order (``job_num`` is its place in the run order,
     which ``order=shuffle`` changes)."""
+    batch_search_id: int | None = None
+    """``batch_searches.id`` of the ``batch=max`` search this job is a try of."""
 
     def __post_init__(self) -> None:
         _require(self.n_jobs >= 1, "sweep.n_jobs", self.n_jobs, "must be >= 1")
@@ -436,8 +441,10 @@ class PerfsweepConfig:
     """Run forward and loss under torch.autocast with ``amp_dtype``."""
     ckpt: bool = False
     """Activation checkpointing: each block recomputes its activations in backward."""
-    batch: int = 8
-    """Sequences per optimizer step."""
+    batch: Any = 8
+    """Sequences (samples) per optimizer step; ``max`` (multirun) searches for the largest batch
+    that trains without running out of memory (perfsweep.search): the ledger's prediction first,
+    then real jobs, bisecting between the largest ok and the smallest oom batch."""
     seq_len: int | None = 128
     """Tokens per sequence; null for a model whose ``model.unit`` is samples."""
     compile: bool = False
@@ -454,6 +461,13 @@ class PerfsweepConfig:
     """torch.compile mode (default, reduce-overhead, max-autotune)."""
     compile_cache: CompileCache = CompileCache.isolated
     """isolated: each job compiles cold into its own cache; shared: reuse the user's caches."""
+    max_batch_cap: int = 4096
+    """``batch=max``: the largest batch the search tries; a config that still fits there is
+    reported as fitting at least this (``batch_searches.capped``)."""
+    job_memory_limit_mib: int | None = None
+    """CPU jobs: memory a job may take beyond its size at start-up (Linux RLIMIT_AS: address
+    space, so thread stacks count too); an allocation past it fails as ``oom``. Emulates a smaller
+    machine, and makes ``batch=max`` reach an OOM on a large one. null: no limit."""
     lr: float = 3e-4
     """AdamW learning rate."""
     grad_scaler_init_scale: float = 65536.0
@@ -504,7 +518,12 @@ class PerfsweepConfig:
     def __post_init__(self) -> None:
         self.model = _split(self.model or DEFAULT_MODEL, ModelConfig)
         self.data = _split(self.data, DataConfig)
-        _require(self.batch >= 1, "batch", self.batch, "must be a positive integer")
+        _require(
+            self.batch == MAX_BATCH or (type(self.batch) is int and self.batch >= 1),
+            "batch",
+            self.batch,
+            f"must be a positive integer, or {MAX_BATCH} (with -m: search for the largest batch that fits)",
+        )
         if self.model.unit == Unit.samples:
             _require(
                 self.data._target_ is not None,
@@ -540,6 +559,20 @@ class PerfsweepConfig:
             )
         _require(self.workers >= 0, "workers", self.workers, "must be >= 0")
         _require(self.lr > 0, "lr", self.lr, "must be > 0")
+        _require(self.max_batch_cap >= 1, "max_batch_cap", self.max_batch_cap, "must be a positive integer")
+        if self.job_memory_limit_mib is not None:
+            _require(
+                self.job_memory_limit_mib >= 1,
+                "job_memory_limit_mib",
+                self.job_memory_limit_mib,
+                "must be >= 1 or null",
+            )
+            _require(
+                self.device == Device.cpu,
+                "job_memory_limit_mib",
+                self.job_memory_limit_mib,
+                "needs device=cpu (it limits host address space, which CUDA reserves in bulk)",
+            )
         _require(self.grad_scaler_init_scale > 0, "grad_scaler_init_scale", self.grad_scaler_init_scale, "must be > 0")
         _require(self.timeout_s > 0, "timeout_s", self.timeout_s, "must be > 0 seconds")
         _require(self.repeat >= 1, "repeat", self.repeat, "must be a positive integer")

@@ -250,6 +250,17 @@ def _run_in_child(
     return (*outcome, decided)
 
 
+def job_free_bytes(cfg: PerfsweepConfig) -> tuple[str | None, int | None]:
+    """(device type, memory free to a job) as a fresh job process of ``cfg`` sees it (its memory
+    limit applied, its CUDA context open), for batch=max's prediction; (None, None) on failure."""
+    try:
+        with mp.get_context("spawn").Pool(1) as pool:
+            return pool.apply_async(runner.job_free_bytes, (to_plain_dict(cfg),)).get(timeout=cfg.timeout_s)
+    except Exception as exc:  # noqa: BLE001 - without a prediction the search starts at batch 1
+        log.warning("could not read the memory free to a job (%s); the batch search starts at 1", exc)
+        return None, None
+
+
 def _stop(proc: Any, grace_s: float) -> None:
     """Wait up to ``grace_s`` for the process to exit; then SIGINT, SIGTERM, SIGKILL in turn.
 
@@ -314,6 +325,7 @@ def run_job(spec: JobSpec) -> tuple[int | None, str]:
         run_uid=uuid.uuid4().hex,
         repeat_index=cfg.sweep.repeat_index,  # on the row from the start: a failed repeat says which it was
         grid_index=cfg.sweep.grid_index,
+        batch_search_id=cfg.sweep.batch_search_id,
     )
     run_id = _begin(engine, row)
     try:

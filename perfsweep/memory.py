@@ -52,6 +52,12 @@ def current_rss_bytes() -> int:
     return r if sys.platform == "darwin" else r * 1024
 
 
+def current_vm_bytes() -> int:
+    """The process's address-space size (VmSize), what RLIMIT_AS limits; 0 where unknown."""
+    kib = _status_kib("VmSize")
+    return kib * 1024 if kib is not None else 0
+
+
 def peak_rss_bytes() -> int:
     kib = _status_kib("VmHWM")
     if kib is not None:

@@ -20,6 +20,7 @@ NOT_MEASURED: tuple[str, ...] = (
     "order",
     "report",
     "skip_predicted_oom",
+    "max_batch_cap",
 )
 """Config keys that say where results go or how the sweep behaves, not what is measured: left out
 of ``runs.config_hash`` and of the settings that tell configs apart."""

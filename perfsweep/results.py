@@ -38,6 +38,18 @@ def load_sweeps(engine: Engine, sweep_ids: Sequence[int] | None = None) -> pd.Da
     return pd.read_sql_query(sql + where + " ORDER BY id", engine)
 
 
+def load_batch_searches(engine: Engine, sweep_ids: Sequence[int]) -> pd.DataFrame:
+    """The ``batch=max`` searches of ``sweep_ids`` (``batch_searches``), in the order they ran."""
+    sql = f"SELECT * FROM batch_searches WHERE sweep_id IN ({_ids_sql(sweep_ids)}) ORDER BY id"
+    return pd.read_sql_query(sql, engine)
+
+
+def search_label(overrides: object) -> str:
+    """A search's grid point without ``batch=max``: 'amp=true seq_len=64', or 'defaults'."""
+    parts = [o for o in str(overrides or "").split() if not o.startswith("batch=")]
+    return " ".join(parts) or "defaults"
+
+
 def resolve_sweep(engine: Engine, spec: str | int | None, option: str = "--sweep") -> int:
     """Sweep id for ``spec``: an id, a sweeps.name (latest with that name), or None for the latest."""
     sweeps = load_sweeps(engine)

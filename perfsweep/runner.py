@@ -423,6 +423,28 @@ def classify_error(exc: BaseException) -> str:
     return "oom" if task.is_oom(exc) else "failed"
 
 
+def apply_memory_limit(cfg: PerfsweepConfig) -> None:
+    """``job_memory_limit_mib``: cap this process's address space at its present size plus the
+    limit (RLIMIT_AS), so an allocation past it fails as torch's CPU out-of-memory error."""
+    if cfg.job_memory_limit_mib is None:
+        return
+    import resource
+
+    from perfsweep.memory import current_vm_bytes
+
+    limit = current_vm_bytes() + cfg.job_memory_limit_mib * 2**20
+    resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+
+
+def job_free_bytes(cfg_dict: dict[str, Any]) -> tuple[str, int | None]:
+    """Run in a spawned process like a job's: (device type, memory free to a job), with the job's
+    memory limit applied, for batch=max's prediction (the sweeper never opens a CUDA context)."""
+    cfg = to_run_config(cfg_dict)
+    apply_memory_limit(cfg)
+    device = resolve_device(cfg.device)
+    return device.type, free_bytes(device)
+
+
 def job_main(
     cfg_dict: dict[str, Any],
     token_data: data_mod.TokenData | None,
@@ -449,6 +471,7 @@ def job_main(
     partial: dict[str, Any] = {}
     try:
         cfg = to_run_config(cfg_dict)
+        apply_memory_limit(cfg)
         conn.send(("result", train(cfg, token_data, Path(job_dir), label, launch_dir, progress, partial)))
     except BaseException as exc:  # noqa: BLE001 - every failure is a result
         if isinstance(exc, PredictedOOM):  # a decision, not a crash: no traceback

@@ -172,6 +172,8 @@ class Run(Base):
     repeat_index: Mapped[int | None] = mapped_column(Integer)
     grid_index: Mapped[int | None] = mapped_column(Integer)
     """The run's grid point in the grid's own order (job_num is its place in the run order)."""
+    batch_search_id: Mapped[int | None] = mapped_column(ForeignKey("batch_searches.id"), index=True)
+    """The ``batch=max`` search this run was a try of (its oom tries included); null otherwise."""
     """Which repeat of its config this run is (0-based; ``repeat=N``); repeats share config_hash."""
     warmup_steps: Mapped[int | None] = mapped_column(Integer)
     """Warmup steps actually run: at least steps.warmup, more until the step time was steady."""
@@ -291,6 +293,43 @@ class Run(Base):
     kernels: Mapped[list[Kernel]] = relationship(cascade="all, delete-orphan")
     ops: Mapped[list[Op]] = relationship(cascade="all, delete-orphan")
     artifacts: Mapped[list[Artifact]] = relationship(cascade="all, delete-orphan")
+
+
+class BatchSearch(Base):
+    """One ``batch=max`` grid point: the largest batch that trained, found by real jobs (their
+    rows point here through ``runs.batch_search_id``), with the figures of the run at that batch
+    copied in so the common question needs no join."""
+
+    __tablename__ = "batch_searches"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    sweep_id: Mapped[int] = mapped_column(ForeignKey("sweeps.id"), index=True)
+    grid_index: Mapped[int | None] = mapped_column(Integer)
+    overrides: Mapped[str | None] = mapped_column(Text)
+    """The grid point's overrides (``batch=max`` among them)."""
+    seq_len: Mapped[int | None] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16))
+    """running, done (max_batch found), none_fit (batch 1 ran out of memory), failed (a try ended
+    other than ok or oom: see error) or interrupted."""
+    error: Mapped[str | None] = mapped_column(Text)
+    free_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    """Device memory free to a job when the search began (what the prediction was held against)."""
+    predicted_max_batch: Mapped[int | None] = mapped_column(Integer)
+    """The ledger's largest fitting batch, where the search started (null: no ledger; it starts at 1)."""
+    max_batch: Mapped[int | None] = mapped_column(Integer)
+    """The largest batch that trained ok."""
+    first_oom_batch: Mapped[int | None] = mapped_column(Integer)
+    """The smallest batch that ran out of memory: max_batch + 1 when the search finished."""
+    capped: Mapped[bool | None] = mapped_column(Boolean)
+    """max_batch reached max_batch_cap without an oom: the true maximum may be larger."""
+    n_tried: Mapped[int | None] = mapped_column(Integer)
+    best_run_id: Mapped[int | None] = mapped_column(Integer)
+    """The ok run at max_batch."""
+    tokens_per_s: Mapped[float | None] = mapped_column(Float)
+    samples_per_s: Mapped[float | None] = mapped_column(Float)
+    peak_allocated_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
 class Step(Base):

@@ -14,7 +14,7 @@ from perfsweep import audit, metrics, store
 from perfsweep.cli import first_line
 from perfsweep.configs import per_config, prepare_runs, setting_columns
 from perfsweep.names import DATA_BOUND_WAIT_FRACTION, GRID_AXES, NOISY_IQR_FRACTION, ON_OFF_AXES, SETTING_PREFIX
-from perfsweep.results import load_runs
+from perfsweep.results import load_batch_searches, load_runs, search_label
 
 log = logging.getLogger(__name__)
 
@@ -209,6 +209,27 @@ def format_summary(runs: pd.DataFrame) -> str:
     return text + ("\n" + "; ".join(notes) if notes else "")
 
 
+def format_searches(searches: pd.DataFrame) -> str:
+    """One line per batch=max search: the largest batch that fits and what it bought."""
+    if searches.empty:
+        return ""
+    lines = ["Largest batch that fits (batch=max):"]
+    for s in searches.itertuples():
+        where = search_label(s.overrides)
+        if s.status == "done":
+            rate = s.tokens_per_s if pd.notna(s.tokens_per_s) else s.samples_per_s
+            unit = "tokens/s" if pd.notna(s.tokens_per_s) else "samples/s"
+            above = f"oom at {int(s.first_oom_batch)}" if pd.notna(s.first_oom_batch) else "max_batch_cap reached"
+            mem = f", {s.peak_allocated_bytes / 2**20:,.1f} MiB" if pd.notna(s.peak_allocated_bytes) else ""
+            fig = f"{rate:,.0f} {unit}" if pd.notna(rate) else "no figure"
+            lines.append(f"  {where}: batch {int(s.max_batch)} ({above}; {fig}{mem}; {int(s.n_tried)} jobs)")
+        else:
+            lines.append(f"  {where}: {s.status}" + (f" ({s.error})" if isinstance(s.error, str) else ""))
+        if pd.notna(s.predicted_max_batch):
+            lines[-1] += f"; the ledger predicted {int(s.predicted_max_batch)}"
+    return "\n".join(lines)
+
+
 def finish_sweep(url: str, sweep_dir: str, make_report: bool = True, status: str = "done") -> None:
     """Mark the sweep at ``sweep_dir`` ``status`` (done or interrupted), print its summary from the
     database, then build its report."""
@@ -227,6 +248,8 @@ def finish_sweep(url: str, sweep_dir: str, make_report: bool = True, status: str
         n_ok = int((df["status"] == "ok").sum())
         print(f"\nSweep {sweep_id} ({len(df)} run{'s' if len(df) != 1 else ''}, {n_ok} ok)")
         print(format_summary(df))
+        if text := format_searches(load_batch_searches(engine, [sweep_id])):
+            print(text)
         where = engine.url.render_as_string(hide_password=True)
         print(f"\nResults: {where} (sweep_id={sweep_id})")
         if engine.url.get_backend_name() == "sqlite":

@@ -36,6 +36,8 @@ def test_defaults_compose_and_validate():
     ("overrides", "key"),
     [
         (["batch=0"], "batch=0"),
+        (["batch=abc"], "batch='abc'"),  # batch is typed in __post_init__: an integer, or max
+        (["batch=2.5"], "batch=2.5"),
         (["seq_len=-1"], "seq_len=-1"),
         (["seq_len=4096"], "seq_len=4096"),  # beyond model.max_seq_len
         (["workers=-2"], "workers=-2"),
@@ -56,7 +58,7 @@ def test_range_errors_name_key_value_and_rule(overrides, key):
     assert "must" in msg  # says what is allowed
 
 
-@pytest.mark.parametrize("override", ["batch=abc", "amp=maybe", "amp_dtype=fp8", "device=tpu", "nosuchkey=1"])
+@pytest.mark.parametrize("override", ["amp=maybe", "amp_dtype=fp8", "device=tpu", "nosuchkey=1"])
 def test_wrong_type_or_unknown_key_fails_at_composition(override):
     with pytest.raises(ConfigCompositionException):
         compose_cfg([override])

@@ -125,6 +125,8 @@ def _third_party(path: Path, module: str) -> set[str]:
         ("perfsweep.metrics", {"perfsweep", "numpy"}),  # the job process imports it; pandas is not needed
         # configs: the summary's and the report's shared grouping, without matplotlib or torch
         ("perfsweep.configs", {"perfsweep", "numpy", "pandas"}),
+        # the memory ledger is arithmetic: the launcher, the report and a notebook can predict without torch
+        ("perfsweep.ledger", set()),
         # config imports only what it validates with: Hydra's schema store and OmegaConf
         ("perfsweep.config", {"hydra", "omegaconf"}),
     ],

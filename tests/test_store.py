@@ -30,7 +30,7 @@ from tests.util import run_row
 # The session-scoped ``pg_url`` fixture (a no-op when conftest.py already loads tests.pg).
 pytest_plugins = ["tests.pg"]
 
-TABLES = {"sweeps", "runs", "steps", "stages", "kernels", "ops", "artifacts"}
+TABLES = {"sweeps", "runs", "steps", "stages", "kernels", "ops", "artifacts", "batch_searches"}
 CHILD_TABLES = ("steps", "stages", "kernels", "ops", "artifacts")
 ALL_TABLES = ("sweeps", "runs", *CHILD_TABLES)
 GiB = 2**30
@@ -179,6 +179,7 @@ def full_result(sweep_id: int, job_num: int = 3) -> dict[str, Any]:
         "data_wait_ms_median": 0.015625,
         "data_wait_fraction": 1.5e-4,
         "data_bound": False,
+        "batch_search_id": None,  # a reference: tests/test_search.py stores real ones
         "predicted_params_bytes": 2 * GiB + 3,
         "predicted_grads_bytes": 0,
         "predicted_optimizer_bytes": 4 * GiB + 6,
@@ -661,14 +662,21 @@ def test_sqlite_wal_mode_and_busy_timeout(tmp_path, engines):
         plain.close()
 
 
-def test_upgrade_fills_per_step_operator_columns_of_old_rows(tmp_path: Path):
-    """The H100 database (schema 0001) upgraded: each old ops row gets calls and FLOPs per step,
-    its window totals divided by its run's profile.active; the totals themselves are unchanged."""
+def old_h100_db(tmp_path: Path) -> Path:
+    """A copy of the H100 fixture database (tests/fixtures/h100, schema 0001) to upgrade."""
     import shutil
-    import sqlite3
 
     db = tmp_path / "old.db"
     shutil.copy(Path(__file__).parent / "fixtures" / "h100" / "results-fp16-seed-snapshot-gpt2.db", db)
+    return db
+
+
+def test_upgrade_fills_per_step_operator_columns_of_old_rows(tmp_path: Path):
+    """The H100 database (schema 0001) upgraded: each old ops row gets calls and FLOPs per step,
+    its window totals divided by its run's profile.active; the totals themselves are unchanged."""
+    import sqlite3
+
+    db = old_h100_db(tmp_path)
     con = sqlite3.connect(db)
     before = con.execute("SELECT id, calls, flops FROM ops ORDER BY id").fetchall()
     con.close()
@@ -690,11 +698,9 @@ def test_upgrade_fills_per_step_operator_columns_of_old_rows(tmp_path: Path):
 def test_upgrade_to_provenance_fills_git_dirty_and_changes_no_value(tmp_path: Path):
     """Schema 0005 on an old database: the new columns exist, git_dirty is read off the old
     "-dirty" suffix, and every value stored before is unchanged."""
-    import shutil
     import sqlite3
 
-    db = tmp_path / "old.db"
-    shutil.copy(Path(__file__).parent / "fixtures" / "h100" / "results-fp16-seed-snapshot-gpt2.db", db)
+    db = old_h100_db(tmp_path)
     con = sqlite3.connect(db)
     con.execute("UPDATE runs SET git_commit = 'abc123-dirty' WHERE id = (SELECT MIN(id) FROM runs)")
     con.commit()
@@ -717,13 +723,11 @@ def test_upgrade_to_provenance_fills_git_dirty_and_changes_no_value(tmp_path: Pa
 def test_upgrade_to_statistics_derives_spread_of_old_rows_from_their_steps(tmp_path: Path):
     """Schema 0006 on the H100 database: IQR, CV, noisy and the window time of each old run come
     from its stored measured steps (numpy here), timing_mode is sync, steady_state stays null."""
-    import shutil
     import sqlite3
 
     import numpy as np
 
-    db = tmp_path / "old.db"
-    shutil.copy(Path(__file__).parent / "fixtures" / "h100" / "results-fp16-seed-snapshot-gpt2.db", db)
+    db = old_h100_db(tmp_path)
     store.connect(f"sqlite:///{db}").dispose()
     con = sqlite3.connect(db)
     runs = con.execute(
@@ -752,11 +756,9 @@ def test_upgrade_to_any_model_keeps_every_row_and_lets_seq_len_be_null(tmp_path:
     """Schema 0007 on the H100 database: SQLite copies ``runs`` to make seq_len nullable (with its
     child rows' references intact), old rows get flops_method 'formula' and FLOPs per sample =
     per token x seq_len, and a samples model's row (seq_len null) can then be stored."""
-    import shutil
     import sqlite3
 
-    db = tmp_path / "old.db"
-    shutil.copy(Path(__file__).parent / "fixtures" / "h100" / "results-fp16-seed-snapshot-gpt2.db", db)
+    db = old_h100_db(tmp_path)
     con = sqlite3.connect(db)
     before = con.execute("SELECT id, seq_len, flops_per_token, tokens_per_s FROM runs ORDER BY id").fetchall()
     children = {t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("steps", "stages", "ops")}
@@ -788,11 +790,9 @@ def test_upgrade_to_any_model_keeps_every_row_and_lets_seq_len_be_null(tmp_path:
 def test_upgrade_to_the_memory_ledger_adds_columns_and_the_data_bound_flag(tmp_path: Path):
     """Schema 0008 on the H100 database: every row and child row kept, no stored value changed,
     data_bound from the stored data_wait_fraction, the ledger and audit null (never predicted)."""
-    import shutil
     import sqlite3
 
-    db = tmp_path / "old.db"
-    shutil.copy(Path(__file__).parent / "fixtures" / "h100" / "results-fp16-seed-snapshot-gpt2.db", db)
+    db = old_h100_db(tmp_path)
     con = sqlite3.connect(db)
     before = con.execute("SELECT * FROM runs ORDER BY id").fetchall()
     con.close()

@@ -56,12 +56,12 @@ class PerfsweepSweeper(BasicSweeper):
                 run_cfgs.append(to_run_config(OmegaConf.masked_copy(job_cfg, [k for k in job_cfg if k != "hydra"])))
             except preflight.COMPOSE_ERRORS as exc:
                 _refuse(f"{preflight.error_line(exc)} [grid point {i + 1}/{len(jobs)}: {' '.join(job)}]")
-        from perfsweep import importer, launcher, schedule, summary  # torch, once every grid point composed
+        from perfsweep import importer, launcher, schedule, search, store, summary  # torch, once composed
         from perfsweep.names import EXIT_0_STATUSES
 
         first = run_cfgs[0]
-        try:
-            preflight.check_all(run_cfgs)
+        try:  # a batch=max point is checked at batch 1, where its search may start
+            preflight.check_all([_at_batch_1(c) if search.is_search(c) else c for c in run_cfgs])
         except ConfigError as exc:
             _refuse(str(exc))
         for key in ("repeat", "order", "report"):
@@ -118,19 +118,42 @@ class PerfsweepSweeper(BasicSweeper):
         print(f"perfsweep: {_jobs(len(todo))}, one process each; job folders under {sweep_dir}", file=sys.stderr)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         returns: list[Any] = []
+        searches = [p for p in todo if search.is_search(run_cfgs[order[p][0]])]
+        search_statuses: list[str] = []
+        next_num = [len(order)]  # a search's first try keeps its place in the plan; later tries come after
+
+        def launch_one(overrides: list[str], first_num: list[int]) -> str:
+            num = first_num.pop() if first_num else next_num[0]
+            if num >= len(order):
+                next_num[0] += 1
+            done = self.launcher.launch([[*overrides, f"sweep.n_jobs={max(len(order), num + 1)}"]], initial_job_idx=num)
+            return _status(done[0])
+
         end = "interrupted"
         try:
             with launcher.SweepHeartbeat(url, sweep_id):
-                for start, batch in _contiguous(todo, jobs):
+                for start, batch in _contiguous([p for p in todo if p not in searches], jobs):
                     self.validate_batch_is_legal(batch)
                     returns.append(self.launcher.launch(batch, initial_job_idx=start))
+                if searches:
+                    engine = store.connect(url)
+                    try:
+                        for p in searches:
+                            i, first_num = order[p][0], [p]
+                            point = [o for o in jobs[p] if not o.startswith("sweep.n_jobs=")]
+                            outcome = search.run(
+                                engine, sweep_id, i, point, run_cfgs[i], lambda o, f=first_num: launch_one(o, f)
+                            )
+                            search_statuses.append(outcome.exit_status)
+                    finally:
+                        engine.dispose()
             end = "done"
         finally:
             try:
                 summary.finish_sweep(url, str(sweep_dir), make_report=first.report, status=end)
             except Exception as exc:  # noqa: BLE001 - never hide the jobs' own outcome
                 print(f"perfsweep: could not print the summary from {url}: {exc}", file=sys.stderr)
-        statuses = [_status(r) for batch in returns for r in batch]
+        statuses = [_status(r) for batch in returns for r in batch] + search_statuses
         unsaved = importer.pending_files(url, str(sweep_dir))
         if unsaved:
             print(
@@ -147,6 +170,15 @@ class PerfsweepSweeper(BasicSweeper):
             )
             sys.exit(1)
         return returns
+
+
+def _at_batch_1(cfg: Any) -> Any:
+    """``cfg`` with batch 1: what preflight checks of a batch=max grid point."""
+    import copy
+
+    at = copy.copy(cfg)
+    at.batch = 1
+    return at
 
 
 def _jobs(n: int) -> str:

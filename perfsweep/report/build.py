@@ -36,7 +36,7 @@ from perfsweep.names import (
 )
 from perfsweep.report import charts, fmt, frames
 from perfsweep.report.charts import ChartSpec, Panel
-from perfsweep.results import load_child, load_sweep_runs
+from perfsweep.results import load_batch_searches, load_child, load_sweep_runs, search_label
 
 TOP_BARS = 30
 """Most configs a bar chart shows; larger sweeps show the fastest ones (plus the baseline)."""
@@ -81,6 +81,7 @@ class Report:
     baseline: str  # how the baseline config (``is_baseline`` in configs) was chosen
     where: str | None = None
     top: int = TOP_BARS
+    searches: pd.DataFrame = field(default_factory=pd.DataFrame)  # batch_searches rows (batch=max)
     charts: dict[str, Chart] = field(default_factory=dict)
     rate: str = "tokens/s"  # the unit of throughput_per_s: samples/s for models that count samples (fmt.RATES)
     db = property(lambda self: self.engine.url.render_as_string(hide_password=True))
@@ -317,6 +318,7 @@ def make_report(
     base_runs = runs["sweep_id"].isin(base["sweep_id"]) & runs["config_hash"].isin(base["config_hash"])
     report = Report(engine, sweeps, runs.assign(is_baseline=base_runs), configs, throughput, how, where, top)
     report.rate = fmt.RATES[metrics.rate_unit(runs["tokens_per_s"], runs["samples_per_s"])]
+    report.searches = load_batch_searches(engine, sweep_ids)
     for spec in (charts.for_rate(spec, report.rate) for spec in CHARTS.values()):
         chart = report.charts[spec.name] = Chart(spec.name, spec.title)
         try:
@@ -483,6 +485,44 @@ def numerics_md(configs: pd.DataFrame) -> str:
     )
 
 
+def searches_md(searches: pd.DataFrame) -> str:
+    """batch=max: per grid point the largest batch that trained, its throughput and memory, the
+    first batch that ran out of memory and how many jobs it took; "" for a sweep without one."""
+    if searches.empty:
+        return ""
+    out = pd.DataFrame({"config": [search_label(o) for o in searches["overrides"]]})
+    out["seq_len"] = [fmt.num(v) for v in searches["seq_len"]]
+    out["max batch"] = [
+        "none fits" if s == "none_fit" else fmt.num(b) + (" (cap)" if c == 1 else "")
+        for s, b, c in searches[["status", "max_batch", "capped"]].values
+    ]
+    out["tokens/s at max"] = [fmt.num(v) for v in searches["tokens_per_s"].fillna(searches["samples_per_s"])]
+    out["peak mem at max"] = [fmt.mem(v) for v in searches["peak_allocated_bytes"]]
+    out["first oom"] = [fmt.num(v) for v in searches["first_oom_batch"]]
+    out["ledger predicted"] = [fmt.num(v) for v in searches["predicted_max_batch"]]
+    out["jobs"] = [fmt.num(v) for v in searches["n_tried"]]
+    out["status"] = [
+        s if not isinstance(e, str) else f"{s}: {first_line(e, 60)}" for s, e in searches[["status", "error"]].values
+    ]
+    return (
+        "`batch=max` (`perfsweep/search.py`): from the memory ledger's prediction for the memory free to a job, real "
+        "jobs grew or shrank the batch until one ran out of memory, then bisected; every try is a row of `runs` "
+        "(`batch_search_id`), the outcome a row of `batch_searches`.\n\n"
+        + fmt.table(
+            out,
+            right=[
+                "seq_len",
+                "max batch",
+                "tokens/s at max",
+                "peak mem at max",
+                "first oom",
+                "ledger predicted",
+                "jobs",
+            ],
+        )
+    )
+
+
 def intervals_md(report: Report) -> str:
     """How the speedups' intervals were computed, and which speedups have none."""
     has = report.configs.loc[report.configs["ok"] & ~report.configs["is_baseline"], "speedup_ci_lo"].notna()
@@ -553,6 +593,7 @@ def _report_md(report: Report) -> str:
     sections = "".join(
         f"\n## {title}\n\n{body}\n"
         for title, body in (
+            ("Largest batch that fits", searches_md(report.searches)),
             ("Memory: predicted and measured", ledger_md(report.configs)),
             ("Numerics: loss against the FP32-eager twin", numerics_md(report.configs)),
         )

@@ -1,5 +1,6 @@
 """Memory you can plan with and numerics you can trust: the predicted memory ledger, the
-data-bound flag, GradScaler figures and the loss audit against the FP32-eager twin
+data-bound flag, GradScaler figures, the loss audit against the FP32-eager twin, and the
+batch_searches table of batch=max
 
 Revision ID: 0008
 Revises: 0007
@@ -44,9 +45,37 @@ RUN_COLUMNS = (
 
 
 def upgrade() -> None:
+    op.create_table(
+        "batch_searches",
+        sa.Column("id", sa.Integer(), nullable=False),
+        sa.Column("sweep_id", sa.Integer(), nullable=False),
+        sa.Column("grid_index", sa.Integer(), nullable=True),
+        sa.Column("overrides", sa.Text(), nullable=True),
+        sa.Column("seq_len", sa.Integer(), nullable=True),
+        sa.Column("status", sa.String(length=16), nullable=False),
+        sa.Column("error", sa.Text(), nullable=True),
+        sa.Column("free_bytes", sa.BigInteger(), nullable=True),
+        sa.Column("predicted_max_batch", sa.Integer(), nullable=True),
+        sa.Column("max_batch", sa.Integer(), nullable=True),
+        sa.Column("first_oom_batch", sa.Integer(), nullable=True),
+        sa.Column("capped", sa.Boolean(), nullable=True),
+        sa.Column("n_tried", sa.Integer(), nullable=True),
+        sa.Column("best_run_id", sa.Integer(), nullable=True),
+        sa.Column("tokens_per_s", sa.Float(), nullable=True),
+        sa.Column("samples_per_s", sa.Float(), nullable=True),
+        sa.Column("peak_allocated_bytes", sa.BigInteger(), nullable=True),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
+        sa.ForeignKeyConstraint(["sweep_id"], ["sweeps.id"]),
+        sa.PrimaryKeyConstraint("id"),
+    )
+    op.create_index("ix_batch_searches_sweep_id", "batch_searches", ["sweep_id"])
     with op.batch_alter_table("runs", schema=None) as batch_op:
         for column in RUN_COLUMNS:
             batch_op.add_column(column)
+        batch_op.add_column(sa.Column("batch_search_id", sa.Integer(), nullable=True))
+        batch_op.create_index("ix_runs_batch_search_id", ["batch_search_id"])
+        batch_op.create_foreign_key("fk_runs_batch_search_id", "batch_searches", ["batch_search_id"], ["id"])
     runs = sa.table("runs", sa.column("data_wait_fraction", sa.Float), sa.column("data_bound", sa.Boolean))
     op.get_bind().execute(
         runs.update()
@@ -57,5 +86,10 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     with op.batch_alter_table("runs", schema=None) as batch_op:
+        batch_op.drop_constraint("fk_runs_batch_search_id", type_="foreignkey")
+        batch_op.drop_index("ix_runs_batch_search_id")
+        batch_op.drop_column("batch_search_id")
         for column in reversed(RUN_COLUMNS):
             batch_op.drop_column(column.name)
+    op.drop_index("ix_batch_searches_sweep_id", table_name="batch_searches")
+    op.drop_table("batch_searches")

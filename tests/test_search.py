@@ -1,0 +1,113 @@
+"""batch=max: the search's logic against an oracle, then a real sweep whose jobs run out of a
+capped address space, into the database, the summary and the report."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from perfsweep.search import Outcome, predicted_max_batch, search, with_batch
+from tests.util import run_perfsweep
+from tests.util import sqlite_rows as rows
+
+
+def oracle(limit: int, log: list[int]):
+    def try_batch(b: int) -> str:
+        assert b not in log, f"batch {b} tried twice"
+        log.append(b)
+        return "ok" if b <= limit else "oom"
+
+    return try_batch
+
+
+@pytest.mark.parametrize("start", [1, 30, 37, 38, 40, 200, 4096])
+@pytest.mark.parametrize("limit", [1, 37, 1000])
+def test_search_finds_the_largest_ok_batch_from_any_start(start: int, limit: int) -> None:
+    log: list[int] = []
+    out = search(oracle(limit, log), start, cap=4096, predicted=start > 1)
+    assert (out.status, out.max_batch, out.first_oom_batch, out.capped) == ("done", limit, limit + 1, False)
+    assert [b for b, _ in out.tried] == log and len(log) <= 2 * 12 + 2  # logarithmic in the range
+    assert all((s == "ok") == (b <= limit) for b, s in out.tried)
+
+
+def test_a_good_prediction_needs_few_jobs() -> None:
+    log: list[int] = []
+    assert search(oracle(245, log), 240, cap=4096).max_batch == 245
+    assert len(log) <= 8, log  # 240 ok, 300 oom, then a bisection over 60
+
+
+def test_search_ends_at_the_cap_when_nothing_runs_out() -> None:
+    out = search(oracle(10**9, []), 100, cap=500)
+    assert (out.status, out.max_batch, out.first_oom_batch, out.capped) == ("done", 500, None, True)
+
+
+def test_nothing_fits_and_a_failed_try_end_the_search() -> None:
+    assert search(oracle(0, []), 8, cap=64).status == "none_fit"
+    out = search(lambda b: "ok" if b < 10 else "timeout", 8, cap=64)
+    assert out.status == "failed" and "batch=10 ended timeout" in out.error and out.max_batch is None
+    assert Outcome(status="done").exit_status == "ok" and out.exit_status == "failed"
+
+
+def test_overrides_of_a_try_and_the_predicted_start() -> None:
+    point = ["model=tiny", "batch=max", "sweep.id=3", "sweep.batch_search_id=1"]
+    assert with_batch(point, 12, batch_search_id=7) == [
+        "model=tiny",
+        "sweep.id=3",
+        "batch=12",
+        "sweep.batch_search_id=7",
+    ]
+    peak = {b: 100 + 10 * b for b in range(1, 10_000)}  # a ledger: 100 bytes fixed, 10 a sample
+    fits = lambda ledger, free: ledger <= free  # noqa: E731
+    assert predicted_max_batch(peak.get, 1_000, fits) == 90
+    assert predicted_max_batch(peak.get, 50, fits) == 1  # not even batch 1: a job shows it
+    assert predicted_max_batch(lambda b: None, 1_000, fits) is None  # no ledger for this model
+
+
+def test_batch_max_sweep_end_to_end(tmp_path: Path) -> None:
+    """Two threads and 300 MiB above start-up per job make the limit reachable on any machine."""
+    res = run_perfsweep(
+        [
+            "-m",
+            "model=tiny",
+            "data=synthetic",
+            "data.synthetic_vocab=2048",
+            "batch=max",
+            "seq_len=32",
+            "threads=2",
+            "job_memory_limit_mib=300",
+            "steps.warmup=1",
+            "steps.stable_window=0",
+            "steps.measure=2",
+            "profile.enabled=false",
+            "device=cpu",
+        ],
+        tmp_path,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    db = tmp_path / "results.db"
+    (found,) = rows(db, "SELECT * FROM batch_searches")
+    assert found["status"] == "done" and found["max_batch"] >= 2 and found["first_oom_batch"] == found["max_batch"] + 1
+    assert found["predicted_max_batch"] >= 1 and found["free_bytes"] > 0
+    tries = rows(db, "SELECT * FROM runs ORDER BY job_num")
+    assert len(tries) == found["n_tried"] >= 2 and {r["batch_search_id"] for r in tries} == {found["id"]}
+    for r in tries:  # every try below the limit trained, every one above ran out of memory
+        assert r["status"] == ("ok" if r["batch"] <= found["max_batch"] else "oom"), r
+        assert r["predicted_peak_bytes"] > 0  # oom rows keep what was predicted
+    best = next(r for r in tries if r["id"] == found["best_run_id"])
+    assert best["batch"] == found["max_batch"] and best["tokens_per_s"] == found["tokens_per_s"] > 0
+    assert f"batch {found['max_batch']} (oom at {found['max_batch'] + 1};" in res.stdout
+    subprocess.run(
+        [sys.executable, "-m", "perfsweep.report", "--db", "results.db", "--sweep", "1"], cwd=tmp_path, check=True
+    )
+    md = next(tmp_path.glob("multirun/*/*/report/report.md")).read_text()
+    assert "## Largest batch that fits" in md and f"| {found['max_batch']} |" in md
+
+
+def test_batch_max_needs_a_multirun(tmp_path: Path) -> None:
+    res = run_perfsweep(["batch=max", "model=tiny", "device=cpu"], tmp_path)
+    assert res.returncode == 2 and "batch=max: searches with several jobs" in res.stderr
+    res = run_perfsweep(["-m", "batch=maximum", "model=tiny", "device=cpu"], tmp_path)
+    assert res.returncode == 2 and "batch='maximum': must be a positive integer, or max" in res.stderr
