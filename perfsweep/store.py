@@ -736,6 +736,15 @@ def mark_interrupted(engine: Engine) -> int:
                     .where(Sweep.id == sw.id, Sweep.status == "running")
                     .values(status="interrupted", finished_at=sw.heartbeat_at or now)
                 )
+                s.execute(  # a batch=max search dies with its sweeper
+                    update(BatchSearch)
+                    .where(BatchSearch.sweep_id == sw.id, BatchSearch.status == "running")
+                    .values(
+                        status="interrupted",
+                        error="the sweep's process went away before the search finished",
+                        finished_at=sw.heartbeat_at or now,
+                    )
+                )
     if gone_runs:
         log.warning("marked %d run(s) interrupted: their processes are gone", len(gone_runs))
     return len(gone_runs)

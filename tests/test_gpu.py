@@ -153,6 +153,8 @@ def test_spawned_cuda_sweep_stage_times_verdict_and_snapshot_with_checkpointing(
         assert r["bottleneck"] in BOTTLENECKS and r["bottleneck_rule"] and r["gpu_busy_ms"] > 0
         assert con.execute("SELECT COUNT(*) FROM kernels WHERE run_id = ?", (r["id"],)).fetchone()[0] > 0
         assert r["vocab_size"] == 10000 and r["vocab_size_padded"] == 10112
+        # the memory ledger against the CUDA allocator's peak (issue 15's target: within 15%)
+        assert abs(r["predicted_peak_error"]) < 0.15 and r["predicted_slack_bytes"] > 0, r
         snap = pickle.loads(Path(r["memory_snapshot_path"]).read_bytes())
         assert "segments" in snap and "device_traces" in snap
     con.close()
@@ -165,3 +167,19 @@ def test_spawned_cuda_sweep_stage_times_verdict_and_snapshot_with_checkpointing(
     job = Path(runs[1]["job_dir"])  # ckpt=false, as the sweep wrote it
     temporal = TraceAnalysis(trace_dir=str(job)).get_temporal_breakdown(visualize=False).iloc[0]
     assert temporal["rank"] == 0 and temporal["compute_time(us)"] > 0
+
+
+def test_spawned_cuda_sweep_skips_a_config_predicted_not_to_fit(tmp_path: Path):
+    """skip_predicted_oom=true against the GPU's free memory: a GPT with d_model 65,536 (~5e10
+    parameters, far beyond any GPU) is stored skipped without training; the small one trains."""
+    res = run_perfsweep(
+        ["-m", "model=tiny", "model.d_model=32,65536", "data=synthetic", "batch=4", "seq_len=32", "device=cuda"]
+        + ["steps.warmup=1", "steps.measure=2", "profile.enabled=false", "skip_predicted_oom=true"],
+        tmp_path,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    con = sqlite3.connect(tmp_path / "results.db")
+    statuses = [r[0] for r in con.execute("SELECT status FROM runs ORDER BY job_num")]
+    (error,) = con.execute("SELECT error FROM runs WHERE status = 'skipped'").fetchone()
+    con.close()
+    assert statuses == ["ok", "skipped"] and "free on cuda" in error

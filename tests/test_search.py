@@ -111,3 +111,22 @@ def test_batch_max_needs_a_multirun(tmp_path: Path) -> None:
     assert res.returncode == 2 and "batch=max: searches with several jobs" in res.stderr
     res = run_perfsweep(["-m", "batch=maximum", "model=tiny", "device=cpu"], tmp_path)
     assert res.returncode == 2 and "batch='maximum': must be a positive integer, or max" in res.stderr
+
+
+def test_a_search_left_running_by_a_dead_sweeper_is_marked_interrupted(tmp_path: Path) -> None:
+    from sqlalchemy import update
+
+    from perfsweep import search as search_mod
+    from perfsweep import store
+    from perfsweep.config import PerfsweepConfig
+
+    engine = store.connect(f"sqlite:///{tmp_path / 'results.db'}")
+    sweep_id = store.start_sweep(engine, str(tmp_path / "sweep"), "s")
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    with store.session(engine) as s:  # the sweeper was that process, which has exited
+        s.execute(update(store.Sweep).where(store.Sweep.id == sweep_id).values(pid=int(gone.stdout)))
+    search_id = search_mod.begin(engine, sweep_id, 0, ["batch=max"], PerfsweepConfig(batch="max"))
+    store.mark_interrupted(engine)
+    (row,) = rows(tmp_path / "results.db", f"SELECT status, error FROM batch_searches WHERE id = {search_id}")
+    assert row["status"] == "interrupted" and "went away" in row["error"]
+    engine.dispose()
