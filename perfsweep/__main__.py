@@ -113,7 +113,7 @@ def hydra_main(cfg: DictConfig) -> str:
         command=command,
     )
     if multirun:
-        return launcher.run_job(spec)[1]
+        return launcher.launch(spec)
     url = launcher.db_url(run_cfg, launch_dir)
     assert sweep_id is not None  # reserved above for a single run
     try:

@@ -434,6 +434,27 @@ class SweepContext:
 
 
 @dataclass
+class LauncherConfig:
+    """How perfsweep's own launcher runs a multirun's jobs on this machine (with Hydra's default
+    launcher; other Hydra launchers, SLURM's included, bring their own concurrency)."""
+
+    parallel: int = 1
+    """Jobs at once, each a fresh process in its own slot: on CUDA its own ``gpus_per_job`` GPUs
+    (``CUDA_VISIBLE_DEVICES``), and on any device its own share of the CPU cores (affinity and
+    torch threads). A job waits for a free slot rather than share one. Concurrent jobs still share
+    memory bandwidth, PCIe and the host: their timings perturb each other, and the summary says so."""
+    gpus_per_job: int | None = None
+    """GPUs each job sees on CUDA; null: one per rank (``nproc``)."""
+
+    def __post_init__(self) -> None:
+        _require(self.parallel >= 1, "launcher.parallel", self.parallel, "must be a positive integer")
+        if self.gpus_per_job is not None:
+            _require(
+                self.gpus_per_job >= 1, "launcher.gpus_per_job", self.gpus_per_job, "must be a positive integer or null"
+            )
+
+
+@dataclass
 class PerfsweepConfig:
     """One grid point. The six grid axes are top-level keys so a sweep reads ``amp=true,false``."""
 
@@ -478,7 +499,12 @@ class PerfsweepConfig:
     seed: int = 0
     """Seeds torch, the data order and the synthetic corpus."""
     threads: int | None = None
-    """torch.set_num_threads in the job; null leaves torch's default."""
+    """torch.set_num_threads in the job (in each rank); null: the cores the job was given (its
+    launcher slot, its SLURM allocation, shared among its ranks), else torch's default."""
+    nproc: int = 1
+    """Ranks of one job: N > 1 trains the grid point as an N-process DistributedDataParallel job
+    started by torch.distributed's elastic launch (what torchrun runs), NCCL on CUDA (a GPU per
+    rank), gloo on CPU (a share of the cores per rank). Global batch = nproc x batch."""
     timeout_s: float = 900.0
     """A job still running after this many seconds is killed and stored as status=timeout."""
     name: str | None = None
@@ -505,6 +531,7 @@ class PerfsweepConfig:
     report: bool = True
     """Build the report (charts, report.md) at the end of the sweep; false prints the summary only
     (``perfsweep report --sweep ID`` builds it any time later)."""
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
     steps: StepsConfig = field(default_factory=StepsConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     db: DbConfig = field(default_factory=DbConfig)
@@ -584,6 +611,28 @@ class PerfsweepConfig:
         )
         if self.threads is not None:
             _require(self.threads >= 1, "threads", self.threads, "must be >= 1 or null")
+        _require(self.nproc >= 1, "nproc", self.nproc, "must be a positive integer (ranks of one job)")
+        if self.nproc > 1:
+            _require(
+                self.batch != MAX_BATCH,
+                "batch",
+                self.batch,
+                f"cannot be searched with nproc={self.nproc}; find the largest batch with nproc=1 (each rank holds one)",
+            )
+            _require(
+                self.job_memory_limit_mib is None,
+                "job_memory_limit_mib",
+                self.job_memory_limit_mib,
+                f"limits one process; with nproc={self.nproc} set it to null",
+            )
+        gpus = self.launcher.gpus_per_job
+        if gpus is not None and self.device != Device.cpu:
+            _require(
+                gpus >= self.nproc,
+                "launcher.gpus_per_job",
+                gpus,
+                f"must be >= nproc={self.nproc}: each rank of a job drives its own GPU",
+            )
         _require(
             not (self.amp and self.amp_dtype == AmpDtype.fp16 and self.device == Device.cpu),
             "amp_dtype",

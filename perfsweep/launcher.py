@@ -8,6 +8,7 @@ of memory, is killed or overruns its time is a result with a status, never a los
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import hashlib
 import json
@@ -30,14 +31,15 @@ from perfsweep import data as data_mod
 from perfsweep import importer, runner, store
 from perfsweep.cli import first_line
 from perfsweep.config import PerfsweepConfig, short_dirname, to_plain_dict
-from perfsweep.names import EXIT_0_STATUSES, GRID_AXES, HEARTBEAT_INTERVAL_S, NOT_MEASURED
+from perfsweep.names import EXIT_0_STATUSES, GRID_AXES, HASHED_UNLESS_DEFAULT, HEARTBEAT_INTERVAL_S, NOT_MEASURED
+from perfsweep.slots import Placement, SlotPool
 from perfsweep.store import utcnow
 
 log = logging.getLogger(__name__)
 
-NOT_OVERRIDES: tuple[str, ...] = ("resume=", "repeat=", "order=", "report=", "sweep.")
+NOT_OVERRIDES: tuple[str, ...] = ("resume=", "repeat=", "order=", "report=", "sweep.", "launcher.")
 """Overrides that do not name the grid point: how the sweep runs (``resume``, ``repeat``,
-``order``, ``report``) and the ``sweep.*`` context the sweeper adds to every job."""
+``order``, ``report``, ``launcher.*``) and the ``sweep.*`` context the sweeper adds to every job."""
 
 
 @dataclass
@@ -73,16 +75,23 @@ def db_url(cfg: PerfsweepConfig, launch_dir: str | Path) -> str:
 
 def config_hash(config: dict[str, Any]) -> str:
     """Identity of what was measured: the config minus where results go and how they are labelled."""
-    keep = {k: v for k, v in config.items() if k not in NOT_MEASURED}
+    keep = {
+        k: v
+        for k, v in config.items()
+        if k not in NOT_MEASURED and not (k in HASHED_UNLESS_DEFAULT and v == HASHED_UNLESS_DEFAULT[k])
+    }
     return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()
 
 
 class ProgressLine:
     """Shows job k/n, its overrides, the step it is on and the time left, for people watching."""
 
-    def __init__(self, spec: JobSpec) -> None:
+    def __init__(self, spec: JobSpec, concurrent: bool = False) -> None:
         self.spec = spec
-        self.tty = sys.stderr.isatty()
+        self.concurrent = concurrent
+        """Other jobs print too: whole lines named by job, no carriage-return updates, no sweep estimate."""
+        self.tty = sys.stderr.isatty() and not concurrent
+        self.tag = f"[{spec.job_num + 1}/{spec.cfg.sweep.n_jobs}] " if concurrent else ""
         self.job_start = time.time()
         self.sweep_start = spec.cfg.sweep.started_at or self.job_start
         self.last_phase = ""
@@ -105,8 +114,8 @@ class ProgressLine:
             per_job = (now - self.job_start) + job_left
         sweep_left = job_left + per_job * (self.spec.cfg.sweep.n_jobs - done_jobs - 1)
         text = (
-            f"  {phase:<7} step {step:>3}/{total} {ms:8.1f} ms  loss {loss:7.3f}"
-            f"  job ~{_fmt_s(job_left)} left, sweep ~{_fmt_s(sweep_left)} left"
+            f"  {self.tag}{phase:<7} step {step:>3}/{total} {ms:8.1f} ms  loss {loss:7.3f}  job ~{_fmt_s(job_left)} left"
+            + ("" if self.concurrent else f", sweep ~{_fmt_s(sweep_left)} left")
         )
         if self.tty:
             print("\r" + text, end="", file=sys.stderr, flush=True)
@@ -124,7 +133,7 @@ class ProgressLine:
             if samples_per_s
             else ""
         )
-        print(f"  -> {status}{tps} in {time.time() - self.job_start:.1f} s", file=sys.stderr, flush=True)
+        print(f"  {self.tag}-> {status}{tps} in {time.time() - self.job_start:.1f} s", file=sys.stderr, flush=True)
 
 
 def _fmt_s(s: float) -> str:
@@ -185,8 +194,11 @@ def _run_in_child(
     token_data: data_mod.TokenData | None,
     progress: ProgressLine,
     beat: Callable[[], None],
+    placement: Placement | None = None,
+    cancel: threading.Event | None = None,
 ) -> tuple[str, str | None, dict[str, Any], datetime]:
-    """Run the job (``config`` is its plain-dict config) in a spawned process.
+    """Run the job (``config`` is its plain-dict config) in a spawned process, in ``placement``'s
+    slot when jobs run concurrently; ``cancel`` set (Ctrl-C in the sweep) stops it as interrupted.
 
     Returns (status, error, result fields, when the outcome was known). The timeout clock starts
     when the job reports ``ready`` (interpreter started, torch imported), so a slow start-up is
@@ -197,16 +209,27 @@ def _run_in_child(
     parent_conn, child_conn = ctx.Pipe(duplex=False)
     proc = ctx.Process(
         target=runner.job_main,
-        args=(config, token_data, str(spec.job_dir), spec.label, str(spec.launch_dir), child_conn),
+        args=(
+            config,
+            token_data,
+            str(spec.job_dir),
+            spec.label,
+            str(spec.launch_dir),
+            child_conn,
+            placement.as_dict() if placement is not None else None,
+        ),
         name=f"perfsweep-job-{spec.job_num}",
     )
-    proc.start()
+    with _spawning(placement.env() if placement is not None else {}):
+        proc.start()
     child_conn.close()
     deadline = time.monotonic() + spec.cfg.timeout_s
     outcome: tuple[str, str | None, dict[str, Any]] | None = None
     try:
         while outcome is None:
             beat()
+            if cancel is not None and cancel.is_set():
+                raise JobCancelled("the sweep was interrupted")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 outcome = (
@@ -250,11 +273,43 @@ def _run_in_child(
     return (*outcome, decided)
 
 
+class JobCancelled(BaseException):
+    """Raised in a concurrent job's thread when the sweep is interrupted: handled like Ctrl-C."""
+
+
+_SPAWN_LOCK = threading.Lock()
+"""Concurrent jobs start one at a time: a child takes the environment of the moment it starts."""
+
+SPAWN_START_METHODS = ("spawn", "fork", "forkserver")
+"""multiprocessing's own start methods; a spawned child re-applies its parent's, and fails on any
+other (joblib's loky workers report ``loky``)."""
+
+
+@contextlib.contextmanager
+def _spawning(env: dict[str, str]) -> Iterator[None]:
+    """Start a job process with ``env`` added to this process's environment, from any thread and
+    under any Hydra launcher: a launcher whose workers carry a foreign start method (joblib's loky)
+    gets "spawn" as its default, which is what the job's own process uses."""
+    with _SPAWN_LOCK:
+        if mp.get_start_method(allow_none=True) not in (*SPAWN_START_METHODS, None):
+            mp.set_start_method("spawn", force=True)
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            yield
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
 def job_free_bytes(cfg: PerfsweepConfig) -> tuple[str | None, int | None]:
     """(device type, memory free to a job) as a fresh job process of ``cfg`` sees it (its memory
     limit applied, its CUDA context open), for batch=max's prediction; (None, None) on failure."""
     try:
-        with mp.get_context("spawn").Pool(1) as pool:
+        with _spawning({}), mp.get_context("spawn").Pool(1) as pool:
             return pool.apply_async(runner.job_free_bytes, (to_plain_dict(cfg),)).get(timeout=cfg.timeout_s)
     except Exception as exc:  # noqa: BLE001 - without a prediction the search starts at batch 1
         log.warning("could not read the memory free to a job (%s); the batch search starts at 1", exc)
@@ -290,11 +345,15 @@ def sweep_fields(spec: JobSpec) -> dict[str, Any]:
     }
 
 
-def run_job(spec: JobSpec) -> tuple[int | None, str]:
+def run_job(
+    spec: JobSpec, placement: Placement | None = None, cancel: threading.Event | None = None
+) -> tuple[int | None, str]:
     """Run one grid point and store it; returns (run id, status). Never raises for a job failure.
 
     The row is written ``running`` before the job starts and completed at the end, so a sweep
-    killed midway leaves rows the next command marks ``interrupted``. Ctrl-C marks it at once.
+    killed midway leaves rows the next command marks ``interrupted``. Ctrl-C (or ``cancel``, for a
+    concurrent job) marks it at once; so does SIGTERM, which SLURM sends on ``scancel`` and at
+    the time limit.
     """
     cfg = spec.cfg
     url = db_url(cfg, spec.launch_dir)
@@ -303,7 +362,7 @@ def run_job(spec: JobSpec) -> tuple[int | None, str]:
     sweep_id = cfg.sweep.id  # reserved by the sweeper; a single run finds or creates its row
     if sweep_id is None:
         sweep_id = store.get_or_create_sweep(engine, spec.sweep_dir, spec.sweep_name, **fields_of_sweep)
-    progress = ProgressLine(spec)
+    progress = ProgressLine(spec, concurrent=placement is not None and placement.cpus is not None)
     progress.header()
     started = utcnow()
     spec.job_dir.mkdir(parents=True, exist_ok=True)
@@ -326,6 +385,8 @@ def run_job(spec: JobSpec) -> tuple[int | None, str]:
         repeat_index=cfg.sweep.repeat_index,  # on the row from the start: a failed repeat says which it was
         grid_index=cfg.sweep.grid_index,
         batch_search_id=cfg.sweep.batch_search_id,
+        nproc=cfg.nproc,
+        global_batch=cfg.batch * cfg.nproc,
     )
     run_id = _begin(engine, row)
     try:
@@ -340,9 +401,9 @@ def run_job(spec: JobSpec) -> tuple[int | None, str]:
             )
         else:
             status, error, fields, finished = _run_in_child(
-                spec, config, token_data, progress, Heartbeat(engine, run_id)
+                spec, config, token_data, progress, Heartbeat(engine, run_id), placement, cancel
             )
-    except BaseException as exc:  # Ctrl-C or SystemExit in the launcher: the job was stopped
+    except BaseException as exc:  # Ctrl-C, SIGTERM or a cancelled sweep in the launcher: the job was stopped
         if run_id is not None:
             try:
                 with _second_ctrl_c_waits():
@@ -370,9 +431,78 @@ def run_job(spec: JobSpec) -> tuple[int | None, str]:
     saved_id = _save(engine, row, run_id, spec, fields_of_sweep)
     progress.done(status, row.get("tokens_per_s"), row.get("samples_per_s"))
     if error:
-        print(f"  {status}: {first_line(error)}", file=sys.stderr, flush=True)
+        print(f"  {progress.tag}{status}: {first_line(error)}", file=sys.stderr, flush=True)
     engine.dispose()
     return saved_id, status
+
+
+class ConcurrentJobs:
+    """A multirun's jobs with ``launcher.parallel`` > 1, under Hydra's basic launcher.
+
+    Hydra's launcher still calls perfsweep once per job, in order; each call takes a free slot
+    (waiting until one is free), starts :func:`run_job` in a thread of its own and returns its
+    Future at once. The sweeper collects the statuses with :meth:`wait`. Every job is still its
+    own spawned process with its own row, heartbeat and timeout.
+    """
+
+    def __init__(self, placements: list[Placement]) -> None:
+        self.pool = SlotPool(placements)
+        self.cancel = threading.Event()
+        self._executor = concurrent.futures.ThreadPoolExecutor(self.pool.size, thread_name_prefix="perfsweep-job")
+        self._futures: list[concurrent.futures.Future] = []
+
+    def submit(self, spec: JobSpec) -> concurrent.futures.Future:
+        placement = self.pool.acquire()
+
+        def job() -> str:
+            try:
+                return run_job(spec, placement, self.cancel)[1]
+            finally:
+                self.pool.release(placement)
+
+        future = self._executor.submit(job)
+        self._futures.append(future)
+        return future
+
+    def wait(self) -> None:
+        """Until every submitted job has ended (timed waits: Ctrl-C reaches the main thread)."""
+        while not all(f.done() for f in self._futures):
+            concurrent.futures.wait(self._futures, timeout=0.5)
+
+    def stop(self) -> None:
+        """Interrupt the jobs still running (each marks its row ``interrupted``) and wait for them."""
+        self.cancel.set()
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+
+_concurrent: ConcurrentJobs | None = None
+
+
+def start_concurrent(placements: list[Placement]) -> ConcurrentJobs:
+    """Make the sweeper's :class:`ConcurrentJobs` the one the jobs of this process submit to."""
+    global _concurrent
+    _concurrent = ConcurrentJobs(placements)
+    return _concurrent
+
+
+def wait_concurrent() -> None:
+    if _concurrent is not None:
+        _concurrent.wait()
+
+
+def end_concurrent() -> None:
+    global _concurrent
+    if _concurrent is not None:
+        _concurrent.stop()
+        _concurrent = None
+
+
+def launch(spec: JobSpec) -> Any:
+    """A multirun job's return value for Hydra: its status, or with ``launcher.parallel`` > 1 a
+    Future of it (the sweeper resolves it)."""
+    if _concurrent is not None:
+        return _concurrent.submit(spec)
+    return run_job(spec)[1]
 
 
 @contextlib.contextmanager

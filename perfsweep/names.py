@@ -21,9 +21,16 @@ NOT_MEASURED: tuple[str, ...] = (
     "report",
     "skip_predicted_oom",
     "max_batch_cap",
+    "launcher",
 )
 """Config keys that say where results go or how the sweep behaves, not what is measured: left out
-of ``runs.config_hash`` and of the settings that tell configs apart."""
+of ``runs.config_hash`` and of the settings that tell configs apart. ``launcher`` (how many jobs
+run at once) can change the numbers, so the sweep stores it (``sweeps.parallel``) and the summary
+warns; it does not change what a grid point is."""
+
+HASHED_UNLESS_DEFAULT: dict[str, object] = {"nproc": 1}
+"""Measured keys added after results existed: in ``runs.config_hash`` only when not at this
+default, so a config from before the key hashes as it did (``resume`` still finds its ok runs)."""
 
 SETTING_PREFIX = "cfg."
 """Report columns named ``cfg.<key>`` (``cfg.model.width``) hold a config key outside the axes that
@@ -41,6 +48,7 @@ ENVIRONMENT_COLUMNS: tuple[str, ...] = (
     "gpu_compute_capability",
     "cpu_model",
     "cpu_count",
+    "cpus_allotted",
     "torch_threads",
     "torch_version",
     "cuda_version",

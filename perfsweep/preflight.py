@@ -115,10 +115,11 @@ def check_device(cfgs: list[PerfsweepConfig]) -> None:
             )
 
 
-def cpu_sweep_fields(cfgs: list[PerfsweepConfig]) -> dict[str, float]:
+def cpu_sweep_fields(cfgs: list[PerfsweepConfig], job_cpus: int | None = None) -> dict[str, float]:
     """The machine's measured matmul peaks (perfsweep.cpu_peak) when any grid point runs on the
     CPU, with the first such grid point's thread count (runs with another count get no
-    utilisation: the peak depends on it), in the compute dtypes the CPU grid points use (fp32;
+    utilisation: the peak depends on it; ``job_cpus``: the cores of a launcher slot, which its jobs
+    use when ``threads`` is null), in the compute dtypes the CPU grid points use (fp32;
     bf16 under AMP); nothing for an all-GPU sweep."""
     import torch
 
@@ -128,7 +129,8 @@ def cpu_sweep_fields(cfgs: list[PerfsweepConfig]) -> dict[str, float]:
     if not on_cpu:
         return {}
     dtypes = {"fp32"} | ({"bf16"} if any(c.amp for c in on_cpu) else set())  # fp32 too: cpu_notice compares
-    return cpu_peak.sweep_fields(on_cpu[0].threads, dtypes)
+    # jobs given a share of the cores (launcher.parallel) run that many threads: measure with as many
+    return cpu_peak.sweep_fields(on_cpu[0].threads or job_cpus, dtypes)
 
 
 def cpu_notice(fields: dict[str, float]) -> str | None:

@@ -31,7 +31,7 @@ from perfsweep import compile as compile_mod
 from perfsweep import data as data_mod
 from perfsweep import ledger, task
 from perfsweep.config import AmpDtype, Device, PerfsweepConfig, to_run_config
-from perfsweep.envinfo import compute_dtype, environment, peak_flops
+from perfsweep.envinfo import compute_dtype, cpu_share, environment, peak_flops
 from perfsweep.memory import MemoryProbe, MemorySnapshot, free_bytes, persistent_bytes, step_alloc_peak_bytes
 from perfsweep.metrics import (
     StepRecord,
@@ -274,8 +274,7 @@ def train(
     environment (and an OOM snapshot path) to store with it.
     """
     result = {} if result is None else result
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    set_threads(cfg)
     device = resolve_device(cfg.device)
     result.update(environment(device, launch_dir))
     job_dir.mkdir(parents=True, exist_ok=True)
@@ -415,6 +414,24 @@ def grad_scaler_figures(trainer: Trainer, measure_start_step: int) -> dict[str, 
     }
 
 
+def set_threads(cfg: PerfsweepConfig) -> None:
+    """torch's threads: ``threads`` when set; else, when this process was given fewer cores than
+    the machine has (a launcher slot, a rank's share, SLURM's allocation), that many, so a job does
+    not run more threads than cores; else torch's default."""
+    allotted = cpu_share()["cpus_allotted"]
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    elif isinstance(allotted, int) and allotted < (os.cpu_count() or allotted):
+        torch.set_num_threads(allotted)
+
+
+def apply_placement(placement: dict[str, Any] | None) -> None:
+    """Pin this process to its launcher slot's cores (perfsweep.slots); its GPUs were named in its
+    environment (CUDA_VISIBLE_DEVICES) when it was started."""
+    if placement and placement.get("cpus"):
+        os.sched_setaffinity(0, placement["cpus"])
+
+
 def classify_error(exc: BaseException) -> str:
     """Map an exception to a run status: oom for allocator failures on any device, skipped for a
     predicted one (skip_predicted_oom), else failed."""
@@ -452,6 +469,7 @@ def job_main(
     label: str,
     launch_dir: str,
     conn: Any,
+    placement: dict[str, Any] | None = None,
 ) -> None:
     """Entry point of the spawned job process; every outcome goes back through ``conn``.
 
@@ -463,6 +481,7 @@ def job_main(
         os.dup2(log_file.fileno(), 1)
         os.dup2(log_file.fileno(), 2)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    apply_placement(placement)
     conn.send(("ready",))  # interpreter and imports are up: the job's timeout clock starts now
 
     def progress(phase: str, step: int, total: int, ms: float, loss: float) -> None:

@@ -99,6 +99,11 @@ class Sweep(Base):
     cpu_matmul_bf16_flops: Mapped[float | None] = mapped_column(Float)
     cpu_matmul_threads: Mapped[int | None] = mapped_column(Integer)
     """torch threads the peaks were measured with; only runs with as many get a utilisation."""
+    parallel: Mapped[int | None] = mapped_column(Integer)
+    """Jobs run at once by perfsweep's launcher (``launcher.parallel``, as slots allowed); above 1
+    the jobs shared memory bandwidth, PCIe and the host, and the summary says so."""
+    hydra_launcher: Mapped[str | None] = mapped_column(String(100))
+    """Hydra's launcher class that ran the jobs: BasicLauncher (local), SlurmLauncher, JoblibLauncher..."""
 
     runs: Mapped[list[Run]] = relationship(back_populates="sweep")
 
@@ -143,6 +148,16 @@ class Run(Base):
     device_name: Mapped[str | None] = mapped_column(String(255))
     cpu_model: Mapped[str | None] = mapped_column(String(255))
     cpu_count: Mapped[int | None] = mapped_column(Integer)
+    """The machine's logical CPUs (os.cpu_count); what the job could use is cpus_allotted."""
+    cpu_affinity: Mapped[str | None] = mapped_column(String(255))
+    """The cores the job process could run on (its affinity mask, e.g. ``0-3``): its launcher slot,
+    its SLURM allocation where SLURM binds tasks, or the whole machine."""
+    cpus_allotted: Mapped[int | None] = mapped_column(Integer)
+    """CPUs the job was given: the affinity mask's size, or SLURM_CPUS_PER_TASK where smaller."""
+    cuda_visible_devices: Mapped[str | None] = mapped_column(String(255))
+    """CUDA_VISIBLE_DEVICES as the job saw it (its launcher slot's GPUs); null when unset."""
+    slurm_job_id: Mapped[str | None] = mapped_column(String(32))
+    """SLURM_JOB_ID of the allocation the job ran in (array jobs: SLURM_ARRAY_JOB_ID_TASK)."""
     torch_threads: Mapped[int | None] = mapped_column(Integer)
     torch_version: Mapped[str | None] = mapped_column(String(64))
     cuda_version: Mapped[str | None] = mapped_column(String(32))
@@ -202,7 +217,23 @@ class Run(Base):
     data_bound: Mapped[bool | None] = mapped_column(Boolean)
     """data_wait_fraction above names.DATA_BOUND_WAIT_FRACTION: the loader, not the model, sets the pace."""
     tokens_per_s: Mapped[float | None] = mapped_column(Float)
+    """All ranks together for a data-parallel job (global batch over the slowest rank's steps)."""
     samples_per_s: Mapped[float | None] = mapped_column(Float)
+    # data-parallel jobs (nproc > 1): step times are the slowest rank's at each step
+    nproc: Mapped[int | None] = mapped_column(Integer)
+    """Ranks of the job (1: a single process)."""
+    global_batch: Mapped[int | None] = mapped_column(Integer)
+    """Samples per optimizer step over all ranks: nproc x batch."""
+    tokens_per_s_per_rank: Mapped[float | None] = mapped_column(Float)
+    samples_per_s_per_rank: Mapped[float | None] = mapped_column(Float)
+    slowest_rank: Mapped[int | None] = mapped_column(Integer)
+    """The rank with the largest median step time (the one the others wait for in allreduce)."""
+    slowest_rank_step_time_ms_median: Mapped[float | None] = mapped_column(Float)
+    """That rank's own median step time (step_time_ms_median is the median over steps of the
+    slowest rank at each step)."""
+    allreduce_ms_per_step: Mapped[float | None] = mapped_column(Float)
+    """Gradient allreduce time per profiled step on rank 0, from its trace: NCCL's communication
+    kernels on CUDA, gloo's collective ranges on CPU; null for a single-process job."""
     final_loss: Mapped[float | None] = mapped_column(Float)
     flops_per_token: Mapped[float | None] = mapped_column(Float)
     """Training FLOPs per token (forward + backward, no recomputation); null for a samples model."""

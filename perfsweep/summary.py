@@ -230,6 +230,22 @@ def format_searches(searches: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def concurrency_note(engine: Engine, sweep_id: int) -> str:
+    """A warning when the sweep's jobs ran side by side (``sweeps.parallel`` > 1): they were not
+    alone on the machine, so their timings are not those of a job run alone."""
+    with store.session(engine) as s:
+        sweep = s.get(store.Sweep, sweep_id)
+        parallel = sweep.parallel if sweep is not None else None
+    if not parallel or parallel <= 1:
+        return ""
+    return (
+        f"Note: {parallel} jobs ran at a time (launcher.parallel), each on its own cores and GPUs "
+        "(runs.cpu_affinity, runs.cuda_visible_devices), but sharing memory bandwidth, PCIe and the host: "
+        "their timings perturb each other. Compare configs within this sweep; for figures of a job alone, "
+        "run with launcher.parallel=1."
+    )
+
+
 def finish_sweep(url: str, sweep_dir: str, make_report: bool = True, status: str = "done") -> None:
     """Mark the sweep at ``sweep_dir`` ``status`` (done or interrupted), print its summary from the
     database, then build its report."""
@@ -249,6 +265,8 @@ def finish_sweep(url: str, sweep_dir: str, make_report: bool = True, status: str
         print(f"\nSweep {sweep_id} ({len(df)} run{'s' if len(df) != 1 else ''}, {n_ok} ok)")
         print(format_summary(df))
         if text := format_searches(load_batch_searches(engine, [sweep_id])):
+            print(text)
+        if text := concurrency_note(engine, sweep_id):
             print(text)
         where = engine.url.render_as_string(hide_password=True)
         print(f"\nResults: {where} (sweep_id={sweep_id})")

@@ -64,12 +64,16 @@ class PerfsweepSweeper(BasicSweeper):
             preflight.check_all([_at_batch_1(c) if search.is_search(c) else c for c in run_cfgs])
         except ConfigError as exc:
             _refuse(str(exc))
-        for key in ("repeat", "order", "report"):
-            values = sorted({str(getattr(getattr(c, key), "value", getattr(c, key))).lower() for c in run_cfgs})
+        for key in ("repeat", "order", "report", "launcher.parallel", "launcher.gpus_per_job"):
+            values = sorted({str(_get(c, key)).lower() for c in run_cfgs})
             if len(values) > 1:
                 _refuse(
                     f"invalid config: {key}={','.join(values)}: must be one value for the whole sweep, not a grid axis"
                 )
+        try:
+            placements = _placements(run_cfgs, type(self.launcher).__name__)
+        except ConfigError as exc:
+            _refuse(str(exc))
         launch_dir = Path(self.config.hydra.runtime.cwd).resolve()
         sweep_dir = Path(self.config.hydra.sweep.dir).resolve()
         url = launcher.db_url(first, launch_dir)
@@ -94,7 +98,7 @@ class PerfsweepSweeper(BasicSweeper):
                 return []
         else:
             todo = list(range(len(order)))
-        cpu = preflight.cpu_sweep_fields(run_cfgs)
+        cpu = preflight.cpu_sweep_fields(run_cfgs, len(placements[0].cpus) if placements[0].cpus else None)
         try:
             sweep_id = preflight.reserve_sweep(
                 url,
@@ -104,6 +108,8 @@ class PerfsweepSweeper(BasicSweeper):
                 n_jobs=len(order),
                 hostname=socket.gethostname(),
                 launch_dir=str(launch_dir),
+                parallel=len(placements),
+                hydra_launcher=type(self.launcher).__name__,
                 **cpu,
             )
         except ConfigError as exc:
@@ -115,7 +121,10 @@ class PerfsweepSweeper(BasicSweeper):
         # (perfsweep.config.SweepContext); a job's number is its place in the plan
         context = [f"sweep.n_jobs={len(order)}", f"sweep.started_at={time.time()}", f"sweep.id={sweep_id}"]
         jobs = [[*jobs[i], *context, f"sweep.repeat_index={r}", f"sweep.grid_index={i}"] for i, r in order]
-        print(f"perfsweep: {_jobs(len(todo))}, one process each; job folders under {sweep_dir}", file=sys.stderr)
+        at_once = f", {len(placements)} at a time" if len(placements) > 1 else ""
+        print(
+            f"perfsweep: {_jobs(len(todo))}, one process each{at_once}; job folders under {sweep_dir}", file=sys.stderr
+        )
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         returns: list[Any] = []
         searches = [p for p in todo if search.is_search(run_cfgs[order[p][0]])]
@@ -130,11 +139,15 @@ class PerfsweepSweeper(BasicSweeper):
             return _status(done[0])
 
         end = "interrupted"
+        if len(placements) > 1:
+            launcher.start_concurrent(placements)
         try:
             with launcher.SweepHeartbeat(url, sweep_id):
                 for start, batch in _contiguous([p for p in todo if p not in searches], jobs):
                     self.validate_batch_is_legal(batch)
                     returns.append(self.launcher.launch(batch, initial_job_idx=start))
+                if len(placements) > 1:
+                    launcher.wait_concurrent()
                 if searches:
                     engine = store.connect(url)
                     try:
@@ -149,6 +162,7 @@ class PerfsweepSweeper(BasicSweeper):
                         engine.dispose()
             end = "done"
         finally:
+            launcher.end_concurrent()  # after Ctrl-C: the jobs still running are stopped and marked
             try:
                 summary.finish_sweep(url, str(sweep_dir), make_report=first.report, status=end)
             except Exception as exc:  # noqa: BLE001 - never hide the jobs' own outcome
@@ -170,6 +184,46 @@ class PerfsweepSweeper(BasicSweeper):
             )
             sys.exit(1)
         return returns
+
+
+def _get(cfg: Any, dotted: str) -> Any:
+    """``cfg``'s value at a dotted key, an enum as its value."""
+    value = cfg
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    return getattr(value, "value", value)
+
+
+def _placements(cfgs: list[Any], hydra_launcher: str) -> list[Any]:
+    """The slots of ``launcher.parallel`` (perfsweep.slots); also checks that every grid point's
+    ranks fit this machine. Concurrency is perfsweep's own only under Hydra's basic launcher."""
+    import torch
+
+    from perfsweep import slots
+    from perfsweep.config import ConfigError, Device
+
+    first = cfgs[0]
+    parallel = first.launcher.parallel
+    if parallel > 1 and hydra_launcher != "BasicLauncher":
+        raise ConfigError(
+            f"invalid config: launcher.parallel={parallel}: runs jobs side by side under Hydra's basic launcher; "
+            f"with {hydra_launcher} set that launcher's own concurrency (e.g. hydra.launcher.n_jobs, "
+            "hydra.launcher.array_parallelism)"
+        )
+    on_cuda = any(c.device == Device.cuda or (c.device == Device.auto and torch.cuda.is_available()) for c in cfgs)
+    nproc = max(c.nproc for c in cfgs)
+    cpus = slots.usable_cpus()
+    placements = slots.plan(
+        parallel, on_cuda, nproc, first.launcher.gpus_per_job, cpus, slots.visible_gpus() if on_cuda else []
+    )
+    threads = max((c.threads or 0) for c in cfgs)
+    per_job = len(placements[0].cpus) if placements[0].cpus else len(cpus)
+    if threads * max(1, nproc) > per_job and (parallel > 1 or nproc > 1):
+        raise ConfigError(
+            f"invalid config: threads={threads}: each job has {per_job} CPU core(s) for {nproc} rank(s) "
+            f"(launcher.parallel={parallel}); set threads<={max(1, per_job // nproc)} or null (its share)"
+        )
+    return placements
 
 
 def _at_batch_1(cfg: Any) -> Any:
@@ -203,8 +257,10 @@ def _contiguous(todo: list[int], jobs: list[Any]) -> list[tuple[int, list[Any]]]
 
 
 def _status(job_return: Any) -> str:
-    """The run status a job returned (perfsweep's task returns it); a job that raised failed."""
+    """The run status a job returned (perfsweep's task returns it, or with launcher.parallel > 1 a
+    Future of it); a job that raised failed."""
     try:
-        return str(job_return.return_value)
+        value = job_return.return_value
+        return str(value.result() if hasattr(value, "result") else value)
     except Exception:  # noqa: BLE001 - Hydra re-raises the job's exception here
         return "failed"

@@ -1,0 +1,127 @@
+"""Where each job runs on this machine: slots of GPUs and CPU cores for ``launcher.parallel``.
+
+A slot is a disjoint share of the machine: on CUDA ``gpus_per_job`` GPUs, named to the job
+through ``CUDA_VISIBLE_DEVICES`` (so inside it they are cuda:0..n-1), and on any device an equal
+share of the cores the launcher may use, applied in the job as its CPU affinity and its torch
+thread count. Jobs never share a slot: :class:`SlotPool` hands each job a free one and makes the
+next wait. One job at a time (``parallel=1``) keeps the whole machine and changes nothing.
+
+Torch-free, like perfsweep.names: the sweeper plans slots before any job imports torch, and
+without opening a CUDA context (GPUs are counted from ``CUDA_VISIBLE_DEVICES`` or NVML).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+
+from perfsweep.config import ConfigError
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One slot: what a job may use. ``None`` fields leave the job as it was started."""
+
+    slot: int
+    cpus: tuple[int, ...] | None = None
+    """CPU affinity of the job (and of its ranks, which split it)."""
+    gpus: tuple[str, ...] | None = None
+    """``CUDA_VISIBLE_DEVICES`` entries (indices or UUIDs as the launcher saw them)."""
+
+    def env(self) -> dict[str, str]:
+        """Environment variables the job process is started with."""
+        return {"CUDA_VISIBLE_DEVICES": ",".join(self.gpus)} if self.gpus is not None else {}
+
+    def as_dict(self) -> dict[str, object]:
+        return {"slot": self.slot, "cpus": list(self.cpus) if self.cpus else None, "gpus": self.gpus}
+
+
+def cpu_list(cpus: list[int] | tuple[int, ...] | set[int]) -> str:
+    """``0-3,8,10-11``: the compact form of a CPU set, as taskset and /proc print it."""
+    out: list[str] = []
+    ordered = sorted(cpus)
+    start = prev = None
+    for c in [*ordered, None]:
+        if start is not None and c == prev + 1:  # type: ignore[operator]
+            prev = c
+            continue
+        if start is not None:
+            out.append(str(start) if start == prev else f"{start}-{prev}")
+        start = prev = c
+    return ",".join(out)
+
+
+def usable_cpus() -> list[int]:
+    """The cores this process may run on (its affinity mask: a container's or SLURM's share)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return list(range(os.cpu_count() or 1))
+
+
+def visible_gpus() -> list[str]:
+    """GPUs a job started from here could see, without a CUDA context: ``CUDA_VISIBLE_DEVICES``
+    when set, else NVML's device count (through torch, which does not initialise CUDA for it)."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [g.strip() for g in env.split(",") if g.strip() and not g.strip().startswith("-")]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def plan(
+    parallel: int, on_cuda: bool, nproc: int, gpus_per_job: int | None, cpus: list[int], gpus: list[str]
+) -> list[Placement]:
+    """The slots for ``parallel`` jobs of ``nproc`` ranks each; refuses (ConfigError, one line)
+    a split that would leave a job without a GPU per rank or a core per rank."""
+    if on_cuda:
+        per_job = gpus_per_job or nproc
+        n_slots = min(parallel, len(gpus) // per_job)
+        if n_slots == 0:
+            key = "launcher.gpus_per_job" if gpus_per_job else "nproc"
+            raise ConfigError(
+                f"invalid config: {key}={per_job}: each job needs {per_job} GPU(s) and this machine shows "
+                f"{len(gpus)} (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})"
+            )
+        if parallel == 1 and gpus_per_job is None and nproc == 1:
+            return [Placement(0)]  # one job at a time: it sees the machine as it is
+        gpu_slots = [tuple(gpus[k * per_job : (k + 1) * per_job]) for k in range(n_slots)]
+    else:
+        n_slots = parallel
+        if len(cpus) // parallel < nproc:
+            key, value = ("launcher.parallel", parallel) if parallel > 1 else ("nproc", nproc)
+            raise ConfigError(
+                f"invalid config: {key}={value}: {parallel} job(s) of {nproc} rank(s) need a CPU core per rank "
+                f"and this process may use {len(cpus)} ({cpu_list(cpus)}); lower launcher.parallel or nproc"
+            )
+        if parallel == 1:
+            return [Placement(0)]
+        gpu_slots = [None] * n_slots
+    if n_slots == 1:
+        return [Placement(0, None, gpu_slots[0])]
+    per_cpu = len(cpus) // n_slots
+    return [Placement(k, tuple(cpus[k * per_cpu : (k + 1) * per_cpu]), gpu_slots[k]) for k in range(n_slots)]
+
+
+class SlotPool:
+    """Free slots. :meth:`acquire` blocks until one is free, so a job waits instead of sharing;
+    the job's thread gives it back with :meth:`release` when the job has ended."""
+
+    def __init__(self, placements: list[Placement]) -> None:
+        self._free = list(placements)
+        self._cond = threading.Condition()
+        self.size = len(placements)
+
+    def acquire(self) -> Placement:
+        with self._cond:
+            while not self._free:
+                self._cond.wait(timeout=0.5)  # a timed wait: Ctrl-C reaches a waiting main thread
+            return self._free.pop(0)
+
+    def release(self, placement: Placement) -> None:
+        with self._cond:
+            self._free.append(placement)
+            self._free.sort(key=lambda p: p.slot)
+            self._cond.notify()
