@@ -84,6 +84,7 @@ def hydra_main(cfg: DictConfig) -> str:
             preflight.claim_folder(Path(sweep_dir), "hydra.run.dir")
             claimed = True
             preflight.check_all([run_cfg])
+            preflight.placements([run_cfg])  # nproc's ranks fit this machine
             sweep_id = preflight.reserve_sweep(
                 launcher.db_url(run_cfg, launch_dir),
                 sweep_dir,

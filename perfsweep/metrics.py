@@ -120,6 +120,51 @@ def summarize(
     )
 
 
+def slowest_rank_steps(per_rank: Sequence[Sequence[StepRecord]]) -> list[StepRecord]:
+    """A data-parallel job's steps from its ranks' (same steps, same phases, by construction):
+    at each step the slowest rank's time, since every rank waits for it in the gradient
+    allreduce; the longest data wait; and the loss of the global batch, the mean over ranks
+    (equal per-rank batches)."""
+    n = min(len(r) for r in per_rank)
+    out = []
+    for i in range(n):
+        at = [r[i] for r in per_rank]
+        out.append(
+            StepRecord(
+                step=i,
+                phase=at[0].phase,
+                step_time_ms=max(r.step_time_ms for r in at),
+                data_wait_ms=max(r.data_wait_ms for r in at),
+                loss=float(np.mean([r.loss for r in at])),
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class RankFigures(Figures):
+    """A data-parallel job's per-rank view; the job's own figures (tokens/s over the global
+    batch, step times of the slowest rank at each step) are its :class:`StepFigures`."""
+
+    tokens_per_s_per_rank: float | None
+    samples_per_s_per_rank: float
+    slowest_rank: int
+    """The rank with the largest median measured step time."""
+    slowest_rank_step_time_ms_median: float
+
+
+def rank_figures(job: StepFigures, per_rank: Sequence[Sequence[StepRecord]]) -> RankFigures:
+    nproc = len(per_rank)
+    medians = [float(np.median([r.step_time_ms for r in recs if r.phase == "measure"])) for recs in per_rank]
+    slowest = int(np.argmax(medians))
+    return RankFigures(
+        tokens_per_s_per_rank=job.tokens_per_s / nproc if job.tokens_per_s is not None else None,
+        samples_per_s_per_rank=job.samples_per_s / nproc,
+        slowest_rank=slowest,
+        slowest_rank_step_time_ms_median=medians[slowest],
+    )
+
+
 def iqr(values: ArrayLike) -> float:
     """Interquartile range (p75 - p25, linear interpolation) of ``values``."""
     p25, p75 = np.percentile(np.asarray(values, dtype=float), [25, 75])

@@ -83,6 +83,10 @@ KERNEL_CATEGORIES: tuple[str, ...] = (
 """Categories of GPU work in the ``kernels`` table and ``perfsweep trace``; rules in
 :data:`perfsweep.trace.KERNEL_RULES`."""
 
+HOST_COLLECTIVE_PREFIXES: tuple[str, ...] = ("gloo:",)
+"""Trace ranges of a collective run by the host (torch.distributed's gloo backend records
+``gloo:all_reduce`` on its worker threads); on a GPU, communication kernels say it instead."""
+
 # --- timing quality ------------------------------------------------------------------------
 
 NOISY_IQR_FRACTION = 0.10

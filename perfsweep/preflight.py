@@ -309,6 +309,49 @@ def reserve_sweep(url: str, sweep_dir: str, name: str, **fields: Any) -> int:
     return sweep_id
 
 
+def placements(cfgs: list[PerfsweepConfig], hydra_launcher: str = "BasicLauncher") -> list[Any]:
+    """The slots of ``launcher.parallel`` (perfsweep.slots); also checks that every grid point's
+    ranks fit this machine. Concurrency is perfsweep's own only under Hydra's basic launcher."""
+    import torch
+
+    from perfsweep import slots
+
+    first = cfgs[0]
+    parallel = first.launcher.parallel
+    if parallel > 1 and hydra_launcher != "BasicLauncher":
+        raise ConfigError(
+            f"invalid config: launcher.parallel={parallel}: runs jobs side by side under Hydra's basic launcher; "
+            f"with {hydra_launcher} set that launcher's own concurrency (e.g. hydra.launcher.n_jobs, "
+            "hydra.launcher.array_parallelism)"
+        )
+    on_cuda = any(c.device == Device.cuda or (c.device == Device.auto and torch.cuda.is_available()) for c in cfgs)
+    nproc = max(c.nproc for c in cfgs)
+    cpus = slots.usable_cpus()
+    placements = slots.plan(
+        parallel, on_cuda, nproc, first.launcher.gpus_per_job, cpus, slots.visible_gpus() if on_cuda else []
+    )
+    threads = max((c.threads or 0) for c in cfgs)
+    per_job = len(placements[0].cpus) if placements[0].cpus else len(cpus)
+    if threads * max(1, nproc) > per_job and (parallel > 1 or nproc > 1):
+        raise ConfigError(
+            f"invalid config: threads={threads}: each job has {per_job} CPU core(s) for {nproc} rank(s) "
+            f"(launcher.parallel={parallel}); set threads<={max(1, per_job // nproc)} or null (its share)"
+        )
+    return placements
+
+
+def at_once(launcher_cfg: Any, hydra_launcher: str, n_jobs: int, placements: list[Any]) -> int:
+    """The most jobs that may run at once: perfsweep's slots under Hydra's basic launcher, else the
+    launcher's own setting (joblib's ``n_jobs``, -1 meaning every CPU; submitit's
+    ``array_parallelism``), never more than the jobs there are: ``sweeps.parallel``."""
+    if hydra_launcher == "BasicLauncher":
+        return len(placements)
+    n = launcher_cfg.get("n_jobs") or launcher_cfg.get("array_parallelism") or 1
+    if n < 0:
+        n = (os.cpu_count() or 1) + 1 + n
+    return max(1, min(int(n), n_jobs))
+
+
 def check_all(cfgs: list[PerfsweepConfig]) -> None:
     """The checks that need no database: device, data, then the models on their first batch."""
     check_device(cfgs)

@@ -78,6 +78,8 @@ class ProfileResult:
     artifacts: list[dict[str, Any]] = field(default_factory=list)
     gpu_busy_ms: float | None = None
     """Union of GPU kernel intervals per profiled step; None on CPU."""
+    collective_ms: float | None = None
+    """Time per profiled step a collective ran (perfsweep.trace.TraceAnalysis.collective_ms)."""
 
 
 class ProfiledWindow:
@@ -160,6 +162,7 @@ class ProfiledWindow:
         self._artifact("trace", trace)
         analysis = trace_mod.analyze(trace, require_gpu=False)
         self.result.stages = stage_rows(analysis, self.on_cuda)
+        self.result.collective_ms = analysis.collective_ms
         if self.on_cuda:
             self.result.gpu_busy_ms = analysis.gpu_busy_ms
             self.result.kernels = kernel_rows(analysis)

@@ -29,7 +29,7 @@ import torch
 
 from perfsweep import compile as compile_mod
 from perfsweep import data as data_mod
-from perfsweep import ledger, task
+from perfsweep import distributed, ledger, task
 from perfsweep.config import AmpDtype, Device, PerfsweepConfig, to_run_config
 from perfsweep.envinfo import compute_dtype, cpu_share, environment, peak_flops
 from perfsweep.memory import MemoryProbe, MemorySnapshot, free_bytes, persistent_bytes, step_alloc_peak_bytes
@@ -39,6 +39,8 @@ from perfsweep.metrics import (
     flops_per_unit,
     model_flops_utilisation,
     prediction_error,
+    rank_figures,
+    slowest_rank_steps,
     summarize,
 )
 from perfsweep.model import padded_vocab
@@ -160,8 +162,9 @@ def build(cfg: PerfsweepConfig, device: torch.device, token_data: data_mod.Token
     vocab_size = token_data.vocab_size if token_data is not None else None
     raw = task.build_model(cfg.model, vocab_size, cfg.seq_len).to(device)
     raw.train()
+    data_seed = cfg.seed + distributed.rank()  # each rank of a data-parallel job reads its own batches
     loader = data_mod.loader(
-        cfg.data, token_data, cfg.batch, cfg.seq_len, cfg.workers, cfg.seed, pin_memory=device.type == "cuda"
+        cfg.data, token_data, cfg.batch, cfg.seq_len, cfg.workers, data_seed, pin_memory=device.type == "cuda"
     )
     batches = data_mod.infinite(loader)
     first = next(batches)  # what a batch holds; it is then trained on first, like any other
@@ -170,9 +173,9 @@ def build(cfg: PerfsweepConfig, device: torch.device, token_data: data_mod.Token
     figures = model_figures(cfg, raw, first, vocab_size, tokens, samples)  # before checkpointing wraps it
     if cfg.ckpt:
         task.apply_checkpointing(raw, cfg.model)
-    model: torch.nn.Module = raw
+    model: torch.nn.Module = distributed.wrap(raw, device)  # DDP in a rank of an nproc > 1 job
     if cfg.compile:
-        model = compile_mod.apply(raw, cfg.compile_backend, cfg.compile_mode)
+        model = compile_mod.apply(model, cfg.compile_backend, cfg.compile_mode)
     optimizer, fused = make_optimizer(raw, cfg)
     use_fp16 = cfg.amp and cfg.amp_dtype == AmpDtype.fp16
     if use_fp16 and device.type != "cuda":
@@ -345,6 +348,7 @@ def _train(
         steps.warmup_cap,
         report,
         steps.max_warmup_s,
+        agree=lambda done: distributed.all_agree(done, device),
     )
     mode = resolve_timing(cfg.timing.value, device)
     result.update(warmup_steps=warm.steps, measure_start_step=len(records), steady_state=warm.steady_state)
@@ -353,6 +357,12 @@ def _train(
         snapshot.pause()  # no allocator history cost inside the timed steps
     probe.start_measure()
     window_ms = measure(trainer, records, steps.measure, mode, report)
+    nproc = distributed.world_size()
+    if nproc > 1:  # the job's steps are its slowest rank's: gathered after the window, untimed
+        gathered = distributed.gather((records, window_ms))
+        per_rank = [list(r) for r, _ in gathered]
+        records[:] = slowest_rank_steps(per_rank)
+        window_ms = max(w for _, w in gathered)
     if snapshot is not None:
         snapshot.resume()
     result.update(probe.result())  # before any profiler adds its own memory
@@ -364,12 +374,16 @@ def _train(
     result["predicted_peak_error"] = prediction_error(
         result.get("predicted_peak_bytes"), result["peak_allocated_bytes"]
     )
-    summary = summarize(records, built.tokens_per_step, built.samples_per_step, window_ms)
+    tokens, samples = built.tokens_per_step, built.samples_per_step
+    summary = summarize(records, tokens and tokens * nproc, samples * nproc, window_ms)
     result.update(summary.row())
+    if nproc > 1:
+        result.update(rank_figures(summary, per_rank).row())
     dtype = compute_dtype(cfg.amp, cfg.amp_dtype.value)
     peak = peak_flops(result["device_name"], dtype) if device.type == "cuda" else None
     if result["flops_per_sample"] is not None:
-        result.update(model_flops_utilisation(result["flops_per_sample"], summary.samples_per_s, peak, dtype).row())
+        peak_all = peak * nproc if peak is not None else None  # every rank's GPU
+        result.update(model_flops_utilisation(result["flops_per_sample"], summary.samples_per_s, peak_all, dtype).row())
     result.update(grad_scaler_figures(trainer, result["measure_start_step"]))
     if cfg.compile:
         result["compile_time_ms"] = summary.compile_time_ms
@@ -380,8 +394,10 @@ def _train(
     kernels: list[dict[str, Any]] = []
     ops: list[dict[str, Any]] = []
     artifacts: list[dict[str, Any]] = []
-    rank = int(os.environ.get("RANK", "0"))  # set by torchrun; 0 in a single-process job
-    if cfg.profile.enabled and rank in cfg.profile.ranks:
+    if cfg.profile.enabled and distributed.rank() not in cfg.profile.ranks:
+        for _ in range(cfg.profile.steps):  # the same steps as the profiled ranks: their allreduces need ours
+            run_step("profile")
+    elif cfg.profile.enabled:
         trainer.labelled = True  # the profiler splits steps by these ranges
         with ProfiledWindow(cfg.profile, device, job_dir, label) as window:
             for _ in range(window.steps_needed):
@@ -389,6 +405,8 @@ def _train(
                 window.step()
         stages, ops, artifacts = window.result.stages, window.result.ops, window.result.artifacts
         kernels = window.result.kernels
+        if nproc > 1:
+            result["allreduce_ms_per_step"] = window.result.collective_ms
         verdict = bottleneck_verdict(window.result.gpu_busy_ms, summary.step_time_ms_median, summary.data_wait_fraction)
         result.update(verdict.row())
     if snapshot is not None:
@@ -491,7 +509,12 @@ def job_main(
     try:
         cfg = to_run_config(cfg_dict)
         apply_memory_limit(cfg)
-        conn.send(("result", train(cfg, token_data, Path(job_dir), label, launch_dir, progress, partial)))
+        if cfg.nproc > 1:
+            conn.send(("result", distributed.run(cfg, token_data, Path(job_dir), label, launch_dir, conn)))
+        else:
+            conn.send(("result", train(cfg, token_data, Path(job_dir), label, launch_dir, progress, partial)))
+    except distributed.RankFailed as exc:  # a rank's own outcome, classified in that rank
+        conn.send(("error", exc.status, str(exc), exc.tb, exc.partial))
     except BaseException as exc:  # noqa: BLE001 - every failure is a result
         if isinstance(exc, PredictedOOM):  # a decision, not a crash: no traceback
             conn.send(("error", "skipped", str(exc), "", partial))

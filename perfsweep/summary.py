@@ -231,18 +231,24 @@ def format_searches(searches: pd.DataFrame) -> str:
 
 
 def concurrency_note(engine: Engine, sweep_id: int) -> str:
-    """A warning when the sweep's jobs ran side by side (``sweeps.parallel`` > 1): they were not
-    alone on the machine, so their timings are not those of a job run alone."""
+    """A warning when the sweep's jobs may have run side by side (``sweeps.parallel`` > 1): then a
+    job was not alone on its machine, and its timings are not those of a job run alone."""
     with store.session(engine) as s:
         sweep = s.get(store.Sweep, sweep_id)
-        parallel = sweep.parallel if sweep is not None else None
+        parallel, hydra_launcher = (sweep.parallel, sweep.hydra_launcher) if sweep is not None else (None, None)
     if not parallel or parallel <= 1:
         return ""
+    if hydra_launcher == "SlurmLauncher":
+        return (
+            f"Note: up to {parallel} jobs ran at a time on the cluster; jobs that shared a node shared its memory "
+            "bandwidth, PCIe and host, and perturb each other's timings (runs.hostname, runs.cpu_affinity and "
+            "runs.slurm_job_id say where each ran)."
+        )
+    how = "launcher.parallel" if hydra_launcher in (None, "BasicLauncher") else hydra_launcher
     return (
-        f"Note: {parallel} jobs ran at a time (launcher.parallel), each on its own cores and GPUs "
-        "(runs.cpu_affinity, runs.cuda_visible_devices), but sharing memory bandwidth, PCIe and the host: "
-        "their timings perturb each other. Compare configs within this sweep; for figures of a job alone, "
-        "run with launcher.parallel=1."
+        f"Note: up to {parallel} jobs ran at a time on this machine ({how}), sharing memory bandwidth, PCIe and "
+        "the host: their timings perturb each other (runs.cpu_affinity and runs.cuda_visible_devices say what "
+        "each job had). Compare configs within this sweep; for figures of a job alone, run one job at a time."
     )
 
 

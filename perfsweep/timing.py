@@ -68,12 +68,14 @@ def warm_up(
     cap: int,
     on_step: OnStep,
     budget_s: float | None = None,
+    agree: Callable[[bool], bool] = bool,
 ) -> Warmup:
     """Run at least ``minimum`` warmup steps, then more until :func:`perfsweep.metrics.steady`
     says the last two windows of ``window`` steps agree within ``tolerance``, at most ``cap``
     steps, and no further step once those past the minimum add up to ``budget_s`` (slow configs,
     e.g. bf16 on a CPU without bf16 units, would otherwise warm up for minutes; the minimum,
-    which holds a compile, does not count)."""
+    which holds a compile, does not count). ``agree`` turns this process's "warm" into the job's:
+    the ranks of a data-parallel job end warmup on the same step (perfsweep.distributed.all_agree)."""
     times: list[float] = []
 
     def one() -> None:
@@ -87,7 +89,12 @@ def warm_up(
         one()
     if window == 0:
         return Warmup(len(times), None)
-    while not steady(times, window, tolerance) and len(times) < cap and sum(times[minimum:]) < 1000 * (budget_s or inf):
+
+    def warm() -> bool:
+        done = steady(times, window, tolerance) or len(times) >= cap
+        return agree(done or sum(times[minimum:]) >= 1000 * (budget_s or inf))
+
+    while not warm():
         one()
     return Warmup(len(times), steady(times, window, tolerance))
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from perfsweep.cli import first_line
 from perfsweep.metrics import gpu_busy_fraction
-from perfsweep.names import KERNEL_CATEGORIES, PROFILER_STEP_PREFIX, STAGES
+from perfsweep.names import HOST_COLLECTIVE_PREFIXES, KERNEL_CATEGORIES, PROFILER_STEP_PREFIX, STAGES
 
 GPU_EVENT_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 """Chrome-trace ``cat`` values of work that occupies the GPU."""
@@ -117,6 +117,10 @@ class TraceAnalysis:
     """Sum of kernel, memcpy and memset durations (counts overlap on several streams twice)."""
     gpu_busy_ms: float
     """Union of those intervals: time the GPU had at least one thing running."""
+    collective_ms: float | None = None
+    """Time per step a collective (DDP's gradient allreduce) was running: the union of the
+    communication kernels' intervals on a GPU, else of the host's collective ranges (gloo runs
+    them on its own threads, ``gloo:all_reduce``); None when the trace has none."""
     categories: dict[str, CategoryStat] = field(default_factory=dict)
     top_kernels: list[KernelStat] = field(default_factory=list)
 
@@ -238,6 +242,7 @@ def analyze(
     stage_ranges: list[tuple[float, float, str]] = []
     launch_ts: dict[Any, float] = {}
     gpu_events: list[dict[str, Any]] = []
+    host_collectives: list[tuple[float, float]] = []
     t_min, t_max = float("inf"), float("-inf")
     for e in events:
         if not isinstance(e, dict) or e.get("ph") != "X":
@@ -258,6 +263,8 @@ def analyze(
         elif cat in RANGE_EVENT_CATEGORIES:
             if name.startswith(PROFILER_STEP_PREFIX):
                 step_ranges.append((ts, ts + dur, name))
+            elif name.startswith(HOST_COLLECTIVE_PREFIXES):
+                host_collectives.append((ts, ts + dur))
             elif name in stage_set:
                 stage_ranges.append((ts, ts + dur, name))
         if cat not in ("Trace",) and isinstance(e.get("pid"), int | str):
@@ -288,6 +295,7 @@ def analyze(
     cat_us: dict[str, float] = defaultdict(float)
     cat_n: dict[str, int] = defaultdict(int)
     by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    comm_intervals: list[tuple[float, float]] = []
     for e in gpu_events:
         ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
         launch = launch_ts.get(_correlation(e))
@@ -296,13 +304,15 @@ def analyze(
             continue  # outside the profiled steps (e.g. the profiler's own flush)
         kernel_us += dur
         intervals.append((ts, ts + dur))
+        category = kernel_category(e.get("name", ""), e.get("cat", "kernel"))
+        if category == "communication":
+            comm_intervals.append((ts, ts + dur))
         i = stage_idx.find(launch) if launch is not None else None
         if i is None:
             unattributed_us += dur
         else:
             stage_gpu_us[stage_idx.ranges[i][2]] += dur
         name = e.get("name", "")
-        category = kernel_category(name, e.get("cat", "kernel"))
         cat_us[category] += dur
         cat_n[category] += 1
         agg = by_name[name]
@@ -316,6 +326,8 @@ def analyze(
     if isinstance(props, list) and props and isinstance(props[0], dict):
         device_name = props[0].get("name")
     step_wall_us = sum(end - start for start, end, _ in step_ranges)
+    if not comm_intervals:  # no communication kernels: the host's collective ranges (gloo's threads)
+        comm_intervals = [(a, b) for a, b in host_collectives if steps.find(a) is not None]
     return TraceAnalysis(
         path=str(path),
         steps=n_steps,
@@ -328,6 +340,7 @@ def analyze(
         unattributed_gpu_ms=unattributed_us / per_step,
         gpu_kernel_ms=kernel_us / per_step,
         gpu_busy_ms=_union_us(intervals) / per_step,
+        collective_ms=_union_us(comm_intervals) / per_step if comm_intervals else None,
         categories={
             c: CategoryStat(cat_us[c] / per_step, cat_n[c] / n_steps) for c in KERNEL_CATEGORIES if cat_n.get(c)
         },
@@ -367,6 +380,8 @@ def format_analysis(a: TraceAnalysis, step_ms: float | None = None) -> str:
     basis = f"measured step {step_ms:.2f} ms" if step_ms else f"profiled step {a.step_wall_ms:.2f} ms (profiler-slowed)"
     lines.append(f"GPU busy {a.gpu_busy_ms:.2f} ms per step = {a.busy_fraction(step_ms):.0%} of the {basis}")
     lines.append(f"GPU kernel time {a.gpu_kernel_ms:.2f} ms per step (sum; exceeds busy time when streams overlap)")
+    if a.collective_ms is not None:
+        lines.append(f"Collectives (e.g. DDP's allreduce) running {a.collective_ms:.2f} ms per step")
     lines.append("")
     lines.append(f"{'category':<18}{'ms/step':>10}{'share':>8}{'kernels/step':>14}")
     total = a.gpu_kernel_ms or 1.0

@@ -44,7 +44,9 @@ def test_slots_split_gpus_and_cores_without_sharing():
 
 
 def test_slots_refuse_a_split_that_leaves_a_rank_without_a_device():
-    with pytest.raises(ConfigError, match=r"launcher.gpus_per_job=2: each job needs 2 GPU\(s\) and this machine shows 1"):
+    with pytest.raises(
+        ConfigError, match=r"launcher.gpus_per_job=2: each job needs 2 GPU\(s\) and this machine shows 1"
+    ):
         slots.plan(1, True, 1, 2, [0, 1], ["0"])
     with pytest.raises(ConfigError, match=r"nproc=2: .* need a CPU core per rank and this process may use 1 \(0\)"):
         slots.plan(1, False, 2, None, [0], [])
@@ -81,7 +83,7 @@ def test_two_jobs_at_once_each_on_its_own_core(tmp_path: Path):
     )
     assert res.returncode == 0, res.stderr[-3000:]
     assert "3 jobs, one process each, 2 at a time" in res.stderr
-    assert "2 jobs ran at a time (launcher.parallel)" in res.stdout
+    assert "up to 2 jobs ran at a time on this machine (launcher.parallel)" in res.stdout
     db = tmp_path / "results.db"
     runs = rows(
         db,
@@ -152,3 +154,101 @@ def test_ctrl_c_stops_every_running_job_and_marks_it(tmp_path: Path):
         time.sleep(0.2)
     else:
         pytest.fail("a process of the interrupted sweep is still running")
+
+
+# --- nproc: data-parallel jobs (gloo on CPU) --------------------------------------------------
+
+TWO_RANKS = ["nproc=2", "device=cpu", "steps.stable_window=2"]  # warmup ends when both ranks agree
+
+
+@two_cores
+@pytest.mark.slow
+def test_two_rank_gloo_job_stores_global_and_per_rank_figures(tmp_path: Path):
+    tiny = [o for o in TINY if not o.startswith(("steps.stable_window", "profile.active"))]
+    res = run_perfsweep([*TWO_RANKS, "profile.active=2", *tiny], tmp_path, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    db = tmp_path / "results.db"
+    (run,) = rows(db, "SELECT * FROM runs")
+    assert run["status"] == "ok" and run["nproc"] == 2 and run["global_batch"] == 8
+    # the global batch over the slowest rank's steps; each rank did half
+    assert run["tokens_per_s"] == pytest.approx(2 * run["tokens_per_s_per_rank"])
+    window_tokens = 8 * 32 * run["measure_steps"]
+    assert run["tokens_per_s"] == pytest.approx(window_tokens / (run["measure_wall_ms"] / 1000), rel=1e-6)
+    assert run["slowest_rank"] in (0, 1) and run["slowest_rank_step_time_ms_median"] > 0
+    assert run["step_time_ms_median"] >= run["slowest_rank_step_time_ms_median"] * 0.999  # max over ranks per step
+    assert run["allreduce_ms_per_step"] > 0  # gloo's allreduce ranges in rank 0's trace
+    assert run["cpus_allotted"] == len(CPUS) // 2 and run["torch_threads"] == len(CPUS) // 2  # each rank its cores
+    # every rank ran the same steps: warmup ended on the same step everywhere (else a hang)
+    steps = rows(db, "SELECT phase, count(*) AS n FROM steps GROUP BY phase")
+    assert {s["phase"]: s["n"] for s in steps}["measure"] == run["measure_steps"]
+    job_dir = Path(run["job_dir"])
+    assert (job_dir / "rank1").is_dir() and list(job_dir.glob("trace_*.json.gz"))  # rank 0 profiled
+    assert rows(db, "SELECT count(*) AS n FROM stages")[0]["n"] == 5
+
+
+USER_MODEL = """
+import os
+import torch
+from torch import nn
+
+
+def build(vocab_size, seq_len):
+    return Broken(vocab_size)
+
+
+class Broken(nn.Module):
+    def __init__(self, vocab_size):
+        super().__init__()
+        self.emb = nn.Embedding(vocab_size, 16)
+        self.head = nn.Linear(16, vocab_size)
+        self.steps = 0
+
+    def forward(self, idx, targets):
+        self.steps += 1
+        if os.environ.get("RANK") == "1" and self.steps == 3:
+            raise RuntimeError("rank one broke on its third step")
+        logits = self.head(self.emb(idx))
+        return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+"""
+
+
+@two_cores
+@pytest.mark.slow
+def test_a_failing_rank_fails_the_run_with_its_error(tmp_path: Path):
+    (tmp_path / "brokenmodel.py").write_text(USER_MODEL)
+    tiny = [o for o in TINY if not o.startswith(("model=", "steps.stable_window"))]
+    started = time.monotonic()
+    res = run_perfsweep([*TWO_RANKS, "model=custom", "model._target_=brokenmodel.build", *tiny], tmp_path, timeout=300)
+    assert res.returncode == 1, res.stderr[-3000:]
+    (run,) = rows(tmp_path / "results.db", "SELECT status, error, nproc FROM runs")
+    assert run["status"] == "failed" and run["nproc"] == 2
+    assert run["error"].startswith("rank 1: RuntimeError: rank one broke on its third step"), run["error"]
+    assert time.monotonic() - started < 120  # rank 0, waiting in its allreduce, was stopped
+
+
+def test_more_ranks_than_cores_is_refused_before_any_job(tmp_path: Path):
+    res = run_perfsweep([f"nproc={len(CPUS) + 1}", "device=cpu", *TINY], tmp_path)
+    assert res.returncode == 2
+    line = [ln for ln in res.stderr.splitlines() if ln.startswith("perfsweep:")]
+    assert len(line) == 1 and f"nproc={len(CPUS) + 1}" in line[0] and "CPU core per rank" in line[0], line
+
+
+# --- Hydra's other local launchers ------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_joblib_launcher_runs_every_job_in_a_spawned_process(tmp_path: Path):
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher", reason="hydra-joblib-launcher not installed")
+    res = run_perfsweep(
+        ["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "device=cpu", "amp=true,false", *TINY],
+        tmp_path,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    db = tmp_path / "results.db"
+    runs = rows(db, "SELECT job_num, status, error FROM runs ORDER BY job_num")
+    assert [(r["job_num"], r["status"]) for r in runs] == [(0, "ok"), (1, "ok")], runs
+    sweep = rows(db, "SELECT parallel, hydra_launcher, command FROM sweeps")[0]
+    assert sweep["hydra_launcher"] == "JoblibLauncher" and sweep["parallel"] == 2
+    assert sweep["command"].startswith("perfsweep -m hydra/launcher=joblib")
+    assert "up to 2 jobs ran at a time on this machine (JoblibLauncher)" in res.stdout

@@ -71,7 +71,7 @@ class PerfsweepSweeper(BasicSweeper):
                     f"invalid config: {key}={','.join(values)}: must be one value for the whole sweep, not a grid axis"
                 )
         try:
-            placements = _placements(run_cfgs, type(self.launcher).__name__)
+            placements = preflight.placements(run_cfgs, type(self.launcher).__name__)
         except ConfigError as exc:
             _refuse(str(exc))
         launch_dir = Path(self.config.hydra.runtime.cwd).resolve()
@@ -108,7 +108,9 @@ class PerfsweepSweeper(BasicSweeper):
                 n_jobs=len(order),
                 hostname=socket.gethostname(),
                 launch_dir=str(launch_dir),
-                parallel=len(placements),
+                parallel=preflight.at_once(
+                    self.config.hydra.launcher, type(self.launcher).__name__, len(todo), placements
+                ),
                 hydra_launcher=type(self.launcher).__name__,
                 **cpu,
             )
@@ -192,38 +194,6 @@ def _get(cfg: Any, dotted: str) -> Any:
     for part in dotted.split("."):
         value = getattr(value, part)
     return getattr(value, "value", value)
-
-
-def _placements(cfgs: list[Any], hydra_launcher: str) -> list[Any]:
-    """The slots of ``launcher.parallel`` (perfsweep.slots); also checks that every grid point's
-    ranks fit this machine. Concurrency is perfsweep's own only under Hydra's basic launcher."""
-    import torch
-
-    from perfsweep import slots
-    from perfsweep.config import ConfigError, Device
-
-    first = cfgs[0]
-    parallel = first.launcher.parallel
-    if parallel > 1 and hydra_launcher != "BasicLauncher":
-        raise ConfigError(
-            f"invalid config: launcher.parallel={parallel}: runs jobs side by side under Hydra's basic launcher; "
-            f"with {hydra_launcher} set that launcher's own concurrency (e.g. hydra.launcher.n_jobs, "
-            "hydra.launcher.array_parallelism)"
-        )
-    on_cuda = any(c.device == Device.cuda or (c.device == Device.auto and torch.cuda.is_available()) for c in cfgs)
-    nproc = max(c.nproc for c in cfgs)
-    cpus = slots.usable_cpus()
-    placements = slots.plan(
-        parallel, on_cuda, nproc, first.launcher.gpus_per_job, cpus, slots.visible_gpus() if on_cuda else []
-    )
-    threads = max((c.threads or 0) for c in cfgs)
-    per_job = len(placements[0].cpus) if placements[0].cpus else len(cpus)
-    if threads * max(1, nproc) > per_job and (parallel > 1 or nproc > 1):
-        raise ConfigError(
-            f"invalid config: threads={threads}: each job has {per_job} CPU core(s) for {nproc} rank(s) "
-            f"(launcher.parallel={parallel}); set threads<={max(1, per_job // nproc)} or null (its share)"
-        )
-    return placements
 
 
 def _at_batch_1(cfg: Any) -> Any:

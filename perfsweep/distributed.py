@@ -1,0 +1,179 @@
+"""Data-parallel jobs (``nproc`` > 1): one grid point trained by N ranks with DistributedDataParallel.
+
+The job process becomes the ranks' agent: it starts them through torch.distributed's elastic
+launch API (``torch.distributed.launcher.api.elastic_launch``, what ``torchrun`` runs), on this
+machine, with no restarts: a benchmark measures a job that ran once. NCCL on CUDA (rank r drives
+``cuda:r`` of the job's visible GPUs), gloo on CPU (rank r pinned to its share of the job's cores).
+
+Each rank runs perfsweep's own training path (perfsweep.runner.train) with three additions made
+here: the model wrapped in DDP, a warmup that ends on the same step on every rank (else one rank
+would wait in an allreduce the others never start), and the measured steps gathered after the
+window, so the job's step times are the slowest rank's at each step and its throughput is the
+global batch over them (perfsweep.metrics.slowest_rank_steps). Rank 0's result is the run's row.
+
+A rank that fails writes its classified outcome to ``rank<r>.error.json`` in the job folder and
+exits; the agent then stops the other ranks, and the run fails (or is ``oom``) with that rank's
+error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import traceback
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from perfsweep.config import Device, PerfsweepConfig
+
+log = logging.getLogger(__name__)
+
+ERROR_FILE = "rank{rank}.error.json"
+
+
+def active() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank() -> int:
+    return dist.get_rank() if active() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if active() else 1
+
+
+def wrap(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """``model`` in DDP when this process is a rank; gradients as views into DDP's buckets, so
+    the buckets add no copy of the gradients to the job's memory."""
+    if not active():
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [device.index] if device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
+
+
+def all_agree(done: bool, device: torch.device) -> bool:
+    """True once every rank says ``done`` (a MIN allreduce; the one rank's flag elsewhere)."""
+    if not active():
+        return done
+    flag = torch.tensor([1 if done else 0], dtype=torch.int32, device=device if device.type == "cuda" else "cpu")
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def gather(obj: Any) -> list[Any]:
+    """Every rank's ``obj``, in rank order (``[obj]`` in a single-process job)."""
+    if not active():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _rank_main(
+    cfg_dict: dict[str, Any],
+    token_data: Any,
+    job_dir: str,
+    label: str,
+    launch_dir: str,
+    cpus: list[int] | None,
+    conn: Any,
+) -> dict[str, Any] | None:
+    """One rank, started by the elastic agent with RANK, LOCAL_RANK, WORLD_SIZE and MASTER_* set."""
+    from perfsweep import runner
+    from perfsweep.config import to_run_config
+
+    r, local, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+    folder = Path(job_dir) if r == 0 else Path(job_dir) / f"rank{r}"
+    folder.mkdir(parents=True, exist_ok=True)
+    if cpus:  # the job's cores, split evenly: each rank its own
+        share = len(cpus) // world
+        os.sched_setaffinity(0, cpus[local * share : (local + 1) * share])
+    partial: dict[str, Any] = {}
+    try:
+        cfg = to_run_config(cfg_dict)
+        on_cuda = cfg.device == Device.cuda or (cfg.device == Device.auto and torch.cuda.is_available())
+        if on_cuda:
+            torch.cuda.set_device(local)
+        dist.init_process_group("nccl" if on_cuda else "gloo")
+        progress = None
+        if r == 0 and conn is not None:
+
+            def progress(phase: str, step: int, total: int, ms: float, loss: float) -> None:
+                conn.send(("progress", phase, step, total, ms, loss))
+
+        result = runner.train(cfg, token_data, folder, label, launch_dir, progress, partial)
+        return result if r == 0 else None
+    except BaseException as exc:
+        status = runner.classify_error(exc)
+        error = {"rank": r, "status": status, "message": f"rank {r}: {type(exc).__name__}: {exc}"}
+        error["traceback"] = traceback.format_exc(limit=8)
+        error["partial"] = {k: v for k, v in partial.items() if isinstance(v, (str, int, float, bool, type(None)))}
+        (Path(job_dir) / ERROR_FILE.format(rank=r)).write_text(json.dumps(error))
+        raise
+    finally:
+        if active():
+            dist.destroy_process_group()
+
+
+class RankFailed(Exception):
+    """A rank of a data-parallel job failed; ``status``, ``partial`` and ``tb`` are that rank's."""
+
+    def __init__(self, message: str, status: str, partial: dict[str, Any], tb: str) -> None:
+        super().__init__(message)
+        self.status, self.partial, self.tb = status, partial, tb
+
+
+def run(cfg: PerfsweepConfig, token_data: Any, job_dir: Path, label: str, launch_dir: str, conn: Any) -> dict[str, Any]:
+    """Train the grid point on ``cfg.nproc`` ranks; rank 0's result, with every rank's steps
+    folded in (see the module docstring). Raises :class:`RankFailed` with the first failed rank's
+    outcome."""
+    from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from perfsweep.config import to_plain_dict
+
+    for stale in job_dir.glob(ERROR_FILE.format(rank="*")):
+        stale.unlink()
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=cfg.nproc,
+        run_id=f"perfsweep-{uuid.uuid4().hex[:12]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint="127.0.0.1:0",  # a free port on this machine, as torchrun --standalone
+        max_restarts=0,
+        monitor_interval=0.2,
+        start_method="spawn",
+        logs_specs=DefaultLogsSpecs(log_dir=str(job_dir / "ranks")),
+    )
+    affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    try:
+        results = elastic_launch(config, _rank_main)(
+            to_plain_dict(cfg), token_data, str(job_dir), label, launch_dir, affinity, conn
+        )
+    except ChildFailedError as exc:
+        raise _first_failure(job_dir, exc) from None
+    return results[0]
+
+
+def _first_failure(job_dir: Path, exc: Any) -> RankFailed:
+    """The outcome of the rank that failed first (by the agent's timestamps); a rank killed
+    without writing one (a signal, the OOM killer) is named with its exit code."""
+    failures = sorted(exc.failures.items(), key=lambda kv: kv[1].timestamp)
+    for r, _failure in failures:
+        path = job_dir / ERROR_FILE.format(rank=r)
+        if path.exists():
+            e = json.loads(path.read_text())
+            return RankFailed(e["message"], e["status"], e["partial"], e["traceback"])
+    r, failure = failures[0]
+    how = f"signal {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
+    return RankFailed(f"rank {r} died ({how}) without reporting an error", "failed", {}, "")
