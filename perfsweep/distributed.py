@@ -11,8 +11,9 @@ would wait in an allreduce the others never start), and the measured steps gathe
 window, so the job's step times are the slowest rank's at each step and its throughput is the
 global batch over them (perfsweep.metrics.slowest_rank_steps). Rank 0's result is the run's row.
 
-A rank that fails writes its classified outcome to ``rank<r>.error.json`` in the job folder and
-exits; the agent then stops the other ranks, and the run fails (or is ``oom``) with that rank's
+The ranks run perfsweep.runner.rank_main (this module imports nothing of the runner: the runner
+imports it). A rank that fails writes its classified outcome to ``rank<r>.error.json`` in the job
+folder and exits; the agent then stops the other ranks, and the run fails (or is ``oom``) with that rank's
 error.
 """
 
@@ -21,15 +22,15 @@ from __future__ import annotations
 import json
 import logging
 import os
-import traceback
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from perfsweep.config import Device, PerfsweepConfig
+from perfsweep.config import PerfsweepConfig
 
 log = logging.getLogger(__name__)
 
@@ -77,50 +78,30 @@ def gather(obj: Any) -> list[Any]:
     return out
 
 
-def _rank_main(
-    cfg_dict: dict[str, Any],
-    token_data: Any,
-    job_dir: str,
-    label: str,
-    launch_dir: str,
-    cpus: list[int] | None,
-    conn: Any,
-) -> dict[str, Any] | None:
-    """One rank, started by the elastic agent with RANK, LOCAL_RANK, WORLD_SIZE and MASTER_* set."""
-    from perfsweep import runner
-    from perfsweep.config import to_run_config
-
+def init_rank(cpus: list[int] | None, on_cuda: bool) -> int:
+    """In a rank the agent started (RANK, LOCAL_RANK, WORLD_SIZE and MASTER_* set): pin it to its
+    share of the job's cores, select its GPU, join the process group (NCCL on CUDA, else gloo).
+    Returns the rank."""
     r, local, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
-    folder = Path(job_dir) if r == 0 else Path(job_dir) / f"rank{r}"
-    folder.mkdir(parents=True, exist_ok=True)
     if cpus:  # the job's cores, split evenly: each rank its own
         share = len(cpus) // world
         os.sched_setaffinity(0, cpus[local * share : (local + 1) * share])
-    partial: dict[str, Any] = {}
-    try:
-        cfg = to_run_config(cfg_dict)
-        on_cuda = cfg.device == Device.cuda or (cfg.device == Device.auto and torch.cuda.is_available())
-        if on_cuda:
-            torch.cuda.set_device(local)
-        dist.init_process_group("nccl" if on_cuda else "gloo")
-        progress = None
-        if r == 0 and conn is not None:
+    if on_cuda:
+        torch.cuda.set_device(local)
+    dist.init_process_group("nccl" if on_cuda else "gloo")
+    return r
 
-            def progress(phase: str, step: int, total: int, ms: float, loss: float) -> None:
-                conn.send(("progress", phase, step, total, ms, loss))
 
-        result = runner.train(cfg, token_data, folder, label, launch_dir, progress, partial)
-        return result if r == 0 else None
-    except BaseException as exc:
-        status = runner.classify_error(exc)
-        error = {"rank": r, "status": status, "message": f"rank {r}: {type(exc).__name__}: {exc}"}
-        error["traceback"] = traceback.format_exc(limit=8)
-        error["partial"] = {k: v for k, v in partial.items() if isinstance(v, (str, int, float, bool, type(None)))}
-        (Path(job_dir) / ERROR_FILE.format(rank=r)).write_text(json.dumps(error))
-        raise
-    finally:
-        if active():
-            dist.destroy_process_group()
+def rank_folder(job_dir: str | Path, r: int) -> Path:
+    """Where rank ``r`` writes (traces, compile cache): the job folder for rank 0, else a folder in it."""
+    return Path(job_dir) if r == 0 else Path(job_dir) / f"rank{r}"
+
+
+def write_failure(job_dir: str | Path, r: int, status: str, message: str, tb: str, partial: dict[str, Any]) -> None:
+    """A failing rank's outcome, for :func:`run` to report (the agent only knows its exit code)."""
+    plain = {k: v for k, v in partial.items() if isinstance(v, (str, int, float, bool, type(None)))}
+    error = {"rank": r, "status": status, "message": f"rank {r}: {message}", "traceback": tb, "partial": plain}
+    (Path(job_dir) / ERROR_FILE.format(rank=r)).write_text(json.dumps(error))
 
 
 class RankFailed(Exception):
@@ -131,10 +112,18 @@ class RankFailed(Exception):
         self.status, self.partial, self.tb = status, partial, tb
 
 
-def run(cfg: PerfsweepConfig, token_data: Any, job_dir: Path, label: str, launch_dir: str, conn: Any) -> dict[str, Any]:
-    """Train the grid point on ``cfg.nproc`` ranks; rank 0's result, with every rank's steps
-    folded in (see the module docstring). Raises :class:`RankFailed` with the first failed rank's
-    outcome."""
+def run(
+    entrypoint: Callable[..., dict[str, Any] | None],
+    cfg: PerfsweepConfig,
+    token_data: Any,
+    job_dir: Path,
+    label: str,
+    launch_dir: str,
+    conn: Any,
+) -> dict[str, Any]:
+    """Train the grid point on ``cfg.nproc`` ranks, each running ``entrypoint`` (perfsweep.runner.
+    rank_main) with the job's arguments; rank 0's result, with every rank's steps folded in (see
+    the module docstring). Raises :class:`RankFailed` with the first failed rank's outcome."""
     from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -157,7 +146,7 @@ def run(cfg: PerfsweepConfig, token_data: Any, job_dir: Path, label: str, launch
     )
     affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     try:
-        results = elastic_launch(config, _rank_main)(
+        results = elastic_launch(config, entrypoint)(
             to_plain_dict(cfg), token_data, str(job_dir), label, launch_dir, affinity, conn
         )
     except ChildFailedError as exc:

@@ -52,26 +52,6 @@ def nvidia_driver_version() -> str | None:
     return match.group(1) if match else None
 
 
-def cpu_share() -> dict[str, object]:
-    """The cores this process was given: its affinity mask (a launcher slot, a container, or SLURM
-    where it binds tasks) and how many of them it may use, SLURM_CPUS_PER_TASK where that is fewer
-    (SLURM without task binding leaves the mask whole but allots only those)."""
-    cpus = slots.usable_cpus()
-    allotted = len(cpus)
-    slurm = os.environ.get("SLURM_CPUS_PER_TASK")
-    if slurm and slurm.isdigit():
-        allotted = min(allotted, int(slurm))
-    return {"cpu_affinity": slots.cpu_list(cpus), "cpus_allotted": allotted}
-
-
-def slurm_job_id() -> str | None:
-    """The SLURM job this process runs in (an array task as ``JOBID_TASK``), else None."""
-    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
-    if array and task:
-        return f"{array}_{task}"
-    return os.environ.get("SLURM_JOB_ID")
-
-
 def environment(device: torch.device, launch_dir: str | Path) -> dict[str, object]:
     """Everything known to change a run's numbers, read in the job process (so a setting made by
     the user's environment or code is what is recorded): the machine, the GPU and its driver,
@@ -87,9 +67,9 @@ def environment(device: torch.device, launch_dir: str | Path) -> dict[str, objec
         "device_name": torch.cuda.get_device_name(device) if on_cuda else cpu_name(),
         "cpu_model": cpu_name(),
         "cpu_count": os.cpu_count(),
-        **cpu_share(),
+        **slots.cpu_share(),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        "slurm_job_id": slurm_job_id(),
+        "slurm_job_id": slots.slurm_job_id(),
         "torch_threads": torch.get_num_threads(),
         "torch_version": torch.__version__,
         "cuda_version": torch.version.cuda if on_cuda else None,

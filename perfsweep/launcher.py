@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from perfsweep import data as data_mod
-from perfsweep import importer, runner, store
+from perfsweep import importer, runner, slots, store
 from perfsweep.cli import first_line
 from perfsweep.config import PerfsweepConfig, short_dirname, to_plain_dict
 from perfsweep.names import EXIT_0_STATUSES, GRID_AXES, HASHED_UNLESS_DEFAULT, HEARTBEAT_INTERVAL_S, NOT_MEASURED
@@ -273,6 +273,39 @@ def _run_in_child(
     return (*outcome, decided)
 
 
+class Stopped(BaseException):
+    """A scheduler ended the job: raised in the launching process by :func:`scheduler_signals`."""
+
+
+SCHEDULER_SIGNALS = {
+    signal.SIGTERM: "scancel, the time limit or preemption",
+    signal.SIGUSR2: "submitit's warning that the time limit is near, or preemption",
+}
+
+
+@contextlib.contextmanager
+def scheduler_signals() -> Iterator[None]:
+    """Under submitit (``hydra/launcher=submitit_slurm`` or ``submitit_local``), a SIGTERM or
+    SIGUSR2 to the job is its scheduler ending it: the run is stored ``interrupted`` saying so, and
+    the job returns that status to the sweep. (submitit's own handlers would ignore SIGTERM, so
+    the run was stored as a job ``killed by SIGTERM``, and requeue on SIGUSR2, rerunning the grid
+    point from scratch.) Elsewhere, and off the main thread, signals keep their meaning."""
+    if os.environ.get("SUBMITIT_EXECUTOR") is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, _frame: Any) -> None:
+        name = signal.Signals(signum).name
+        raise Stopped(f"stopped by {name} from the scheduler ({SCHEDULER_SIGNALS[signal.Signals(signum)]})")
+
+    previous = {sig: signal.signal(sig, stop) for sig in SCHEDULER_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 class JobCancelled(BaseException):
     """Raised in a concurrent job's thread when the sweep is interrupted: handled like Ctrl-C."""
 
@@ -387,23 +420,33 @@ def run_job(
         batch_search_id=cfg.sweep.batch_search_id,
         nproc=cfg.nproc,
         global_batch=cfg.batch * cfg.nproc,
+        slurm_job_id=slots.slurm_job_id(),
+        # where the job may run, known before it starts (its own process records it again)
+        cuda_visible_devices=placement.env().get("CUDA_VISIBLE_DEVICES") if placement else None,
+        **(
+            {"cpu_affinity": slots.cpu_list(placement.cpus), "cpus_allotted": len(placement.cpus)}
+            if placement is not None and placement.cpus
+            else slots.cpu_share()
+        ),
     )
     run_id = _begin(engine, row)
     try:
-        try:
-            token_data = data_mod.prepare(cfg.data, cfg.seed) if cfg.data._target_ is None else None
-        except Exception as exc:  # noqa: BLE001 - a data problem is this job's result
-            status, error, fields, finished = (
-                "failed",
-                f"preparing data failed: {type(exc).__name__}: {exc}",
-                {},
-                utcnow(),
-            )
-        else:
-            status, error, fields, finished = _run_in_child(
-                spec, config, token_data, progress, Heartbeat(engine, run_id), placement, cancel
-            )
-    except BaseException as exc:  # Ctrl-C, SIGTERM or a cancelled sweep in the launcher: the job was stopped
+        with scheduler_signals():
+            try:
+                token_data = data_mod.prepare(cfg.data, cfg.seed) if cfg.data._target_ is None else None
+            except Exception as exc:  # noqa: BLE001 - a data problem is this job's result
+                status, error, fields, finished = (
+                    "failed",
+                    f"preparing data failed: {type(exc).__name__}: {exc}",
+                    {},
+                    utcnow(),
+                )
+            else:
+                status, error, fields, finished = _run_in_child(
+                    spec, config, token_data, progress, Heartbeat(engine, run_id), placement, cancel
+                )
+    except BaseException as exc:  # Ctrl-C, a scheduler's signal or a cancelled sweep: the job was stopped
+        why = str(exc) if isinstance(exc, Stopped) else f"interrupted ({type(exc).__name__})"
         if run_id is not None:
             try:
                 with _second_ctrl_c_waits():
@@ -413,13 +456,16 @@ def run_job(
                             **row,
                             "status": "interrupted",
                             "finished_at": utcnow(),
-                            "error": f"interrupted ({type(exc).__name__}) before the job finished",
+                            "error": f"{why} before the job finished; perfsweep resume reruns it",
                         },
                         run_id,
                     )
             except Exception as write_exc:  # noqa: BLE001 - the next command marks it from its pid
                 log.warning("could not mark the run interrupted: %s", write_exc)
         engine.dispose()
+        if isinstance(exc, Stopped):  # this job's own end: its sweep goes on and counts it
+            print(f"  {progress.tag}interrupted: {why}", file=sys.stderr, flush=True)
+            return run_id, "interrupted"
         raise
     row.update(
         status=status,

@@ -137,6 +137,18 @@ EXIT_0_STATUSES: tuple[str, ...] = ("ok", "skipped")
 SWEEP_STATUSES: tuple[str, ...] = ("running", "done", "interrupted")
 """``sweeps.status``: ``done`` once the summary ran, whatever the jobs' outcomes."""
 
+SCHEDULER_TIME_MARGIN_S = 300.0
+"""Time a scheduler's limit (SLURM's ``--time``, from ``hydra.launcher.timeout_min``) allows a job
+beyond twice ``timeout_s`` (start-up, then training): its data, its result, submitit's 90 s
+warning. perfsweep derives the limit with it, so its own timeout is what ends a slow job."""
+
+MULTI_HOST_LAUNCHERS: tuple[str, ...] = ("SlurmLauncher",)
+"""Hydra launchers (by class name) whose jobs may run on several hosts at once."""
+
+NETWORK_FILESYSTEMS: tuple[str, ...] = ("nfs", "nfs4", "lustre", "gpfs", "cifs", "smb3", "smbfs", "beegfs", "ceph")
+"""Filesystem types (a FUSE type by its last part: fuse.beegfs is beegfs) on which a SQLite file
+cannot take writes from several hosts: perfsweep refuses them for multi-host sweeps."""
+
 HEARTBEAT_INTERVAL_S = 5.0
 """How often a job's launcher stamps ``runs.heartbeat_at`` (and its sweep's) with the database clock."""
 

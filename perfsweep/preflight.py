@@ -37,6 +37,7 @@ from perfsweep.config import (
     Timing,
     to_plain_dict,
 )
+from perfsweep.names import MULTI_HOST_LAUNCHERS, NETWORK_FILESYSTEMS
 
 COMPOSE_ERRORS: tuple[type[BaseException], ...] = (ConfigError, HydraException, OmegaConfBaseException)
 """What composing and validating a grid point can raise for bad input (anything else is a bug)."""
@@ -350,6 +351,47 @@ def at_once(launcher_cfg: Any, hydra_launcher: str, n_jobs: int, placements: lis
     if n < 0:
         n = (os.cpu_count() or 1) + 1 + n
     return max(1, min(int(n), n_jobs))
+
+
+def filesystem_type(path: str | Path, mounts: str | Path = "/proc/mounts") -> str | None:
+    """The type of the filesystem ``path`` lives on (its longest mount point in ``mounts``,
+    /proc/mounts' format, where a space in a mount point is written \\040); None when unknown."""
+    try:
+        lines = Path(mounts).read_text().splitlines()
+    except OSError:
+        return None
+    target = os.path.realpath(path)
+    best, fstype = "", None
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        point = parts[1].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) > len(best):
+            best, fstype = point, parts[2]
+    return fstype
+
+
+def check_db_for_hosts(url: str, hydra_launcher: str, mounts: str | Path = "/proc/mounts") -> None:
+    """Jobs on several hosts (SLURM) each write their own row: a SQLite file on a network filesystem
+    would take those writes with locks it does not honour, and lose or corrupt rows. Refused
+    before anything is submitted; PostgreSQL is the database for that."""
+    if hydra_launcher not in MULTI_HOST_LAUNCHERS or not url.startswith("sqlite"):
+        return
+    from sqlalchemy.engine import make_url
+
+    database = make_url(url).database
+    if not database:
+        return
+    folder = Path(os.path.realpath(database)).parent  # symlinks followed where they exist
+    fstype = filesystem_type(folder, mounts)
+    if fstype is not None and fstype.split(".")[-1] in NETWORK_FILESYSTEMS:
+        raise ConfigError(
+            f"invalid config: db.url={url!r}: a SQLite file on {fstype} ({folder}) is not safe for jobs on several "
+            f"hosts ({hydra_launcher}): its file locks do not hold across machines; use PostgreSQL, e.g. "
+            "db.url=postgresql+psycopg2://user@dbhost/perfsweep"
+        )
 
 
 def check_all(cfgs: list[PerfsweepConfig]) -> None:

@@ -18,6 +18,7 @@ import contextlib
 import itertools
 import logging
 import os
+import signal
 import time
 import traceback
 from collections.abc import Callable
@@ -29,9 +30,9 @@ import torch
 
 from perfsweep import compile as compile_mod
 from perfsweep import data as data_mod
-from perfsweep import distributed, ledger, task
+from perfsweep import distributed, ledger, slots, task
 from perfsweep.config import AmpDtype, Device, PerfsweepConfig, to_run_config
-from perfsweep.envinfo import compute_dtype, cpu_share, environment, peak_flops
+from perfsweep.envinfo import compute_dtype, environment, peak_flops
 from perfsweep.memory import MemoryProbe, MemorySnapshot, free_bytes, persistent_bytes, step_alloc_peak_bytes
 from perfsweep.metrics import (
     StepRecord,
@@ -436,7 +437,7 @@ def set_threads(cfg: PerfsweepConfig) -> None:
     """torch's threads: ``threads`` when set; else, when this process was given fewer cores than
     the machine has (a launcher slot, a rank's share, SLURM's allocation), that many, so a job does
     not run more threads than cores; else torch's default."""
-    allotted = cpu_share()["cpus_allotted"]
+    allotted = slots.cpu_share()["cpus_allotted"]
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     elif isinstance(allotted, int) and allotted < (os.cpu_count() or allotted):
@@ -480,6 +481,40 @@ def job_free_bytes(cfg_dict: dict[str, Any]) -> tuple[str, int | None]:
     return device.type, free_bytes(device)
 
 
+def rank_main(
+    cfg_dict: dict[str, Any],
+    token_data: data_mod.TokenData | None,
+    job_dir: str,
+    label: str,
+    launch_dir: str,
+    cpus: list[int] | None,
+    conn: Any,
+) -> dict[str, Any] | None:
+    """One rank of a data-parallel job (perfsweep.distributed.run starts them): the same training
+    as a single-process job, in DDP; rank 0 reports progress and returns the run's result."""
+    r = int(os.environ["RANK"])
+    partial: dict[str, Any] = {}
+    try:
+        cfg = to_run_config(cfg_dict)
+        on_cuda = cfg.device == Device.cuda or (cfg.device == Device.auto and torch.cuda.is_available())
+        distributed.init_rank(cpus, on_cuda)
+        progress = None
+        if r == 0 and conn is not None:
+
+            def progress(phase: str, step: int, total: int, ms: float, loss: float) -> None:
+                conn.send(("progress", phase, step, total, ms, loss))
+
+        result = train(cfg, token_data, distributed.rank_folder(job_dir, r), label, launch_dir, progress, partial)
+        return result if r == 0 else None
+    except BaseException as exc:
+        message = f"{type(exc).__name__}: {exc}"
+        distributed.write_failure(job_dir, r, classify_error(exc), message, traceback.format_exc(limit=8), partial)
+        raise
+    finally:
+        if distributed.active():
+            torch.distributed.destroy_process_group()
+
+
 def job_main(
     cfg_dict: dict[str, Any],
     token_data: data_mod.TokenData | None,
@@ -500,6 +535,9 @@ def job_main(
         os.dup2(log_file.fileno(), 2)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     apply_placement(placement)
+    # SLURM signals every process of the job step; the launching process decides what a signal
+    # means for the run (perfsweep.launcher.slurm_signals), and stops this one itself.
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     conn.send(("ready",))  # interpreter and imports are up: the job's timeout clock starts now
 
     def progress(phase: str, step: int, total: int, ms: float, loss: float) -> None:
@@ -510,7 +548,8 @@ def job_main(
         cfg = to_run_config(cfg_dict)
         apply_memory_limit(cfg)
         if cfg.nproc > 1:
-            conn.send(("result", distributed.run(cfg, token_data, Path(job_dir), label, launch_dir, conn)))
+            ddp = distributed.run(rank_main, cfg, token_data, Path(job_dir), label, launch_dir, conn)
+            conn.send(("result", ddp))
         else:
             conn.send(("result", train(cfg, token_data, Path(job_dir), label, launch_dir, progress, partial)))
     except distributed.RankFailed as exc:  # a rank's own outcome, classified in that rank

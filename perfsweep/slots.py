@@ -60,6 +60,26 @@ def usable_cpus() -> list[int]:
         return list(range(os.cpu_count() or 1))
 
 
+def cpu_share() -> dict[str, object]:
+    """The cores this process was given: its affinity mask (a launcher slot, a container, or SLURM
+    where it binds tasks) and how many of them it may use, SLURM_CPUS_PER_TASK where that is fewer
+    (SLURM without task binding leaves the mask whole but allots only those)."""
+    cpus = usable_cpus()
+    allotted = len(cpus)
+    slurm = os.environ.get("SLURM_CPUS_PER_TASK")
+    if slurm and slurm.isdigit():
+        allotted = min(allotted, int(slurm))
+    return {"cpu_affinity": cpu_list(cpus), "cpus_allotted": allotted}
+
+
+def slurm_job_id() -> str | None:
+    """The SLURM job this process runs in (an array task as ``JOBID_TASK``), else None."""
+    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    if array and task:
+        return f"{array}_{task}"
+    return os.environ.get("SLURM_JOB_ID")
+
+
 def visible_gpus() -> list[str]:
     """GPUs a job started from here could see, without a CUDA context: ``CUDA_VISIBLE_DEVICES``
     when set, else NVML's device count (through torch, which does not initialise CUDA for it)."""

@@ -57,6 +57,7 @@ class PerfsweepSweeper(BasicSweeper):
             except preflight.COMPOSE_ERRORS as exc:
                 _refuse(f"{preflight.error_line(exc)} [grid point {i + 1}/{len(jobs)}: {' '.join(job)}]")
         from perfsweep import importer, launcher, schedule, search, store, summary  # torch, once composed
+        from perfsweep.cli import first_line
         from perfsweep.names import EXIT_0_STATUSES
 
         first = run_cfgs[0]
@@ -70,8 +71,10 @@ class PerfsweepSweeper(BasicSweeper):
                 _refuse(
                     f"invalid config: {key}={','.join(values)}: must be one value for the whole sweep, not a grid axis"
                 )
+        hydra_launcher = type(self.launcher).__name__
         try:
-            placements = preflight.placements(run_cfgs, type(self.launcher).__name__)
+            placements = preflight.placements(run_cfgs, hydra_launcher)
+            preflight.check_db_for_hosts(launcher.db_url(first, self.config.hydra.runtime.cwd), hydra_launcher)
         except ConfigError as exc:
             _refuse(str(exc))
         launch_dir = Path(self.config.hydra.runtime.cwd).resolve()
@@ -123,6 +126,8 @@ class PerfsweepSweeper(BasicSweeper):
         # (perfsweep.config.SweepContext); a job's number is its place in the plan
         context = [f"sweep.n_jobs={len(order)}", f"sweep.started_at={time.time()}", f"sweep.id={sweep_id}"]
         jobs = [[*jobs[i], *context, f"sweep.repeat_index={r}", f"sweep.grid_index={i}"] for i, r in order]
+        if hasattr(self.launcher, "params") and "timeout_min" in self.launcher.params:  # submitit's launchers
+            _fit_time_limit(self.launcher.params, run_cfgs, list(self.config.hydra.overrides.hydra))
         at_once = f", {len(placements)} at a time" if len(placements) > 1 else ""
         print(
             f"perfsweep: {_jobs(len(todo))}, one process each{at_once}; job folders under {sweep_dir}", file=sys.stderr
@@ -141,13 +146,26 @@ class PerfsweepSweeper(BasicSweeper):
             return _status(done[0])
 
         end = "interrupted"
+        lost = 0
         if len(placements) > 1:
             launcher.start_concurrent(placements)
         try:
             with launcher.SweepHeartbeat(url, sweep_id):
                 for start, batch in _contiguous([p for p in todo if p not in searches], jobs):
                     self.validate_batch_is_legal(batch)
-                    returns.append(self.launcher.launch(batch, initial_job_idx=start))
+                    try:
+                        returns.append(self.launcher.launch(batch, initial_job_idx=start))
+                    except Exception as exc:
+                        if hydra_launcher == "BasicLauncher":
+                            raise
+                        # e.g. submitit's UncompletedJobError for a job the scheduler killed outright:
+                        # the other jobs' rows are stored, and this one's row says what is known
+                        print(
+                            f"perfsweep: {hydra_launcher} lost jobs {start + 1}-{start + len(batch)} "
+                            f"({first_line(exc, 200)}); their rows in the database say what is known",
+                            file=sys.stderr,
+                        )
+                        lost += len(batch)
                 if len(placements) > 1:
                     launcher.wait_concurrent()
                 if searches:
@@ -169,7 +187,7 @@ class PerfsweepSweeper(BasicSweeper):
                 summary.finish_sweep(url, str(sweep_dir), make_report=first.report, status=end)
             except Exception as exc:  # noqa: BLE001 - never hide the jobs' own outcome
                 print(f"perfsweep: could not print the summary from {url}: {exc}", file=sys.stderr)
-        statuses = [_status(r) for batch in returns for r in batch] + search_statuses
+        statuses = [_status(r) for batch in returns for r in batch] + search_statuses + ["interrupted"] * lost
         unsaved = importer.pending_files(url, str(sweep_dir))
         if unsaved:
             print(
@@ -194,6 +212,29 @@ def _get(cfg: Any, dotted: str) -> Any:
     for part in dotted.split("."):
         value = getattr(value, part)
     return getattr(value, "value", value)
+
+
+def _fit_time_limit(params: dict[str, Any], cfgs: list[Any], hydra_overrides: list[str]) -> None:
+    """submitit's ``timeout_min`` (SLURM's time limit), derived from ``timeout_s`` unless the user
+    set it: a job may take ``timeout_s`` to start and ``timeout_s`` to train, plus a margin for
+    its data and its result (perfsweep.names.SCHEDULER_TIME_MARGIN_S), so perfsweep's own timeout
+    ends a slow job, stored as ``timeout``, before the scheduler kills it. A limit set below that
+    is kept, with a warning."""
+    import math
+
+    from perfsweep.names import SCHEDULER_TIME_MARGIN_S
+
+    longest = max(c.timeout_s for c in cfgs)
+    needed = math.ceil((2 * longest + SCHEDULER_TIME_MARGIN_S) / 60)
+    if not any(o.split("=", 1)[0].lstrip("+~") == "hydra.launcher.timeout_min" for o in hydra_overrides):
+        params["timeout_min"] = needed
+    elif params["timeout_min"] < needed:
+        print(
+            f"perfsweep: hydra.launcher.timeout_min={params['timeout_min']} is less than a job may take "
+            f"({needed} min: timeout_s={longest:g} to start, as much to train, and "
+            f"{SCHEDULER_TIME_MARGIN_S / 60:g} min); the scheduler may end jobs first (stored as interrupted)",
+            file=sys.stderr,
+        )
 
 
 def _at_batch_1(cfg: Any) -> Any:
