@@ -501,10 +501,11 @@ class PerfsweepConfig:
     threads: int | None = None
     """torch.set_num_threads in the job (in each rank); null: the cores the job was given (its
     launcher slot, its SLURM allocation, shared among its ranks), else torch's default."""
-    nproc: int = 1
-    """Ranks of one job: N > 1 trains the grid point as an N-process DistributedDataParallel job
+    nproc: int | None = None
+    """Ranks of one job: N trains the grid point as an N-process DistributedDataParallel job
     started by torch.distributed's elastic launch (what torchrun runs), NCCL on CUDA (a GPU per
-    rank), gloo on CPU (a share of the cores per rank). Global batch = nproc x batch."""
+    rank), gloo on CPU (a share of the cores per rank). Global batch = nproc x batch. null: a plain
+    single process without DDP; ``nproc=1`` is a one-rank DDP job, which shows DDP's own cost."""
     timeout_s: float = 900.0
     """A job still running after this many seconds is killed and stored as status=timeout."""
     name: str | None = None
@@ -611,13 +612,15 @@ class PerfsweepConfig:
         )
         if self.threads is not None:
             _require(self.threads >= 1, "threads", self.threads, "must be >= 1 or null")
-        _require(self.nproc >= 1, "nproc", self.nproc, "must be a positive integer (ranks of one job)")
-        if self.nproc > 1:
+        _require(
+            self.nproc is None or self.nproc >= 1, "nproc", self.nproc, "must be a positive integer (ranks) or null"
+        )
+        if self.nproc is not None:
             _require(
                 self.batch != MAX_BATCH,
                 "batch",
                 self.batch,
-                f"cannot be searched with nproc={self.nproc}; find the largest batch with nproc=1 (each rank holds one)",
+                f"cannot be searched with nproc={self.nproc}; find the largest batch without nproc (each rank holds one)",
             )
             _require(
                 self.job_memory_limit_mib is None,
@@ -628,7 +631,7 @@ class PerfsweepConfig:
         gpus = self.launcher.gpus_per_job
         if gpus is not None and self.device != Device.cpu:
             _require(
-                gpus >= self.nproc,
+                gpus >= (self.nproc or 1),
                 "launcher.gpus_per_job",
                 gpus,
                 f"must be >= nproc={self.nproc}: each rank of a job drives its own GPU",

@@ -115,13 +115,21 @@ def axis_name(axis: str) -> str:
     return SHORT_NAMES.get(axis, axis.removeprefix(SETTING_PREFIX))
 
 
+def value_text(axis: str, value: Any) -> str:
+    """How a value of an axis is shown: ``on``/``off`` for a technique, ``8`` (not ``8.0``) for a
+    number pandas made a float, ``null`` for a setting left unset (``nproc=null``: no DDP)."""
+    if axis in ON_OFF_AXES:
+        return "on" if bool(value) else "off"
+    if isinstance(value, float) and value != value:  # NaN: the key was null in that config
+        return "null"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
 def axis_text(axis: str, value: Any) -> str:
     """``amp=on``, ``batch=8``, ``model=tiny``, ``model.width=64``: one axis of a config label."""
-    if axis in ON_OFF_AXES:
-        value = "on" if bool(value) else "off"
-    elif isinstance(value, float) and value.is_integer():
-        value = int(value)
-    return f"{axis_name(axis)}={value}"
+    return f"{axis_name(axis)}={value_text(axis, value)}"
 
 
 def config_labels(df: pd.DataFrame, axes: Sequence[str], unique: bool = True) -> pd.Series:

@@ -419,7 +419,7 @@ def run_job(
         grid_index=cfg.sweep.grid_index,
         batch_search_id=cfg.sweep.batch_search_id,
         nproc=cfg.nproc,
-        global_batch=cfg.batch * cfg.nproc,
+        global_batch=cfg.batch * (cfg.nproc or 1),
         slurm_job_id=slots.slurm_job_id(),
         # where the job may run, known before it starts (its own process records it again)
         cuda_visible_devices=placement.env().get("CUDA_VISIBLE_DEVICES") if placement else None,

@@ -28,7 +28,7 @@ of ``runs.config_hash`` and of the settings that tell configs apart. ``launcher`
 run at once) can change the numbers, so the sweep stores it (``sweeps.parallel``) and the summary
 warns; it does not change what a grid point is."""
 
-HASHED_UNLESS_DEFAULT: dict[str, object] = {"nproc": 1}
+HASHED_UNLESS_DEFAULT: dict[str, object] = {"nproc": None}
 """Measured keys added after results existed: in ``runs.config_hash`` only when not at this
 default, so a config from before the key hashes as it did (``resume`` still finds its ok runs)."""
 

@@ -326,7 +326,7 @@ def placements(cfgs: list[PerfsweepConfig], hydra_launcher: str = "BasicLauncher
             "hydra.launcher.array_parallelism)"
         )
     on_cuda = any(c.device == Device.cuda or (c.device == Device.auto and torch.cuda.is_available()) for c in cfgs)
-    nproc = max(c.nproc for c in cfgs)
+    nproc = max(c.nproc or 1 for c in cfgs)
     cpus = slots.usable_cpus()
     placements = slots.plan(
         parallel, on_cuda, nproc, first.launcher.gpus_per_job, cpus, slots.visible_gpus() if on_cuda else []

@@ -174,7 +174,7 @@ def build(cfg: PerfsweepConfig, device: torch.device, token_data: data_mod.Token
     figures = model_figures(cfg, raw, first, vocab_size, tokens, samples)  # before checkpointing wraps it
     if cfg.ckpt:
         task.apply_checkpointing(raw, cfg.model)
-    model: torch.nn.Module = distributed.wrap(raw, device)  # DDP in a rank of an nproc > 1 job
+    model: torch.nn.Module = distributed.wrap(raw, device)  # DDP in a rank of an nproc job
     if cfg.compile:
         model = compile_mod.apply(model, cfg.compile_backend, cfg.compile_mode)
     optimizer, fused = make_optimizer(raw, cfg)
@@ -359,7 +359,7 @@ def _train(
     probe.start_measure()
     window_ms = measure(trainer, records, steps.measure, mode, report)
     nproc = distributed.world_size()
-    if nproc > 1:  # the job's steps are its slowest rank's: gathered after the window, untimed
+    if distributed.active():  # the job's steps are its slowest rank's: gathered after the window, untimed
         gathered = distributed.gather((records, window_ms))
         per_rank = [list(r) for r, _ in gathered]
         records[:] = slowest_rank_steps(per_rank)
@@ -378,7 +378,7 @@ def _train(
     tokens, samples = built.tokens_per_step, built.samples_per_step
     summary = summarize(records, tokens and tokens * nproc, samples * nproc, window_ms)
     result.update(summary.row())
-    if nproc > 1:
+    if distributed.active():
         result.update(rank_figures(summary, per_rank).row())
     dtype = compute_dtype(cfg.amp, cfg.amp_dtype.value)
     peak = peak_flops(result["device_name"], dtype) if device.type == "cuda" else None
@@ -406,7 +406,7 @@ def _train(
                 window.step()
         stages, ops, artifacts = window.result.stages, window.result.ops, window.result.artifacts
         kernels = window.result.kernels
-        if nproc > 1:
+        if distributed.active():
             result["allreduce_ms_per_step"] = window.result.collective_ms
         verdict = bottleneck_verdict(window.result.gpu_busy_ms, summary.step_time_ms_median, summary.data_wait_fraction)
         result.update(verdict.row())
@@ -547,7 +547,7 @@ def job_main(
     try:
         cfg = to_run_config(cfg_dict)
         apply_memory_limit(cfg)
-        if cfg.nproc > 1:
+        if cfg.nproc is not None:
             ddp = distributed.run(rank_main, cfg, token_data, Path(job_dir), label, launch_dir, conn)
             conn.send(("result", ddp))
         else:

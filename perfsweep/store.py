@@ -219,9 +219,9 @@ class Run(Base):
     tokens_per_s: Mapped[float | None] = mapped_column(Float)
     """All ranks together for a data-parallel job (global batch over the slowest rank's steps)."""
     samples_per_s: Mapped[float | None] = mapped_column(Float)
-    # data-parallel jobs (nproc > 1): step times are the slowest rank's at each step
+    # data-parallel jobs (nproc set): step times are the slowest rank's at each step
     nproc: Mapped[int | None] = mapped_column(Integer)
-    """Ranks of the job (1: a single process)."""
+    """Ranks of a DistributedDataParallel job; null: a plain single process without DDP."""
     global_batch: Mapped[int | None] = mapped_column(Integer)
     """Samples per optimizer step over all ranks: nproc x batch."""
     tokens_per_s_per_rank: Mapped[float | None] = mapped_column(Float)

@@ -12,7 +12,7 @@ from sqlalchemy.engine import Engine
 
 from perfsweep import audit, metrics, store
 from perfsweep.cli import first_line
-from perfsweep.configs import per_config, prepare_runs, setting_columns
+from perfsweep.configs import per_config, prepare_runs, setting_columns, value_text
 from perfsweep.names import DATA_BOUND_WAIT_FRACTION, GRID_AXES, NOISY_IQR_FRACTION, ON_OFF_AXES, SETTING_PREFIX
 from perfsweep.results import load_batch_searches, load_runs, search_label
 
@@ -139,11 +139,16 @@ def format_summary(runs: pd.DataFrame) -> str:
     with its IQR and CV, the speedup over the baseline with its 95% interval (or "no measurable
     difference"), memory in MiB; ``!`` marks a noisy config, ``~`` one whose step time never
     settled in warmup."""
-    varying = [a for a in (*GRID_AXES, *setting_columns(runs)) if runs[a].nunique() > 1] or ["batch", "seq_len"]
+    varying = [a for a in (*GRID_AXES, *setting_columns(runs)) if runs[a].nunique(dropna=False) > 1] or [
+        "batch",
+        "seq_len",
+    ]
     per = per_config(runs)
     out = pd.DataFrame({"job": per["first_job_num"].fillna(-1).astype(int) + 1})
     for a in varying:
-        out[a.removeprefix(SETTING_PREFIX)] = per[a]
+        out[a.removeprefix(SETTING_PREFIX)] = (
+            per[a].map(lambda v, a=a: value_text(a, v)) if a.startswith(SETTING_PREFIX) else per[a]
+        )
     if (per["runs"] > 1).any():
         out["runs"] = per["runs"]
     out["status"] = per["statuses"]

@@ -5,9 +5,9 @@ Revision ID: 0009
 Revises: 0008
 Create Date: 2026-11-24 08:00:00
 
-Adds nullable columns and changes no stored value but the new ones: old runs were single-process
-jobs, so they get ``nproc`` 1 and ``global_batch`` = ``batch``; old sweeps ran one job at a time
-(``parallel`` 1). Where an old run's cores were is unknown and stays null.
+Adds nullable columns and changes no stored value but the new ones: old runs were plain
+single-process jobs, so their ``nproc`` stays null (no DDP) and ``global_batch`` = ``batch``; old
+sweeps ran one job at a time (``parallel`` 1). Where an old run's cores were is unknown: null.
 """
 
 from collections.abc import Sequence
@@ -46,8 +46,8 @@ def upgrade() -> None:
     with op.batch_alter_table("sweeps", schema=None) as batch_op:
         for column in SWEEP_COLUMNS:
             batch_op.add_column(column)
-    runs = sa.table("runs", sa.column("nproc", sa.Integer), sa.column("batch", sa.Integer), sa.column("global_batch"))
-    op.get_bind().execute(runs.update().values(nproc=1, global_batch=runs.c.batch))
+    runs = sa.table("runs", sa.column("batch", sa.Integer), sa.column("global_batch", sa.Integer))
+    op.get_bind().execute(runs.update().values(global_batch=runs.c.batch))
     sweeps = sa.table("sweeps", sa.column("parallel", sa.Integer))
     op.get_bind().execute(sweeps.update().values(parallel=1))
 
