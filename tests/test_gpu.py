@@ -183,3 +183,48 @@ def test_spawned_cuda_sweep_skips_a_config_predicted_not_to_fit(tmp_path: Path):
     (error,) = con.execute("SELECT error FROM runs WHERE status = 'skipped'").fetchone()
     con.close()
     assert statuses == ["ok", "skipped"] and "free on cuda" in error
+
+
+# --- scale out (issue 14): slots and data-parallel jobs on GPUs --------------------------------
+
+GPU_TINY = ["model=tiny", "data=synthetic", "batch=4", "seq_len=64", "steps.warmup=2", "steps.measure=20"]
+GPU_TINY += ["profile.wait=0", "profile.warmup=0", "profile.active=2", "report=false", "device=cuda"]
+
+
+def test_parallel_jobs_take_a_gpu_each_and_wait_for_one(tmp_path: Path):
+    """launcher.parallel=2, a GPU per job: on a 1-GPU machine the second job waits for the first
+    (never two jobs on one GPU); with 2+ GPUs they run side by side, each on its own."""
+    res = run_perfsweep(
+        ["-m", "launcher.parallel=2", "launcher.gpus_per_job=1", "amp=true,false", *GPU_TINY], tmp_path, timeout=600
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    con = sqlite3.connect(tmp_path / "results.db")
+    runs = con.execute(
+        "SELECT cuda_visible_devices, started_at, finished_at, status FROM runs ORDER BY job_num"
+    ).fetchall()
+    (parallel,) = con.execute("SELECT parallel FROM sweeps").fetchone()
+    con.close()
+    assert [r[3] for r in runs] == ["ok", "ok"]
+    (a_gpu, a_start, a_end, _), (b_gpu, b_start, b_end, _) = runs
+    if torch.cuda.device_count() == 1:
+        assert parallel == 1 and a_gpu == b_gpu  # one slot: the jobs queued for the one GPU
+        assert b_start >= a_end or a_start >= b_end
+    else:
+        assert parallel == 2 and a_gpu != b_gpu
+
+
+def test_nccl_job_on_the_gpus_there_are(tmp_path: Path):
+    """nproc = the visible GPUs (at most 2), NCCL: the run is stored with per-rank figures and rank
+    0's allreduce time from its communication kernels."""
+    n = min(2, torch.cuda.device_count())
+    res = run_perfsweep([f"nproc={n}", "steps.stable_window=2", *GPU_TINY], tmp_path, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    con = sqlite3.connect(tmp_path / "results.db")
+    con.row_factory = sqlite3.Row
+    run = dict(con.execute("SELECT * FROM runs").fetchone())
+    con.close()
+    assert run["status"] == "ok" and run["nproc"] == n and run["global_batch"] == 4 * n
+    assert run["tokens_per_s"] == pytest.approx(n * run["tokens_per_s_per_rank"])
+    assert run["bottleneck"] in BOTTLENECKS
+    if n > 1:
+        assert run["allreduce_ms_per_step"] > 0

@@ -147,7 +147,9 @@ class PerfsweepSweeper(BasicSweeper):
 
         end = "interrupted"
         lost = 0
-        if len(placements) > 1:
+        # perfsweep's slots: several at once, or one that narrows the GPUs a job sees (gpus_per_job)
+        slotted = hydra_launcher == "BasicLauncher" and (len(placements) > 1 or placements[0].gpus is not None)
+        if slotted:
             launcher.start_concurrent(placements)
         try:
             with launcher.SweepHeartbeat(url, sweep_id):
@@ -166,7 +168,7 @@ class PerfsweepSweeper(BasicSweeper):
                             file=sys.stderr,
                         )
                         lost += len(batch)
-                if len(placements) > 1:
+                if slotted:
                     launcher.wait_concurrent()
                 if searches:
                     engine = store.connect(url)
