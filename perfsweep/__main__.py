@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -73,6 +74,11 @@ def hydra_main(cfg: DictConfig) -> str:
                 raise ConfigError(
                     "invalid config: batch=max: searches with several jobs, each in its own process; add -m"
                 )
+            if run_cfg.launcher.parallel > 1:
+                raise ConfigError(
+                    f"invalid config: launcher.parallel={run_cfg.launcher.parallel}: runs the jobs of a multirun "
+                    "side by side; add -m"
+                )
             if run_cfg.repeat > 1:
                 raise ConfigError(
                     f"invalid config: repeat={run_cfg.repeat}: repeats run as a multirun, each in its own "
@@ -93,6 +99,7 @@ def hydra_main(cfg: DictConfig) -> str:
                 n_jobs=1,
                 hostname=socket.gethostname(),
                 launch_dir=str(launch_dir.resolve()),
+                parallel=1,
                 **(cpu := preflight.cpu_sweep_fields([run_cfg])),
             )
             if notice := preflight.cpu_notice(cpu):
@@ -149,6 +156,16 @@ SUBCOMMANDS = {
 }
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM to a sweep or run on this machine (``kill``, a CI runner's stop): unwound like
+    Ctrl-C, so the jobs in flight are stopped and stored ``interrupted`` and the summary printed.
+    (Under submitit each job handles its scheduler's signals itself: perfsweep.launcher.)"""
+
+
+def _terminated(_signum: int, _frame: object) -> None:
+    raise Terminated
+
+
 def _refuse_cfg_with_multirun(argv: list[str]) -> None:
     """Hydra answers ``-m --cfg job`` with a traceback; a sweep has many configs, --cfg shows one."""
     from hydra._internal.utils import get_args_parser
@@ -180,6 +197,7 @@ def main() -> None:
     # the user still shows the whole traceback.
     full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         hydra_main()
     except preflight.COMPOSE_ERRORS as exc:
@@ -187,14 +205,15 @@ def main() -> None:
             raise
         print(f"perfsweep: {preflight.error_line(exc)}; {preflight.NO_JOB}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         # The sweeper has printed the summary of the jobs that finished; they are stored.
+        how = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
         print(
-            "perfsweep: interrupted; finished jobs are in the database; run the rest with: "
+            f"perfsweep: {how}; finished jobs are in the database; run the rest with: "
             "perfsweep resume SWEEP_ID (the number in the summary above)",
             file=sys.stderr,
         )
-        sys.exit(130)
+        sys.exit(128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT))
 
 
 if __name__ == "__main__":

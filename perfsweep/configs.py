@@ -230,3 +230,25 @@ def throughputs(configs: pd.DataFrame, runs: pd.DataFrame, steps: pd.DataFrame) 
     return [
         metrics.Throughput([by_run[i] for i in ids], [times.get(i, []) for i in ids]) for ids in configs["ok_run_ids"]
     ]
+
+
+def concurrency_note(parallel: Any, hydra_launcher: Any) -> str:
+    """A warning for a sweep whose jobs may have run side by side (``sweeps.parallel`` > 1): then a
+    job was not alone on its machine, and its timings are not those of a job run alone. The
+    terminal summary and report.md both show it."""
+    if pd.isna(parallel) or parallel <= 1:
+        return ""
+    if hydra_launcher == "SlurmLauncher":
+        return (
+            f"Up to {parallel:.0f} jobs ran at a time on the cluster; jobs that shared a node shared its memory "
+            "bandwidth, PCIe and host, and perturb each other's timings (runs.hostname, runs.cpu_affinity and "
+            "runs.slurm_job_id say where each ran)."
+        )
+    how = (
+        "launcher.parallel" if hydra_launcher in (None, "BasicLauncher") or pd.isna(hydra_launcher) else hydra_launcher
+    )
+    return (
+        f"Up to {parallel:.0f} jobs ran at a time on this machine ({how}), sharing memory bandwidth, PCIe and "
+        "the host: their timings perturb each other (runs.cpu_affinity and runs.cuda_visible_devices say what "
+        "each job had). Compare configs within this sweep; for figures of a job alone, run one job at a time."
+    )

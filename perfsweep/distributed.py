@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from perfsweep import slots
 from perfsweep.config import PerfsweepConfig
 
 log = logging.getLogger(__name__)
@@ -151,7 +152,8 @@ def run(
         )
     except ChildFailedError as exc:
         raise _first_failure(job_dir, exc) from None
-    return results[0]
+    # the row is the job's: the cores the job had (its ranks split them; torch_threads is a rank's)
+    return {**results[0], **slots.cpu_share()}
 
 
 def _first_failure(job_dir: Path, exc: Any) -> RankFailed:

@@ -343,10 +343,13 @@ def placements(cfgs: list[PerfsweepConfig], hydra_launcher: str = "BasicLauncher
 
 def at_once(launcher_cfg: Any, hydra_launcher: str, n_jobs: int, placements: list[Any]) -> int:
     """The most jobs that may run at once: perfsweep's slots under Hydra's basic launcher, else the
-    launcher's own setting (joblib's ``n_jobs``, -1 meaning every CPU; submitit's
-    ``array_parallelism``), never more than the jobs there are: ``sweeps.parallel``."""
+    launcher's own setting (joblib's ``n_jobs``, -1 meaning every CPU; SLURM's
+    ``array_parallelism``; submitit_local runs them all), never more than the jobs there are:
+    ``sweeps.parallel``."""
     if hydra_launcher == "BasicLauncher":
         return len(placements)
+    if hydra_launcher == "LocalLauncher":  # submitit's local executor starts every job at once
+        return n_jobs
     n = launcher_cfg.get("n_jobs") or launcher_cfg.get("array_parallelism") or 1
     if n < 0:
         n = (os.cpu_count() or 1) + 1 + n

@@ -33,7 +33,7 @@ def _ids_sql(ids: Iterable[int]) -> str:
 
 
 def load_sweeps(engine: Engine, sweep_ids: Sequence[int] | None = None) -> pd.DataFrame:
-    sql = "SELECT id, name, sweep_dir, command, n_jobs, hostname, created_at FROM sweeps"
+    sql = "SELECT id, name, sweep_dir, command, n_jobs, hostname, created_at, parallel, hydra_launcher FROM sweeps"
     where = f" WHERE id IN ({_ids_sql(sweep_ids)})" if sweep_ids is not None else ""
     return pd.read_sql_query(sql + where + " ORDER BY id", engine)
 

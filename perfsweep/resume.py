@@ -94,7 +94,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"perfsweep resume: {exc}", file=sys.stderr)
         return 2
     print(f"perfsweep resume: sweep {sweep.id} in {launch_dir}: {' '.join(cmd[2:])}", file=sys.stderr)
-    return subprocess.call(cmd, cwd=launch_dir)
+    proc = subprocess.Popen(cmd, cwd=launch_dir)
+    while True:
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:  # the sweep got the same Ctrl-C: let it mark its jobs and exit
+            continue
 
 
 if __name__ == "__main__":

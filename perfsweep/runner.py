@@ -453,9 +453,12 @@ def apply_placement(placement: dict[str, Any] | None) -> None:
 
 def classify_error(exc: BaseException) -> str:
     """Map an exception to a run status: oom for allocator failures on any device, skipped for a
-    predicted one (skip_predicted_oom), else failed."""
+    predicted one (skip_predicted_oom), interrupted for Ctrl-C (the terminal's SIGINT reaches the
+    job too, and with several jobs in flight its report may arrive before the sweep's), else failed."""
     if isinstance(exc, PredictedOOM):
         return "skipped"
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted"
     return "oom" if task.is_oom(exc) else "failed"
 
 

@@ -10,7 +10,7 @@ import pandas as pd
 from sqlalchemy import or_, select, update
 from sqlalchemy.engine import Engine
 
-from perfsweep import audit, metrics, store
+from perfsweep import audit, configs, metrics, store
 from perfsweep.cli import first_line
 from perfsweep.configs import per_config, prepare_runs, setting_columns, value_text
 from perfsweep.names import DATA_BOUND_WAIT_FRACTION, GRID_AXES, NOISY_IQR_FRACTION, ON_OFF_AXES, SETTING_PREFIX
@@ -236,25 +236,10 @@ def format_searches(searches: pd.DataFrame) -> str:
 
 
 def concurrency_note(engine: Engine, sweep_id: int) -> str:
-    """A warning when the sweep's jobs may have run side by side (``sweeps.parallel`` > 1): then a
-    job was not alone on its machine, and its timings are not those of a job run alone."""
+    """The sweep's :func:`perfsweep.configs.concurrency_note`, from its row."""
     with store.session(engine) as s:
         sweep = s.get(store.Sweep, sweep_id)
-        parallel, hydra_launcher = (sweep.parallel, sweep.hydra_launcher) if sweep is not None else (None, None)
-    if not parallel or parallel <= 1:
-        return ""
-    if hydra_launcher == "SlurmLauncher":
-        return (
-            f"Note: up to {parallel} jobs ran at a time on the cluster; jobs that shared a node shared its memory "
-            "bandwidth, PCIe and host, and perturb each other's timings (runs.hostname, runs.cpu_affinity and "
-            "runs.slurm_job_id say where each ran)."
-        )
-    how = "launcher.parallel" if hydra_launcher in (None, "BasicLauncher") else hydra_launcher
-    return (
-        f"Note: up to {parallel} jobs ran at a time on this machine ({how}), sharing memory bandwidth, PCIe and "
-        "the host: their timings perturb each other (runs.cpu_affinity and runs.cuda_visible_devices say what "
-        "each job had). Compare configs within this sweep; for figures of a job alone, run one job at a time."
-    )
+        return configs.concurrency_note(sweep.parallel, sweep.hydra_launcher) if sweep is not None else ""
 
 
 def finish_sweep(url: str, sweep_dir: str, make_report: bool = True, status: str = "done") -> None:
@@ -278,7 +263,7 @@ def finish_sweep(url: str, sweep_dir: str, make_report: bool = True, status: str
         if text := format_searches(load_batch_searches(engine, [sweep_id])):
             print(text)
         if text := concurrency_note(engine, sweep_id):
-            print(text)
+            print(f"Note: {text}")
         where = engine.url.render_as_string(hide_password=True)
         print(f"\nResults: {where} (sweep_id={sweep_id})")
         if engine.url.get_backend_name() == "sqlite":

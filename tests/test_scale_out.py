@@ -83,7 +83,7 @@ def test_two_jobs_at_once_each_on_its_own_core(tmp_path: Path):
     )
     assert res.returncode == 0, res.stderr[-3000:]
     assert "3 jobs, one process each, 2 at a time" in res.stderr
-    assert "up to 2 jobs ran at a time on this machine (launcher.parallel)" in res.stdout
+    assert "Up to 2 jobs ran at a time on this machine (launcher.parallel)" in res.stdout
     db = tmp_path / "results.db"
     runs = rows(
         db,
@@ -117,9 +117,10 @@ def test_parallel_beyond_the_cores_is_refused_before_any_job(tmp_path: Path):
 
 @two_cores
 @pytest.mark.slow
-def test_ctrl_c_stops_every_running_job_and_marks_it(tmp_path: Path):
-    """SIGINT to the sweeper alone (as a scheduler or a wrapper sends it): both jobs in flight are
-    stopped, stored as interrupted, and no process is left."""
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_stopping_the_sweep_stops_every_running_job_and_marks_it(how: str, tmp_path: Path):
+    """Ctrl-C (SIGINT to the whole process group, jobs included) or SIGTERM to the sweep alone:
+    both jobs in flight are stopped and stored interrupted, the summary printed, no process left."""
     tiny = [o for o in TINY if not o.startswith("steps.measure")]
     proc = subprocess.Popen(
         [sys.executable, "-m", "perfsweep", "-m", "launcher.parallel=2", "device=cpu", "amp=true,false"]
@@ -129,6 +130,7 @@ def test_ctrl_c_stops_every_running_job_and_marks_it(tmp_path: Path):
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal
     )
     db = tmp_path / "results.db"
     deadline = time.monotonic() + 120
@@ -140,11 +142,16 @@ def test_ctrl_c_stops_every_running_job_and_marks_it(tmp_path: Path):
             pass
         time.sleep(0.5)
     time.sleep(3)
-    proc.send_signal(signal.SIGINT)
+    if how == "ctrl-c":
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=90)
-    assert proc.returncode == 130, err[-2000:]
-    assert [r["status"] for r in rows(db, "SELECT status FROM runs")] == ["interrupted", "interrupted"]
+    assert proc.returncode == (130 if how == "ctrl-c" else 143), err[-2000:]
+    runs = rows(db, "SELECT status, error FROM runs")
+    assert [r["status"] for r in runs] == ["interrupted", "interrupted"], runs
     assert [r["status"] for r in rows(db, "SELECT status FROM sweeps")] == ["interrupted"]
+    assert "(2 runs, 0 ok)" in out and "perfsweep resume" in err
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         try:
@@ -153,7 +160,7 @@ def test_ctrl_c_stops_every_running_job_and_marks_it(tmp_path: Path):
             break
         time.sleep(0.2)
     else:
-        pytest.fail("a process of the interrupted sweep is still running")
+        pytest.fail("a process of the stopped sweep is still running")
 
 
 # --- nproc: data-parallel jobs (gloo on CPU) --------------------------------------------------
@@ -251,4 +258,4 @@ def test_joblib_launcher_runs_every_job_in_a_spawned_process(tmp_path: Path):
     sweep = rows(db, "SELECT parallel, hydra_launcher, command FROM sweeps")[0]
     assert sweep["hydra_launcher"] == "JoblibLauncher" and sweep["parallel"] == 2
     assert sweep["command"].startswith("perfsweep -m hydra/launcher=joblib")
-    assert "up to 2 jobs ran at a time on this machine (JoblibLauncher)" in res.stdout
+    assert "Up to 2 jobs ran at a time on this machine (JoblibLauncher)" in res.stdout

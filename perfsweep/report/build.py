@@ -23,7 +23,7 @@ from sqlalchemy.engine import Engine
 
 from perfsweep import metrics
 from perfsweep.cli import UserError, first_line
-from perfsweep.configs import axis_name, axis_text, label_axes, per_config, throughputs
+from perfsweep.configs import axis_name, axis_text, concurrency_note, label_axes, per_config, throughputs
 from perfsweep.configs import baseline as pick_baseline
 from perfsweep.names import (
     BOTTLENECK_RULE,
@@ -561,6 +561,9 @@ def headline_md(report: Report) -> list[str]:
             f"- **Data-bound:** {fmt.listing(bound['label'], 4)} spent more than {DATA_BOUND_WAIT_FRACTION:.0%} of "
             "the measured steps waiting for the next batch: the loader sets their pace (raise `workers`)."
         )
+    for sweep in report.sweeps.itertuples():
+        if note := concurrency_note(sweep.parallel, sweep.hydra_launcher):
+            lines.append(f"- **Jobs side by side** (sweep {sweep.id}): {note}")
     if noisy := noisy_md(configs):
         lines.append(
             f"- **Noisy timings:** {noisy} ({fmt.listing(ok.loc[ok['noisy'], 'label'], 4)}); compare them "
