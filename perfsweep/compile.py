@@ -14,7 +14,6 @@ were loaded from a cache instead, so a warm compile is visible in SQL.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import shutil
 from collections.abc import Iterator
@@ -23,9 +22,11 @@ from typing import Any
 
 import torch
 
-CACHE_ENV = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+from perfsweep.envinfo import environ_set
+
+CACHE_ENV = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
 """Environment variables that place Inductor's (FX graph, AOTAutograd, C++/Triton code) and
-Triton's kernel caches."""
+Triton's kernel caches, and the folder of each in an isolated cache."""
 
 
 @contextlib.contextmanager
@@ -40,17 +41,10 @@ def cache_scope(mode: str, job_dir: Path) -> Iterator[None]:
         return
     root = job_dir / "compile_cache"
     shutil.rmtree(root, ignore_errors=True)
-    saved = {k: os.environ.get(k) for k in CACHE_ENV}
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor")
-    os.environ["TRITON_CACHE_DIR"] = str(root / "triton")
     try:
-        yield
+        with environ_set({var: str(root / folder) for var, folder in CACHE_ENV.items()}):
+            yield
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import re
 import socket
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -50,6 +52,22 @@ def nvidia_driver_version() -> str | None:
         return None
     match = re.search(r"Kernel Module(?: for \S+)?\s+(\d+(?:\.\d+)+)", text)
     return match.group(1) if match else None
+
+
+@contextlib.contextmanager
+def environ_set(values: dict[str, str]) -> Iterator[None]:
+    """Environment variables set for the duration of a block, then put back as they were (unset
+    ones unset): how a compile cache or a launcher slot is handed to what runs inside."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def environment(device: torch.device, launch_dir: str | Path) -> dict[str, object]:

@@ -31,6 +31,7 @@ from perfsweep import data as data_mod
 from perfsweep import importer, runner, slots, store
 from perfsweep.cli import first_line
 from perfsweep.config import PerfsweepConfig, short_dirname, to_plain_dict
+from perfsweep.envinfo import environ_set
 from perfsweep.names import EXIT_0_STATUSES, GRID_AXES, HASHED_UNLESS_DEFAULT, HEARTBEAT_INTERVAL_S, NOT_MEASURED
 from perfsweep.slots import Placement, SlotPool
 from perfsweep.store import utcnow
@@ -326,16 +327,8 @@ def _spawning(env: dict[str, str]) -> Iterator[None]:
     with _SPAWN_LOCK:
         if mp.get_start_method(allow_none=True) not in (*SPAWN_START_METHODS, None):
             mp.set_start_method("spawn", force=True)
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
+        with environ_set(env):
             yield
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
 
 
 def job_free_bytes(cfg: PerfsweepConfig) -> tuple[str | None, int | None]:

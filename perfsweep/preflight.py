@@ -319,6 +319,8 @@ def placements(cfgs: list[PerfsweepConfig], hydra_launcher: str = "BasicLauncher
 
     first = cfgs[0]
     parallel = first.launcher.parallel
+    if parallel == 1 and hydra_launcher in MULTI_HOST_LAUNCHERS:
+        return [slots.Placement(0)]  # the jobs' hosts are not this one: their GPUs and cores are theirs
     if parallel > 1 and hydra_launcher != "BasicLauncher":
         raise ConfigError(
             f"invalid config: launcher.parallel={parallel}: runs jobs side by side under Hydra's basic launcher; "
@@ -397,9 +399,12 @@ def check_db_for_hosts(url: str, hydra_launcher: str, mounts: str | Path = "/pro
         )
 
 
-def check_all(cfgs: list[PerfsweepConfig]) -> None:
-    """The checks that need no database: device, data, then the models on their first batch."""
-    check_device(cfgs)
+def check_all(cfgs: list[PerfsweepConfig], jobs_run_here: bool = True) -> None:
+    """The checks that need no database: device, data, then the models on their first batch.
+    ``jobs_run_here`` false (SLURM: the jobs run on other hosts, often with GPUs a login node
+    lacks): this machine's devices are not the jobs', so they are not checked."""
+    if jobs_run_here:
+        check_device(cfgs)
     check_models(cfgs, check_data(cfgs))
 
 

@@ -111,3 +111,30 @@ def test_sqlite_on_a_network_filesystem_is_refused_for_slurm(tmp_path: Path):
     preflight.check_db_for_hosts("sqlite:////home/lab share/me/results.db", "BasicLauncher", mounts)
     preflight.check_db_for_hosts("postgresql+psycopg2://me@db/perfsweep", "SlurmLauncher", mounts)
     preflight.check_db_for_hosts("sqlite:////tmp/results.db", "SlurmLauncher", mounts)
+
+
+@pytest.mark.slow
+def test_login_node_without_a_gpu_sends_a_cuda_sweep_to_the_nodes(slurm_cluster, pg_url, tmp_path: Path):
+    """The submitting host's devices are not the jobs': device=cuda is not refused here (it would be
+    for a local sweep on this GPU-less machine); the job on the node finds out, and its row says so."""
+    if torch_sees_cuda():
+        pytest.skip("this machine has a GPU: the job would run")
+    url = new_database(pg_url)
+    res = subprocess.run(
+        [sys.executable, "-m", "perfsweep", "-m", "hydra/launcher=submitit_slurm", "hydra.launcher.cpus_per_task=1"]
+        + [f"db.url={url}", "device=cuda", *TINY],
+        cwd=tmp_path,
+        env={**slurm_cluster.client_env(), "PYTHONUNBUFFERED": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 1, res.stderr[-3000:]
+    (run,) = _rows(url, "SELECT status, error, slurm_job_id FROM runs")
+    assert run["status"] == "failed" and "torch sees no CUDA device" in run["error"] and run["slurm_job_id"]
+
+
+def torch_sees_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

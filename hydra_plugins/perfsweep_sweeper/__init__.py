@@ -58,11 +58,13 @@ class PerfsweepSweeper(BasicSweeper):
                 _refuse(f"{preflight.error_line(exc)} [grid point {i + 1}/{len(jobs)}: {' '.join(job)}]")
         from perfsweep import importer, launcher, schedule, search, store, summary  # torch, once composed
         from perfsweep.cli import first_line
-        from perfsweep.names import EXIT_0_STATUSES
+        from perfsweep.names import EXIT_0_STATUSES, MULTI_HOST_LAUNCHERS
 
         first = run_cfgs[0]
+        hydra_launcher = type(self.launcher).__name__
+        here = hydra_launcher not in MULTI_HOST_LAUNCHERS  # do the jobs run on this machine?
         try:  # a batch=max point is checked at batch 1, where its search may start
-            preflight.check_all([_at_batch_1(c) if search.is_search(c) else c for c in run_cfgs])
+            preflight.check_all([_at_batch_1(c) if search.is_search(c) else c for c in run_cfgs], jobs_run_here=here)
         except ConfigError as exc:
             _refuse(str(exc))
         for key in ("repeat", "order", "report", "launcher.parallel", "launcher.gpus_per_job"):
@@ -71,7 +73,6 @@ class PerfsweepSweeper(BasicSweeper):
                 _refuse(
                     f"invalid config: {key}={','.join(values)}: must be one value for the whole sweep, not a grid axis"
                 )
-        hydra_launcher = type(self.launcher).__name__
         try:
             placements = preflight.placements(run_cfgs, hydra_launcher)
             preflight.check_db_for_hosts(launcher.db_url(first, self.config.hydra.runtime.cwd), hydra_launcher)
@@ -101,7 +102,12 @@ class PerfsweepSweeper(BasicSweeper):
                 return []
         else:
             todo = list(range(len(order)))
-        cpu = preflight.cpu_sweep_fields(run_cfgs, len(placements[0].cpus) if placements[0].cpus else None)
+        # a CPU's matmul peak is measured where the jobs run; on other hosts it is not this machine's
+        cpu = (
+            preflight.cpu_sweep_fields(run_cfgs, len(placements[0].cpus) if placements[0].cpus else None)
+            if here
+            else {}
+        )
         try:
             sweep_id = preflight.reserve_sweep(
                 url,
