@@ -119,6 +119,7 @@ def hydra_main(cfg: DictConfig) -> str:
         overrides=[o for o in hc.overrides.task if not o.startswith(launcher.NOT_OVERRIDES)],
         job_num=hc.job.num if multirun else 0,
         command=command,
+        env={str(k): str(v) for k, v in (hc.job.env_set or {}).items()},
     )
     if multirun:
         return launcher.launch(spec)

@@ -25,7 +25,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
 from perfsweep import store
-from perfsweep.names import LOSS_TOLERANCE, NOT_MEASURED
+from perfsweep.names import HASHED_UNLESS_DEFAULT, LOSS_TOLERANCE, NOT_MEASURED
 
 SWITCHES = ("amp", "ckpt", "compile")
 """What the audit checks: the settings that should leave the loss as FP32 eager has it."""
@@ -47,7 +47,14 @@ when looking for the twin (the steps compared are those both runs have)."""
 def twin_key(config: dict[str, Any]) -> str:
     """What a run and its FP32-eager twin share."""
     return json.dumps(
-        {k: v for k, v in config.items() if k not in NOT_NUMERICS and k not in NOT_MEASURED}, sort_keys=True
+        {
+            k: v
+            for k, v in config.items()
+            if k not in NOT_NUMERICS
+            and k not in NOT_MEASURED
+            and not (k in HASHED_UNLESS_DEFAULT and v == HASHED_UNLESS_DEFAULT[k])  # older rows lack the key
+        },
+        sort_keys=True,
     )
 
 

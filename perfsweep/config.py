@@ -628,6 +628,13 @@ class PerfsweepConfig:
                 self.job_memory_limit_mib,
                 f"limits one process; with nproc={self.nproc} set it to null",
             )
+        ranks = self.nproc or 1
+        _require(
+            not self.profile.enabled or (0 in self.profile.ranks and all(0 <= r < ranks for r in self.profile.ranks)),
+            "profile.ranks",
+            self.profile.ranks,
+            f"must include 0 (the run's row is rank 0's) and name ranks of this job, 0 to {ranks - 1} (nproc={self.nproc})",
+        )
         gpus = self.launcher.gpus_per_job
         if gpus is not None and self.device != Device.cpu:
             _require(

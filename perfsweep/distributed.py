@@ -22,6 +22,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -84,13 +86,27 @@ def init_rank(cpus: list[int] | None, on_cuda: bool) -> int:
     share of the job's cores, select its GPU, join the process group (NCCL on CUDA, else gloo).
     Returns the rank."""
     r, local, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
-    if cpus:  # the job's cores, split evenly: each rank its own
-        share = len(cpus) // world
+    _die_with_parent()
+    share = len(cpus) // world if cpus else 0
+    if share:  # the job's cores, split evenly: each rank its own (fewer cores than ranks: shared)
         os.sched_setaffinity(0, cpus[local * share : (local + 1) * share])
     if on_cuda:
         torch.cuda.set_device(local)
     dist.init_process_group("nccl" if on_cuda else "gloo")
     return r
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel kills this rank when its job process dies, even by SIGKILL (perfsweep's
+    timeout), so a rank stuck in a collective cannot outlive its job and hold the GPUs of the slot
+    the next job is given."""
+    try:
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux/glibc: the agent's own shutdown is all there is
+        pass
 
 
 def rank_folder(job_dir: str | Path, r: int) -> Path:
@@ -102,6 +118,7 @@ def write_failure(job_dir: str | Path, r: int, status: str, message: str, tb: st
     """A failing rank's outcome, for :func:`run` to report (the agent only knows its exit code)."""
     plain = {k: v for k, v in partial.items() if isinstance(v, (str, int, float, bool, type(None)))}
     error = {"rank": r, "status": status, "message": f"rank {r}: {message}", "traceback": tb, "partial": plain}
+    error["time"] = time.time()  # which rank failed first: the others often fail because it did
     (Path(job_dir) / ERROR_FILE.format(rank=r)).write_text(json.dumps(error))
 
 
@@ -157,14 +174,14 @@ def run(
 
 
 def _first_failure(job_dir: Path, exc: Any) -> RankFailed:
-    """The outcome of the rank that failed first (by the agent's timestamps); a rank killed
-    without writing one (a signal, the OOM killer) is named with its exit code."""
-    failures = sorted(exc.failures.items(), key=lambda kv: kv[1].timestamp)
-    for r, _failure in failures:
-        path = job_dir / ERROR_FILE.format(rank=r)
-        if path.exists():
-            e = json.loads(path.read_text())
-            return RankFailed(e["message"], e["status"], e["partial"], e["traceback"])
-    r, failure = failures[0]
+    """The outcome of the rank that failed first, by the time each wrote its error file: when one
+    rank raises, the others' collectives fail at once too, and the agent names only the first
+    dead process it finds in rank order. A rank killed without writing one (a signal, the OOM
+    killer) is named with its exit code."""
+    written = [json.loads(p.read_text()) for p in job_dir.glob(ERROR_FILE.format(rank="*"))]
+    if written:
+        e = min(written, key=lambda e: e.get("time", float("inf")))
+        return RankFailed(e["message"], e["status"], e["partial"], e["traceback"])
+    r, failure = next(iter(exc.failures.items()))
     how = f"signal {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
     return RankFailed(f"rank {r} died ({how}) without reporting an error", "failed", {}, "")

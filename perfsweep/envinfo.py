@@ -86,7 +86,7 @@ def environment(device: torch.device, launch_dir: str | Path) -> dict[str, objec
         "cpu_model": cpu_name(),
         "cpu_count": os.cpu_count(),
         **slots.cpu_share(),
-        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "cuda_visible_devices": (os.environ.get("CUDA_VISIBLE_DEVICES") or "")[:255] or None,  # the column's length
         "slurm_job_id": slots.slurm_job_id(),
         "torch_threads": torch.get_num_threads(),
         "torch_version": torch.__version__,

@@ -55,6 +55,9 @@ class JobSpec:
     overrides: list[str] = field(default_factory=list)
     job_num: int = 0
     command: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    """``hydra.job.env_set``: Hydra sets it only while its task function runs, and a job started
+    later in a thread of its own (``launcher.parallel``) must still get it."""
 
     @property
     def label(self) -> str:
@@ -221,7 +224,7 @@ def _run_in_child(
         ),
         name=f"perfsweep-job-{spec.job_num}",
     )
-    with _spawning(placement.env() if placement is not None else {}):
+    with _spawning({**spec.env, **(placement.env() if placement is not None else {})}):
         proc.start()
     child_conn.close()
     deadline = time.monotonic() + spec.cfg.timeout_s
@@ -415,9 +418,9 @@ def run_job(
         global_batch=cfg.batch * (cfg.nproc or 1),
         slurm_job_id=slots.slurm_job_id(),
         # where the job may run, known before it starts (its own process records it again)
-        cuda_visible_devices=placement.env().get("CUDA_VISIBLE_DEVICES") if placement else None,
+        cuda_visible_devices=placement.env().get("CUDA_VISIBLE_DEVICES", "")[:255] or None if placement else None,
         **(
-            {"cpu_affinity": slots.cpu_list(placement.cpus), "cpus_allotted": len(placement.cpus)}
+            {"cpu_affinity": slots.cpu_list(placement.cpus)[:255], "cpus_allotted": len(placement.cpus)}
             if placement is not None and placement.cpus
             else slots.cpu_share()
         ),

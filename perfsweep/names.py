@@ -139,8 +139,8 @@ SWEEP_STATUSES: tuple[str, ...] = ("running", "done", "interrupted")
 
 SCHEDULER_TIME_MARGIN_S = 300.0
 """Time a scheduler's limit (SLURM's ``--time``, from ``hydra.launcher.timeout_min``) allows a job
-beyond twice ``timeout_s`` (start-up, then training): its data, its result, submitit's 90 s
-warning. perfsweep derives the limit with it, so its own timeout is what ends a slow job."""
+beyond twice ``timeout_s`` (start-up, then training): its data, its result, and submitit's
+warning signal (``signal_delay_s``, 120 s in hydra-submitit-launcher) before the limit. perfsweep derives the limit with it, so its own timeout is what ends a slow job."""
 
 MULTI_HOST_LAUNCHERS: tuple[str, ...] = ("SlurmLauncher",)
 """Hydra launchers (by class name) whose jobs may run on several hosts at once."""

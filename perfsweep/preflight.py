@@ -349,7 +349,7 @@ def at_once(launcher_cfg: Any, hydra_launcher: str, n_jobs: int, placements: lis
     ``array_parallelism``; submitit_local runs them all), never more than the jobs there are:
     ``sweeps.parallel``."""
     if hydra_launcher == "BasicLauncher":
-        return len(placements)
+        return min(len(placements), n_jobs)
     if hydra_launcher == "LocalLauncher":  # submitit's local executor starts every job at once
         return n_jobs
     n = launcher_cfg.get("n_jobs") or launcher_cfg.get("array_parallelism") or 1
@@ -373,7 +373,7 @@ def filesystem_type(path: str | Path, mounts: str | Path = "/proc/mounts") -> st
             continue
         point = parts[1].replace("\\040", " ")
         inside = target == point or target.startswith(point.rstrip("/") + "/")
-        if inside and len(point) > len(best):
+        if inside and len(point) >= len(best):  # over-mounted: the last entry at a point is the visible one
             best, fstype = point, parts[2]
     return fstype
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import subprocess
 import sys
 
@@ -95,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"perfsweep resume: sweep {sweep.id} in {launch_dir}: {' '.join(cmd[2:])}", file=sys.stderr)
     proc = subprocess.Popen(cmd, cwd=launch_dir)
+    signal.signal(signal.SIGTERM, lambda signum, _frame: proc.send_signal(signum))  # stop the sweep, not orphan it
     while True:
         try:
             return proc.wait()

@@ -457,8 +457,8 @@ def classify_error(exc: BaseException) -> str:
     job too, and with several jobs in flight its report may arrive before the sweep's), else failed."""
     if isinstance(exc, PredictedOOM):
         return "skipped"
-    if isinstance(exc, KeyboardInterrupt):
-        return "interrupted"
+    if isinstance(exc, KeyboardInterrupt) or type(exc).__name__ == "SignalException":
+        return "interrupted"  # SignalException: torch's elastic agent (nproc) got SIGINT/SIGTERM
     return "oom" if task.is_oom(exc) else "failed"
 
 
@@ -539,7 +539,7 @@ def job_main(
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     apply_placement(placement)
     # SLURM signals every process of the job step; the launching process decides what a signal
-    # means for the run (perfsweep.launcher.slurm_signals), and stops this one itself.
+    # means for the run (perfsweep.launcher.scheduler_signals), and stops this one itself.
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     conn.send(("ready",))  # interpreter and imports are up: the job's timeout clock starts now
 

@@ -34,7 +34,8 @@ class Placement:
         return {"CUDA_VISIBLE_DEVICES": ",".join(self.gpus)} if self.gpus is not None else {}
 
     def as_dict(self) -> dict[str, object]:
-        return {"slot": self.slot, "cpus": list(self.cpus) if self.cpus else None, "gpus": self.gpus}
+        """What the job process applies itself (its GPUs came with its environment)."""
+        return {"slot": self.slot, "cpus": list(self.cpus) if self.cpus else None}
 
 
 def cpu_list(cpus: list[int] | tuple[int, ...] | set[int]) -> str:
@@ -69,7 +70,7 @@ def cpu_share() -> dict[str, object]:
     slurm = os.environ.get("SLURM_CPUS_PER_TASK")
     if slurm and slurm.isdigit():
         allotted = min(allotted, int(slurm))
-    return {"cpu_affinity": cpu_list(cpus), "cpus_allotted": allotted}
+    return {"cpu_affinity": cpu_list(cpus)[:255], "cpus_allotted": allotted}  # the column's length
 
 
 def slurm_job_id() -> str | None:
@@ -85,7 +86,12 @@ def visible_gpus() -> list[str]:
     when set, else NVML's device count (through torch, which does not initialise CUDA for it)."""
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is not None:
-        return [g.strip() for g in env.split(",") if g.strip() and not g.strip().startswith("-")]
+        visible = []
+        for g in (g.strip() for g in env.split(",")):
+            if not g or g.startswith("-"):
+                break  # CUDA ignores everything from the first invalid entry on
+            visible.append(g)
+        return visible
     import torch
 
     return [str(i) for i in range(torch.cuda.device_count())]

@@ -53,6 +53,8 @@ def fill_cpu_utilisation(engine: Engine, sweep_id: int) -> None:
         for r in runs:
             if sweep.cpu_matmul_threads is not None and r.torch_threads != sweep.cpu_matmul_threads:
                 continue  # the peak was measured with another thread count: no figure, not a wrong one
+            if r.nproc is not None:
+                continue  # its FLOP/s are all ranks' together, against one process's peak: no figure
             r.cpu_flops_utilisation = metrics.cpu_flops_utilisation(
                 r.model_tflops_per_s, r.mfu_compute_dtype, sweep.cpu_matmul_fp32_flops, sweep.cpu_matmul_bf16_flops
             )

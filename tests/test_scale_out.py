@@ -177,15 +177,14 @@ def test_two_rank_gloo_job_stores_global_and_per_rank_figures(tmp_path: Path):
     db = tmp_path / "results.db"
     (run,) = rows(db, "SELECT * FROM runs")
     assert run["status"] == "ok" and run["nproc"] == 2 and run["global_batch"] == 8
-    # the global batch over the slowest rank's steps; each rank did half
-    assert run["tokens_per_s"] == pytest.approx(2 * run["tokens_per_s_per_rank"])
+    # the global batch's tokens over the window of the slowest rank's steps
     window_tokens = 8 * 32 * run["measure_steps"]
     assert run["tokens_per_s"] == pytest.approx(window_tokens / (run["measure_wall_ms"] / 1000), rel=1e-6)
     assert run["slowest_rank"] in (0, 1) and run["slowest_rank_step_time_ms_median"] > 0
     assert run["step_time_ms_median"] >= run["slowest_rank_step_time_ms_median"] * 0.999  # max over ranks per step
     assert run["allreduce_ms_per_step"] > 0  # gloo's allreduce ranges in rank 0's trace
-    assert run["cpus_allotted"] == len(CPUS) // 2 and run["torch_threads"] == len(CPUS) // 2  # each rank its cores
-    # every rank ran the same steps: warmup ended on the same step everywhere (else a hang)
+    assert run["cpus_allotted"] == len(CPUS)  # the job's cores (the row is the job's) ...
+    assert run["torch_threads"] == len(CPUS) // 2  # ... split between its ranks
     steps = rows(db, "SELECT phase, count(*) AS n FROM steps GROUP BY phase")
     assert {s["phase"]: s["n"] for s in steps}["measure"] == run["measure_steps"]
     job_dir = Path(run["job_dir"])
@@ -231,6 +230,22 @@ def test_a_failing_rank_fails_the_run_with_its_error(tmp_path: Path):
     assert run["status"] == "failed" and run["nproc"] == 2
     assert run["error"].startswith("rank 1: RuntimeError: rank one broke on its third step"), run["error"]
     assert time.monotonic() - started < 120  # rank 0, waiting in its allreduce, was stopped
+
+
+def test_profile_ranks_and_slurm_gpus_must_fit_the_job():
+    from hydra_plugins.perfsweep_sweeper import _check_gpus_per_job
+    from perfsweep.config import PerfsweepConfig, ProfileConfig
+
+    with pytest.raises(ConfigError, match=r"profile.ranks=\[1\]: must include 0 .* 0 to 1 \(nproc=2\)"):
+        PerfsweepConfig(nproc=2, profile=ProfileConfig(ranks=[1]))
+    with pytest.raises(ConfigError, match=r"profile.ranks=\[0, 2\]: .* 0 to 1"):
+        PerfsweepConfig(nproc=2, profile=ProfileConfig(ranks=[0, 2]))
+    PerfsweepConfig(nproc=2, profile=ProfileConfig(ranks=[0, 1]))
+    cuda4 = [PerfsweepConfig(nproc=4, device="cuda"), PerfsweepConfig(device="cuda")]
+    with pytest.raises(ConfigError, match=r"hydra.launcher.gpus_per_node=1: a job of nproc=4 .*gpus_per_node=4"):
+        _check_gpus_per_job({"gpus_per_node": 1}, cuda4)
+    _check_gpus_per_job({"gpus_per_node": 4}, cuda4)
+    _check_gpus_per_job({"gpus_per_node": 1}, [PerfsweepConfig(nproc=4, device="cpu")])  # gloo: no GPUs needed
 
 
 def test_more_ranks_than_cores_is_refused_before_any_job(tmp_path: Path):

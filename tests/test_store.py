@@ -819,3 +819,27 @@ def test_upgrade_to_the_memory_ledger_adds_columns_and_the_data_bound_flag(tmp_p
         )
         assert (new["predicted_peak_bytes"], new["numerics_warning"]) == (None, None)
     con.close()
+
+
+def test_upgrade_to_scale_out_keeps_rows_and_fills_global_batch(tmp_path: Path):
+    """Schema 0009 on the H100 database: every row kept with its values, global_batch = batch
+    (old runs were single processes: nproc stays null), sweeps ran one job at a time."""
+    import sqlite3
+
+    db = old_h100_db(tmp_path)
+    con = sqlite3.connect(db)
+    before = con.execute("SELECT * FROM runs ORDER BY id").fetchall()
+    sweeps_before = con.execute("SELECT * FROM sweeps ORDER BY id").fetchall()
+    con.close()
+    store.connect(f"sqlite:///{db}").dispose()
+    con = sqlite3.connect(db)
+    con.row_factory = sqlite3.Row
+    after = con.execute("SELECT * FROM runs ORDER BY id").fetchall()
+    assert len(after) == len(before) >= 6
+    for old, new in zip(before, after, strict=True):
+        assert tuple(new)[: len(old)] == tuple(old)
+        assert (new["global_batch"], new["nproc"], new["slurm_job_id"]) == (new["batch"], None, None)
+    sweeps = con.execute("SELECT * FROM sweeps ORDER BY id").fetchall()
+    assert [tuple(s)[: len(o)] for s, o in zip(sweeps, sweeps_before, strict=True)] == [tuple(o) for o in sweeps_before]
+    assert {s["parallel"] for s in sweeps} == {1} and {s["hydra_launcher"] for s in sweeps} == {None}
+    con.close()

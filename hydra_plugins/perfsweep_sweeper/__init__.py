@@ -76,6 +76,8 @@ class PerfsweepSweeper(BasicSweeper):
         try:
             placements = preflight.placements(run_cfgs, hydra_launcher)
             preflight.check_db_for_hosts(launcher.db_url(first, self.config.hydra.runtime.cwd), hydra_launcher)
+            if hasattr(self.launcher, "params"):  # submitit's launchers: the allocation's GPUs
+                _check_gpus_per_job(self.launcher.params, run_cfgs)
         except ConfigError as exc:
             _refuse(str(exc))
         launch_dir = Path(self.config.hydra.runtime.cwd).resolve()
@@ -117,10 +119,8 @@ class PerfsweepSweeper(BasicSweeper):
                 n_jobs=len(order),
                 hostname=socket.gethostname(),
                 launch_dir=str(launch_dir),
-                parallel=preflight.at_once(
-                    self.config.hydra.launcher, type(self.launcher).__name__, len(todo), placements
-                ),
-                hydra_launcher=type(self.launcher).__name__,
+                parallel=preflight.at_once(self.config.hydra.launcher, hydra_launcher, len(todo), placements),
+                hydra_launcher=hydra_launcher,
                 **cpu,
             )
         except ConfigError as exc:
@@ -152,7 +152,7 @@ class PerfsweepSweeper(BasicSweeper):
             return _status(done[0])
 
         end = "interrupted"
-        lost = 0
+        lost: list[int] = []  # job numbers whose returns the launcher could not give
         # perfsweep's slots: several at once, or one that narrows the GPUs a job sees (gpus_per_job)
         slotted = hydra_launcher == "BasicLauncher" and (len(placements) > 1 or placements[0].gpus is not None)
         if slotted:
@@ -169,11 +169,11 @@ class PerfsweepSweeper(BasicSweeper):
                         # e.g. submitit's UncompletedJobError for a job the scheduler killed outright:
                         # the other jobs' rows are stored, and this one's row says what is known
                         print(
-                            f"perfsweep: {hydra_launcher} lost jobs {start + 1}-{start + len(batch)} "
-                            f"({first_line(exc, 200)}); their rows in the database say what is known",
+                            f"perfsweep: {hydra_launcher} lost track of jobs {start + 1}-{start + len(batch)} "
+                            f"({first_line(exc, 200)}); their statuses are read from the database",
                             file=sys.stderr,
                         )
-                        lost += len(batch)
+                        lost.extend(range(start, start + len(batch)))
                 if slotted:
                     launcher.wait_concurrent()
                 if searches:
@@ -195,7 +195,8 @@ class PerfsweepSweeper(BasicSweeper):
                 summary.finish_sweep(url, str(sweep_dir), make_report=first.report, status=end)
             except Exception as exc:  # noqa: BLE001 - never hide the jobs' own outcome
                 print(f"perfsweep: could not print the summary from {url}: {exc}", file=sys.stderr)
-        statuses = [_status(r) for batch in returns for r in batch] + search_statuses + ["interrupted"] * lost
+        statuses = [_status(r) for batch in returns for r in batch] + search_statuses
+        statuses += _stored_statuses(url, sweep_id, lost)
         unsaved = importer.pending_files(url, str(sweep_dir))
         if unsaved:
             print(
@@ -222,9 +223,57 @@ def _get(cfg: Any, dotted: str) -> Any:
     return getattr(value, "value", value)
 
 
+SUBMITIT_DEFAULT_TIMEOUT_MIN = 60
+"""hydra-submitit-launcher's own ``timeout_min`` (its BaseQueueConf): a value other than this one
+was set by the user, in a launcher yaml or on the command line."""
+
+
+def _stored_statuses(url: str, sweep_id: int, job_nums: list[int]) -> list[str]:
+    """The statuses the database holds for jobs whose returns were lost (a job the scheduler killed
+    outright makes submitit's launcher raise for the whole batch): a row still ``running`` (its
+    process gone) or missing counts as ``interrupted``."""
+    if not job_nums:
+        return []
+    from sqlalchemy import select
+
+    from perfsweep import store
+
+    engine = store.connect(url)
+    try:
+        with store.session(engine) as s:
+            rows = s.execute(
+                select(store.Run.job_num, store.Run.status)
+                .where(store.Run.sweep_id == sweep_id, store.Run.job_num.in_(job_nums))
+                .order_by(store.Run.id)  # a resumed grid point's latest row last
+            ).all()
+    finally:
+        engine.dispose()
+    latest = {num: status for num, status in rows}
+    return [latest.get(n, "running").replace("running", "interrupted") for n in job_nums]
+
+
+def _check_gpus_per_job(params: dict[str, Any], cfgs: list[Any]) -> None:
+    """A data-parallel job on the cluster needs a GPU per rank in its allocation; refused here
+    rather than after it queued and failed at ``cuda:1`` on the node."""
+    from perfsweep.config import ConfigError, Device
+
+    nproc = (
+        max((c.nproc or 0) for c in cfgs if c.device != Device.cpu) if any(c.device != Device.cpu for c in cfgs) else 0
+    )
+    per_node = params.get("gpus_per_node")
+    per_task = params.get("gpus_per_task")
+    gpus = per_node if per_node is not None else per_task
+    if nproc > 1 and gpus is not None and gpus < nproc:
+        key = "gpus_per_node" if per_node is not None else "gpus_per_task"
+        raise ConfigError(
+            f"invalid config: hydra.launcher.{key}={gpus}: a job of nproc={nproc} drives a GPU per rank; "
+            f"set hydra.launcher.{key}={nproc} (or device=cpu)"
+        )
+
+
 def _fit_time_limit(params: dict[str, Any], cfgs: list[Any], hydra_overrides: list[str]) -> None:
     """submitit's ``timeout_min`` (SLURM's time limit), derived from ``timeout_s`` unless the user
-    set it: a job may take ``timeout_s`` to start and ``timeout_s`` to train, plus a margin for
+    set it (on the command line, or in a launcher yaml to anything but submitit's default 60): a job may take ``timeout_s`` to start and ``timeout_s`` to train, plus a margin for
     its data and its result (perfsweep.names.SCHEDULER_TIME_MARGIN_S), so perfsweep's own timeout
     ends a slow job, stored as ``timeout``, before the scheduler kills it. A limit set below that
     is kept, with a warning."""
@@ -234,7 +283,8 @@ def _fit_time_limit(params: dict[str, Any], cfgs: list[Any], hydra_overrides: li
 
     longest = max(c.timeout_s for c in cfgs)
     needed = math.ceil((2 * longest + SCHEDULER_TIME_MARGIN_S) / 60)
-    if not any(o.split("=", 1)[0].lstrip("+~") == "hydra.launcher.timeout_min" for o in hydra_overrides):
+    on_command_line = any(o.split("=", 1)[0].lstrip("+~") == "hydra.launcher.timeout_min" for o in hydra_overrides)
+    if not on_command_line and params["timeout_min"] == SUBMITIT_DEFAULT_TIMEOUT_MIN:  # not set in a yaml either
         params["timeout_min"] = needed
     elif params["timeout_min"] < needed:
         print(
