@@ -1,4 +1,4 @@
-"""Data-parallel jobs (``nproc`` > 1): one grid point trained by N ranks with DistributedDataParallel.
+"""Data-parallel jobs (``nproc`` set): one grid point trained by N ranks with DistributedDataParallel.
 
 The job process becomes the ranks' agent: it starts them through torch.distributed's elastic
 launch API (``torch.distributed.launcher.api.elastic_launch``, what ``torchrun`` runs), on this
@@ -12,9 +12,9 @@ window, so the job's step times are the slowest rank's at each step and its thro
 global batch over them (perfsweep.metrics.slowest_rank_steps). Rank 0's result is the run's row.
 
 The ranks run perfsweep.runner.rank_main (this module imports nothing of the runner: the runner
-imports it). A rank that fails writes its classified outcome to ``rank<r>.error.json`` in the job
-folder and exits; the agent then stops the other ranks, and the run fails (or is ``oom``) with that rank's
-error.
+imports it). A rank that fails writes its classified outcome, with the time, to
+``rank<r>.error.json`` in the job folder and exits; the agent then stops the other ranks, and the
+run fails (or is ``oom``) with the error of the rank that failed first.
 """
 
 from __future__ import annotations
