@@ -327,7 +327,8 @@ def placements(cfgs: list[PerfsweepConfig], hydra_launcher: str = "BasicLauncher
             f"with {hydra_launcher} set that launcher's own concurrency (e.g. hydra.launcher.n_jobs, "
             "hydra.launcher.array_parallelism)"
         )
-    on_cuda = any(c.device == Device.cuda or (c.device == Device.auto and torch.cuda.is_available()) for c in cfgs)
+    # device=cuda on a machine without one is check_device's to refuse, in its own words
+    on_cuda = torch.cuda.is_available() and any(c.device != Device.cpu for c in cfgs)
     nproc = max(c.nproc or 1 for c in cfgs)
     cpus = slots.usable_cpus()
     placements = slots.plan(

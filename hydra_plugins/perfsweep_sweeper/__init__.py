@@ -63,10 +63,6 @@ class PerfsweepSweeper(BasicSweeper):
         first = run_cfgs[0]
         hydra_launcher = type(self.launcher).__name__
         here = hydra_launcher not in MULTI_HOST_LAUNCHERS  # do the jobs run on this machine?
-        try:  # a batch=max point is checked at batch 1, where its search may start
-            preflight.check_all([_at_batch_1(c) if search.is_search(c) else c for c in run_cfgs], jobs_run_here=here)
-        except ConfigError as exc:
-            _refuse(str(exc))
         for key in ("repeat", "order", "report", "launcher.parallel", "launcher.gpus_per_job"):
             values = sorted({str(_get(c, key)).lower() for c in run_cfgs})
             if len(values) > 1:
@@ -78,6 +74,10 @@ class PerfsweepSweeper(BasicSweeper):
             preflight.check_db_for_hosts(launcher.db_url(first, self.config.hydra.runtime.cwd), hydra_launcher)
             if hasattr(self.launcher, "params"):  # submitit's launchers: the allocation's GPUs
                 _check_gpus_per_job(self.launcher.params, run_cfgs)
+        except ConfigError as exc:
+            _refuse(str(exc))
+        try:  # a batch=max point is checked at batch 1, where its search may start
+            preflight.check_all([_at_batch_1(c) if search.is_search(c) else c for c in run_cfgs], jobs_run_here=here)
         except ConfigError as exc:
             _refuse(str(exc))
         launch_dir = Path(self.config.hydra.runtime.cwd).resolve()
