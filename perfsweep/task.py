@@ -70,10 +70,16 @@ def offered_kwargs(fn: Callable[..., Any], offered: dict[str, Any]) -> dict[str,
 
 def is_oom(exc: BaseException) -> bool:
     """An allocator failure on any device: torch's OutOfMemoryError, MemoryError, or the plain
-    RuntimeError the CPU allocator raises."""
+    RuntimeError the CPU allocator raises; also, under an address-space limit
+    (``job_memory_limit_mib``), a thread that could not get its stack (EAGAIN, "Resource
+    temporarily unavailable"): the same exhaustion, reached through a thread pool instead."""
     if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
         return True
     text = str(exc).lower()
+    if isinstance(exc, RuntimeError) and "resource temporarily unavailable" in text:
+        import resource
+
+        return resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY
     return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
 
 
