@@ -798,48 +798,46 @@ def test_upgrade_to_any_model_keeps_every_row_and_lets_seq_len_be_null(tmp_path:
     engine.dispose()
 
 
-def test_upgrade_to_the_memory_ledger_adds_columns_and_the_data_bound_flag(tmp_path: Path):
-    """Schema 0008 on the H100 database: every row and child row kept, no stored value changed,
-    data_bound from the stored data_wait_fraction, the ledger and audit null (never predicted)."""
+def _upgraded_h100(tmp_path: Path, table: str) -> tuple[list[tuple], list]:
+    """``table``'s rows of the shared H100 database (an older schema) before and after perfsweep
+    upgrades it to head: (plain tuples, sqlite3.Row objects), in id order; every row still there
+    with the values of the columns it had."""
     import sqlite3
 
     db = old_h100_db(tmp_path)
     con = sqlite3.connect(db)
-    before = con.execute("SELECT * FROM runs ORDER BY id").fetchall()
+    before = con.execute(f"SELECT * FROM {table} ORDER BY id").fetchall()
     con.close()
     store.connect(f"sqlite:///{db}").dispose()
     con = sqlite3.connect(db)
     con.row_factory = sqlite3.Row
-    after = con.execute("SELECT * FROM runs ORDER BY id").fetchall()
-    assert len(after) == len(before) >= 6
+    after = con.execute(f"SELECT * FROM {table} ORDER BY id").fetchall()
+    con.close()
+    assert len(after) == len(before)
     for old, new in zip(before, after, strict=True):
         assert tuple(new)[: len(old)] == tuple(old)  # the columns it had, in place and unchanged
+    return before, after
+
+
+def test_upgrade_to_the_memory_ledger_adds_columns_and_the_data_bound_flag(tmp_path: Path):
+    """Schema 0008 on the H100 database: every row and child row kept, no stored value changed,
+    data_bound from the stored data_wait_fraction, the ledger and audit null (never predicted)."""
+    _, after = _upgraded_h100(tmp_path, "runs")
+    assert len(after) >= 6
+    for new in after:
         assert new["data_bound"] == (
             None if new["data_wait_fraction"] is None else int(new["data_wait_fraction"] > 0.1)
         )
         assert (new["predicted_peak_bytes"], new["numerics_warning"]) == (None, None)
-    con.close()
 
 
 def test_upgrade_to_scale_out_keeps_rows_and_fills_global_batch(tmp_path: Path):
     """Schema 0009 on the H100 database: every row kept with its values, global_batch = batch
     (old runs were single processes: nproc stays null), sweeps ran one job at a time."""
-    import sqlite3
-
-    db = old_h100_db(tmp_path)
-    con = sqlite3.connect(db)
-    before = con.execute("SELECT * FROM runs ORDER BY id").fetchall()
-    sweeps_before = con.execute("SELECT * FROM sweeps ORDER BY id").fetchall()
-    con.close()
-    store.connect(f"sqlite:///{db}").dispose()
-    con = sqlite3.connect(db)
-    con.row_factory = sqlite3.Row
-    after = con.execute("SELECT * FROM runs ORDER BY id").fetchall()
-    assert len(after) == len(before) >= 6
-    for old, new in zip(before, after, strict=True):
-        assert tuple(new)[: len(old)] == tuple(old)
+    _, runs = _upgraded_h100(tmp_path, "runs")
+    assert len(runs) >= 6
+    for new in runs:
         assert (new["global_batch"], new["nproc"], new["slurm_job_id"]) == (new["batch"], None, None)
-    sweeps = con.execute("SELECT * FROM sweeps ORDER BY id").fetchall()
-    assert [tuple(s)[: len(o)] for s, o in zip(sweeps, sweeps_before, strict=True)] == [tuple(o) for o in sweeps_before]
+    (tmp_path / "again").mkdir()
+    _, sweeps = _upgraded_h100(tmp_path / "again", "sweeps")
     assert {s["parallel"] for s in sweeps} == {1} and {s["hydra_launcher"] for s in sweeps} == {None}
-    con.close()
