@@ -220,7 +220,7 @@ def _run_in_child(
             spec.label,
             str(spec.launch_dir),
             child_conn,
-            placement.as_dict() if placement is not None else None,
+            list(placement.cpus) if placement is not None and placement.cpus else None,
         ),
         name=f"perfsweep-job-{spec.job_num}",
     )
@@ -419,11 +419,7 @@ def run_job(
         slurm_job_id=slots.slurm_job_id(),
         # where the job may run, known before it starts (its own process records it again)
         cuda_visible_devices=placement.env().get("CUDA_VISIBLE_DEVICES", "")[:255] or None if placement else None,
-        **(
-            {"cpu_affinity": slots.cpu_list(placement.cpus)[:255], "cpus_allotted": len(placement.cpus)}
-            if placement is not None and placement.cpus
-            else slots.cpu_share()
-        ),
+        **slots.cpu_share(placement.cpus if placement is not None else None),
     )
     run_id = _begin(engine, row)
     try:

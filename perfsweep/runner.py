@@ -444,11 +444,13 @@ def set_threads(cfg: PerfsweepConfig) -> None:
         torch.set_num_threads(allotted)
 
 
-def apply_placement(placement: dict[str, Any] | None) -> None:
-    """Pin this process to its launcher slot's cores (perfsweep.slots); its GPUs were named in its
-    environment (CUDA_VISIBLE_DEVICES) when it was started."""
-    if placement and placement.get("cpus"):
-        os.sched_setaffinity(0, placement["cpus"])
+def progress_to(conn: Any) -> Progress:
+    """A progress callback that sends each step to the launcher over ``conn``."""
+
+    def progress(phase: str, step: int, total: int, ms: float, loss: float) -> None:
+        conn.send(("progress", phase, step, total, ms, loss))
+
+    return progress
 
 
 def classify_error(exc: BaseException) -> str:
@@ -501,12 +503,7 @@ def rank_main(
         cfg = to_run_config(cfg_dict)
         on_cuda = cfg.device == Device.cuda or (cfg.device == Device.auto and torch.cuda.is_available())
         distributed.init_rank(cpus, on_cuda)
-        progress = None
-        if r == 0 and conn is not None:
-
-            def progress(phase: str, step: int, total: int, ms: float, loss: float) -> None:
-                conn.send(("progress", phase, step, total, ms, loss))
-
+        progress = progress_to(conn) if r == 0 and conn is not None else None
         result = train(cfg, token_data, distributed.rank_folder(job_dir, r), label, launch_dir, progress, partial)
         return result if r == 0 else None
     except BaseException as exc:
@@ -525,27 +522,26 @@ def job_main(
     label: str,
     launch_dir: str,
     conn: Any,
-    placement: dict[str, Any] | None = None,
+    cpus: list[int] | None = None,
 ) -> None:
     """Entry point of the spawned job process; every outcome goes back through ``conn``.
 
     The process's own stdout/stderr (C++ warnings, the profiler's start/stop lines) go to
-    ``job.log`` in the job folder, so the terminal shows only the launcher's progress.
+    ``job.log`` in the job folder, so the terminal shows only the launcher's progress. ``cpus``:
+    its launcher slot's cores (perfsweep.slots), pinned here; its GPUs came in its environment.
     """
     Path(job_dir).mkdir(parents=True, exist_ok=True)
     with open(Path(job_dir) / "job.log", "ab") as log_file:
         os.dup2(log_file.fileno(), 1)
         os.dup2(log_file.fileno(), 2)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    apply_placement(placement)
+    if cpus:
+        os.sched_setaffinity(0, cpus)
     # SLURM signals every process of the job step; the launching process decides what a signal
     # means for the run (perfsweep.launcher.scheduler_signals), and stops this one itself.
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     conn.send(("ready",))  # interpreter and imports are up: the job's timeout clock starts now
-
-    def progress(phase: str, step: int, total: int, ms: float, loss: float) -> None:
-        conn.send(("progress", phase, step, total, ms, loss))
-
+    progress = progress_to(conn)
     partial: dict[str, Any] = {}
     try:
         cfg = to_run_config(cfg_dict)

@@ -33,10 +33,6 @@ class Placement:
         """Environment variables the job process is started with."""
         return {"CUDA_VISIBLE_DEVICES": ",".join(self.gpus)} if self.gpus is not None else {}
 
-    def as_dict(self) -> dict[str, object]:
-        """What the job process applies itself (its GPUs came with its environment)."""
-        return {"slot": self.slot, "cpus": list(self.cpus) if self.cpus else None}
-
 
 def cpu_list(cpus: list[int] | tuple[int, ...] | set[int]) -> str:
     """``0-3,8,10-11``: the compact form of a CPU set, as taskset and /proc print it."""
@@ -61,11 +57,12 @@ def usable_cpus() -> list[int]:
         return list(range(os.cpu_count() or 1))
 
 
-def cpu_share() -> dict[str, object]:
-    """The cores this process was given: its affinity mask (a launcher slot, a container, or SLURM
-    where it binds tasks) and how many of them it may use, SLURM_CPUS_PER_TASK where that is fewer
-    (SLURM without task binding leaves the mask whole but allots only those)."""
-    cpus = usable_cpus()
+def cpu_share(cpus: list[int] | tuple[int, ...] | None = None) -> dict[str, object]:
+    """The cores a job was given (``cpus``; default this process's affinity mask: a launcher slot,
+    a container, or SLURM where it binds tasks) and how many of them it may use,
+    SLURM_CPUS_PER_TASK where that is fewer (SLURM without task binding leaves the mask whole but
+    allots only those)."""
+    cpus = list(cpus) if cpus else usable_cpus()
     allotted = len(cpus)
     slurm = os.environ.get("SLURM_CPUS_PER_TASK")
     if slurm and slurm.isdigit():
