@@ -73,12 +73,28 @@ def read_only_engine(db: str) -> Engine:
 
 
 def run_query(engine: Engine, sql: str) -> pd.DataFrame:
+    """The rows of a read-only ``sql``, with nullable dtypes: an integer column that holds a NULL
+    (``nproc``, ``slowest_rank`` on plain runs) stays integer instead of turning into floats."""
     sql = check_read_only(sql)
     try:
         with engine.connect() as conn:
-            return pd.read_sql_query(text(sql), conn)
+            return pd.read_sql_query(text(sql), conn, dtype_backend="numpy_nullable")
     except (DBAPIError, pd.errors.DatabaseError) as exc:
         raise QueryError(f"the database refused the query ({first_line(exc)})") from None
+
+
+def as_table(df: pd.DataFrame) -> str:
+    """The rows as aligned text, NULL written as NULL (pandas would print NaN, <NA> or None,
+    depending on the column's type); floats keep pandas' formatting."""
+    shown = pd.DataFrame(
+        {
+            col: s.astype("float64")
+            if pd.api.types.is_float_dtype(s.dtype)
+            else s.astype(object).where(s.notna(), "NULL")
+            for col, s in df.items()
+        }
+    )
+    return shown.to_string(index=False, na_rep="NULL")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.format == "json":
         print(df.to_json(orient="records", indent=2))
     else:
-        print(df.to_string(index=False) if len(df) else f"(no rows; columns: {', '.join(df.columns)})")
+        print(as_table(df) if len(df) else f"(no rows; columns: {', '.join(df.columns)})")
     return 0
 
 

@@ -87,6 +87,31 @@ def test_formats(db, fmt, capsys):
         assert out.split()[:2] == ["batch", "model_name"] and "it's; fine" in out
 
 
+@pytest.mark.parametrize("fmt", ["table", "csv", "json"])
+def test_null_stays_null_and_integers_stay_integers(db, fmt, capsys):
+    """A plain run has no ``nproc``: the column holds 2 and NULL, printed as 2 and NULL (pandas'
+    default would turn it into 2.0 and NaN)."""
+    sql = (
+        "SELECT batch, CASE WHEN batch = 8 THEN 2 END AS nproc,"
+        " CASE WHEN batch = 4 THEN 0.5 END AS gpu_busy_fraction FROM runs ORDER BY batch"
+    )
+    assert main([sql, "--db", db, "--format", fmt]) == 0
+    out = capsys.readouterr().out
+    if fmt == "json":
+        assert json.loads(out) == [
+            {"batch": 4, "nproc": None, "gpu_busy_fraction": 0.5},
+            {"batch": 8, "nproc": 2, "gpu_busy_fraction": None},
+        ]
+    elif fmt == "csv":
+        assert out.splitlines() == ["batch,nproc,gpu_busy_fraction", "4,,0.5", "8,2,"]
+    else:
+        assert [line.split() for line in out.splitlines()] == [
+            ["batch", "nproc", "gpu_busy_fraction"],
+            ["4", "NULL", "0.5"],
+            ["8", "2", "NULL"],
+        ]
+
+
 def test_sqlite_file_is_untouched_by_a_query(tmp_path: Path):
     url = f"sqlite:///{tmp_path / 'results.db'}"
     engine = store.connect(url)
