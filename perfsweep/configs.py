@@ -32,14 +32,15 @@ def prepare_runs(runs: pd.DataFrame) -> pd.DataFrame:
     SQLite hands booleans back as 0/1 integers and PostgreSQL as bools; both become bool. A
     column that is NULL in every run loads as object and becomes float, so it plots as empty.
     ``throughput_per_s_lo``/``_hi`` (:func:`metrics.throughput_range`) show how steady a run's
-    measured steps were. ``throughput_per_s`` is the headline every chart and table ranks by:
+    measured steps were; a step holds ``global_batch`` samples (all ranks of a data-parallel job). ``throughput_per_s`` is the headline every chart and table ranks by:
     ``tokens_per_s``, or ``samples_per_s`` where the runs count samples only (:func:`metrics.rate_unit`).
     """
     empty = {c: float for c in runs.columns if runs[c].dtype == object and runs[c].isna().all()}
     df = runs.astype(dict.fromkeys(ON_OFF_AXES, bool) | empty).sort_values(["sweep_id", "job_num", "id"], kind="stable")
     df = df.copy()  # one block per dtype: added columns do not fragment it
     unit = metrics.rate_unit(df["tokens_per_s"], df["samples_per_s"])
-    per_step = df["batch"] * df["seq_len"] if unit == "tokens" else df["batch"]
+    batch = df["global_batch"].fillna(df["batch"]) if "global_batch" in df else df["batch"]  # all ranks' samples
+    per_step = batch * df["seq_len"] if unit == "tokens" else batch
     lo, hi = metrics.throughput_range(per_step, df["step_time_ms_p10"], df["step_time_ms_p90"])
     df["throughput_per_s"] = df[f"{unit}_per_s"]
     ok = (df["status"] == "ok") & df["throughput_per_s"].notna()

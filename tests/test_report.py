@@ -322,6 +322,33 @@ def test_repeats_are_one_bar_at_their_median_with_their_range(engine: Any, tmp_p
     assert INTERVALS in (out / "report.md").read_text()
 
 
+def test_a_data_parallel_row_counts_every_ranks_samples(engine: Any, tmp_path: Path) -> None:
+    """A 2-rank job at batch 8 steps 16 sequences: its range brackets its tokens/s (it was half of it,
+    from the per-rank batch), and the table shows per-rank tokens/s and the allreduce."""
+    sid = new_sweep(engine, tmp_path / "sw")
+    plain = {"config_json": {"nproc": None}}
+    store.save_run(engine, run_row(sid, 0, global_batch=8, **plain))
+    ddp = dict(nproc=2, global_batch=16, tokens_per_s=20480.0, tokens_per_s_per_rank=10240.0, slowest_rank=1)
+    store.save_run(engine, run_row(sid, 1, **ddp, allreduce_ms_per_step=12.5, config_json={"nproc": 2}))
+    old = dict(batch=4, seq_len=64, tokens_per_s=2560.0)  # stored before global_batch existed
+    store.save_run(engine, run_row(sid, 2, **old, **plain))
+    configs = make_report(engine, [sid]).configs
+    ranges = configs[["throughput_per_s_lo", "throughput_per_s", "throughput_per_s_hi"]].to_numpy()
+    assert (ranges[:, 0] < ranges[:, 1]).all() and (ranges[:, 1] < ranges[:, 2]).all(), ranges
+    # 16 x 128 tokens at the p90 and p10 step (105, 95 ms)
+    np.testing.assert_allclose(ranges[1, [0, 2]], [16 * 128 / 0.105, 16 * 128 / 0.095])
+    table, _ = results_table(configs)
+    header = table.splitlines()[0]
+    assert header.startswith("| batch | seq_len | nproc |") and "ranks" not in header, header
+    assert header.endswith("| tokens/s per rank | allreduce ms/step | note |"), header
+    assert "| 8 | 128 | 2 | ok | 20,480 | 19,505-21,558 |" in table and "| 10,240 | 12.5 |" in table
+    assert "| 4 | 64 | null | ok | 2,560 | 2,438-2,695 |" in table
+    # a table of 2-rank jobs only names no nproc axis: a column says how many ranks
+    table, _ = results_table(configs[configs["nproc"].notna()])
+    assert table.splitlines()[0].endswith("| ranks | tokens/s per rank | allreduce ms/step | note |")
+    assert "| 2 | 10,240 | 12.5 |" in table
+
+
 def test_interval_verdicts_and_a_baseline_of_your_own(engine: Any, tmp_path: Path) -> None:
     """A config whose interval contains 1 is drawn in the neutral colour; against a baseline other
     than the stored one, the intervals are computed from the measured steps."""

@@ -422,6 +422,12 @@ def results_table(configs: pd.DataFrame, limit: int = TOP_TABLE) -> tuple[str, s
     if rows["gpu_busy_fraction"].notna().any():
         out["GPU busy"] = [fmt.num(v, "{:.0%}") for v in rows["gpu_busy_fraction"]]
         out["bottleneck"] = rows["bottleneck"].fillna("-").to_numpy()
+    if rows["nproc"].notna().any():  # data-parallel jobs: what one rank did, and what the allreduce cost it
+        if "nproc" not in out.columns:  # one rank count for the whole table: say it here
+            out["ranks"] = ["1, no DDP" if fmt.missing(v) else f"{v:.0f}" for v in rows["nproc"]]
+        per_rank = rows["tokens_per_s_per_rank"].fillna(rows["samples_per_s_per_rank"])  # the sweep's unit
+        out["tokens/s per rank"] = [fmt.num(v) for v in per_rank]
+        out["allreduce ms/step"] = [fmt.num(v, "{:,.1f}") for v in rows["allreduce_ms_per_step"]]
     out["note"] = [_note(r) for r in rows.itertuples(index=False)]
     return fmt.table(out, right=[c for c in out.columns if c not in left]), note
 
