@@ -128,8 +128,9 @@ def hydra_main(cfg: DictConfig) -> str:
     try:
         with launcher.SweepHeartbeat(url, sweep_id):
             run_id, status = launcher.run_job(spec)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         summary.finish_sweep(url, sweep_dir, make_report=False, status="interrupted")
+        exc.perfsweep_hint = "the run is stored as interrupted; run the command again to measure it"
         raise
     summary.finish_sweep(url, sweep_dir, make_report=run_cfg.report)
     if run_id is None:
@@ -209,11 +210,9 @@ def main() -> None:
     except KeyboardInterrupt as exc:
         # The sweeper has printed the summary of the jobs that finished; they are stored.
         how = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
-        print(
-            f"perfsweep: {how}; finished jobs are in the database; run the rest with: "
-            "perfsweep resume SWEEP_ID (the number in the summary above)",
-            file=sys.stderr,
-        )
+        # what to do next, set where it is known: the sweeper (resume), the summary (the report), a plain run
+        hint = getattr(exc, "perfsweep_hint", "run the rest with: perfsweep resume SWEEP_ID (see the summary)")
+        print(f"perfsweep: {how}; finished jobs are in the database; {hint}", file=sys.stderr)
         sys.exit(128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT))
 
 

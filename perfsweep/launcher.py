@@ -32,7 +32,14 @@ from perfsweep import importer, runner, slots, store
 from perfsweep.cli import first_line
 from perfsweep.config import PerfsweepConfig, short_dirname, to_plain_dict
 from perfsweep.envinfo import environ_set
-from perfsweep.names import EXIT_0_STATUSES, GRID_AXES, HASHED_UNLESS_DEFAULT, HEARTBEAT_INTERVAL_S, NOT_MEASURED
+from perfsweep.names import (
+    EXIT_0_STATUSES,
+    GRID_AXES,
+    HASHED_UNLESS_DEFAULT,
+    HEARTBEAT_INTERVAL_S,
+    INTERRUPTED_TAIL,
+    NOT_MEASURED,
+)
 from perfsweep.slots import Placement, SlotPool
 from perfsweep.store import utcnow
 
@@ -233,7 +240,7 @@ def _run_in_child(
         while outcome is None:
             beat()
             if cancel is not None and cancel.is_set():
-                raise JobCancelled("the sweep was interrupted")
+                raise JobCancelled("the sweep was stopped")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 outcome = (
@@ -268,7 +275,13 @@ def _run_in_child(
         parent_conn.close()
     if outcome is None:
         code = proc.exitcode
-        if code is not None and code < 0:
+        # Ctrl-C reaches the sweep and its jobs at once; a job may die of it (exit code 1 or -SIGINT,
+        # while starting) before the sweep, unwinding, sets cancel: a short wait tells the two apart
+        if cancel is not None and cancel.wait(timeout=CANCEL_GRACE_S):
+            raise JobCancelled("the sweep was stopped")
+        if code == -signal.SIGINT:  # Ctrl-C reached the job before it could report (say, while importing torch)
+            outcome = ("interrupted", f"interrupted (SIGINT) {INTERRUPTED_TAIL}", {})
+        elif code is not None and code < 0:
             name = signal.Signals(-code).name
             hint = " (SIGKILL often means the kernel's OOM killer; check dmesg)" if -code == signal.SIGKILL else ""
             outcome = ("failed", f"job process killed by {name}{hint}", {})
@@ -308,6 +321,11 @@ def scheduler_signals() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+CANCEL_GRACE_S = 2.0
+"""How long a concurrent job that died without reporting waits for the sweep's cancel before it
+is stored ``failed``: what a hard crash pays so that Ctrl-C is never taken for one."""
 
 
 class JobCancelled(BaseException):
@@ -438,7 +456,11 @@ def run_job(
                     spec, config, token_data, progress, Heartbeat(engine, run_id), placement, cancel
                 )
     except BaseException as exc:  # Ctrl-C, a scheduler's signal or a cancelled sweep: the job was stopped
-        why = str(exc) if isinstance(exc, Stopped) else f"interrupted ({type(exc).__name__})"
+        why = (
+            str(exc)
+            if isinstance(exc, Stopped)
+            else f"interrupted ({exc if isinstance(exc, JobCancelled) else type(exc).__name__})"
+        )
         if run_id is not None:
             try:
                 with _second_ctrl_c_waits():
@@ -448,7 +470,7 @@ def run_job(
                             **row,
                             "status": "interrupted",
                             "finished_at": utcnow(),
-                            "error": f"{why} before the job finished; perfsweep resume reruns it",
+                            "error": f"{why} {INTERRUPTED_TAIL}",
                         },
                         run_id,
                     )

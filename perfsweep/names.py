@@ -128,6 +128,9 @@ end; ``interrupted`` means the job's process went away without one (Ctrl-C, kill
 ``skipped``: not trained, because ``skip_predicted_oom=true`` and the memory ledger predicted
 more than the device had free."""
 
+INTERRUPTED_TAIL = "before the job finished; perfsweep resume reruns it"
+"""How an ``interrupted`` run's error ends, after what stopped it ("interrupted (SIGINT) ...")."""
+
 FINAL_STATUSES: tuple[str, ...] = ("ok", "failed", "oom", "timeout", "skipped")
 """Statuses of a job that ran to an outcome; ``perfsweep import`` never overwrites these."""
 

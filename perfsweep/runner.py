@@ -45,7 +45,7 @@ from perfsweep.metrics import (
     summarize,
 )
 from perfsweep.model import padded_vocab
-from perfsweep.names import STAGES
+from perfsweep.names import INTERRUPTED_TAIL, STAGES
 from perfsweep.profiling import ProfiledWindow
 from perfsweep.profiling import stage as labelled_stage
 from perfsweep.timing import measure, resolve_timing, warm_up
@@ -556,8 +556,10 @@ def job_main(
     except BaseException as exc:  # noqa: BLE001 - every failure is a result
         if isinstance(exc, PredictedOOM):  # a decision, not a crash: no traceback
             conn.send(("error", "skipped", str(exc), "", partial))
+        elif (status := classify_error(exc)) == "interrupted":  # Ctrl-C: what stopped it, not where
+            conn.send(("error", status, f"interrupted ({type(exc).__name__}) {INTERRUPTED_TAIL}", "", partial))
         else:
             tb = traceback.format_exc(limit=8)
-            conn.send(("error", classify_error(exc), f"{type(exc).__name__}: {exc}", tb, partial))
+            conn.send(("error", status, f"{type(exc).__name__}: {exc}", tb, partial))
     finally:
         conn.close()

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import shlex
 import sys
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 from sqlalchemy import or_, select, update
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 
 from perfsweep import audit, configs, metrics, store
 from perfsweep.cli import first_line
@@ -260,7 +262,9 @@ def finish_sweep(url: str, sweep_dir: str, make_report: bool = True, status: str
         audit.audit_sweep(engine, sweep_id)
         df = summary_frame(engine, sweep_id)
         n_ok = int((df["status"] == "ok").sum())
-        print(f"\nSweep {sweep_id} ({len(df)} run{'s' if len(df) != 1 else ''}, {n_ok} ok)")
+        print(
+            f"\nSweep {sweep_id} ({len(df)} run{'s' if len(df) != 1 else ''}, {n_ok} ok{_not_started(engine, sweep_id, df)})"
+        )
         print(format_summary(df))
         if text := format_searches(load_batch_searches(engine, [sweep_id])):
             print(text)
@@ -280,12 +284,48 @@ def finish_sweep(url: str, sweep_dir: str, make_report: bool = True, status: str
         engine.dispose()
 
 
+def _not_started(engine: Engine, sweep_id: int, runs: pd.DataFrame) -> str:
+    """'; 1 of 4 jobs not started' for a sweep stopped before its last job got a row, else ''."""
+    with store.session(engine) as s:
+        sweep = s.get(store.Sweep, sweep_id)
+        n_jobs = sweep.n_jobs if sweep is not None else None
+    if not n_jobs:
+        return ""
+    started = runs["job_num"].dropna()
+    missing = n_jobs - int(started[started < n_jobs].nunique())  # a batch search's later tries come after n_jobs
+    return f"; {missing} of {n_jobs} jobs not started" if missing > 0 else ""
+
+
+def db_arg(url: str) -> str:
+    """``url`` as the ``--db`` of a command to type: a SQLite file's path, else the URL with its
+    password hidden."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database:
+        return shlex.quote(parsed.database)
+    return shlex.quote(parsed.render_as_string(hide_password=True))
+
+
+def report_command(url: str, sweep: int | str | Path) -> str:
+    """The ``perfsweep report`` command that builds the report of ``sweep`` (its id, or its folder)."""
+    if isinstance(sweep, Path):
+        engine = store.connect(url)
+        try:
+            sweep = sweep_id_for(engine, str(sweep)) or "ID"
+        finally:
+            engine.dispose()
+    return f"perfsweep report --sweep {sweep} --db {db_arg(url)}"
+
+
 def _report(engine: Engine, sweep_id: int) -> None:
     try:
         from perfsweep.report.build import build_report  # matplotlib is imported only when needed
 
         out = build_report(engine, [sweep_id])
         print(f"Report:  {out / 'report.md'}")
+    except KeyboardInterrupt as exc:  # the runs are stored and the sweep is done: only the report is missing
+        url = engine.url.render_as_string(hide_password=False)
+        exc.perfsweep_hint = f"the report was not built; build it with: {report_command(url, sweep_id)}"
+        raise
     except Exception as exc:  # a plotting problem must not hide the results
         log.exception("report failed")
         print(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import sqlite3
@@ -103,7 +104,8 @@ def test_sweep_killed_with_sigkill_then_resumed(tmp_path: Path):
     db = tmp_path / "results.db"
     proc = subprocess.Popen(
         # three grid points: the first is done, the second killed midway, the third never starts
-        [sys.executable, "-m", "perfsweep", "-m", "batch=2,3,4", *[o for o in TINY if not o.startswith("batch")]],
+        [sys.executable, "-m", "perfsweep", "-m", "batch=2,3,4", "report=true"]
+        + [o for o in TINY if not o.startswith(("batch", "report"))],
         cwd=tmp_path,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -131,8 +133,14 @@ def test_sweep_killed_with_sigkill_then_resumed(tmp_path: Path):
     assert rows(db, "SELECT status FROM sweeps") == [{"status": "done"}]
     assert rows(db, "PRAGMA integrity_check") == [{"integrity_check": "ok"}]
     # a resumed job lands in its original folder, named by the grid point, not by resume=true
-    dirs = sorted(p.name for p in next((tmp_path / "multirun").glob("*/*")).iterdir() if p.is_dir())
+    sweep_dir = next((tmp_path / "multirun").glob("*/*"))
+    dirs = sorted(p.name for p in sweep_dir.iterdir() if p.is_dir())
     assert [d.split("_")[0] for d in dirs if d[0].isdigit()] == ["0", "1", "2"]
+    # the resumed sweep built its report; without it, a resume with nothing to run says how to build it
+    shutil.rmtree(sweep_dir / "report")
+    res = run_perfsweep(["resume", "1"], tmp_path)
+    assert res.returncode == 0 and "3 of 3 jobs already ok, 0 to run" in res.stderr, res.stderr[-3000:]
+    assert f"build it with: perfsweep report --sweep 1 --db {db}" in res.stdout
     assert not any("resume" in d for d in dirs)
 
     ended = rows(db, "SELECT finished_at FROM sweeps")

@@ -17,6 +17,7 @@ import pytest
 
 from perfsweep import slots
 from perfsweep.config import ConfigError
+from perfsweep.names import INTERRUPTED_TAIL
 from tests.util import TINY, run_perfsweep
 from tests.util import sqlite_rows as rows
 
@@ -117,14 +118,16 @@ def test_parallel_beyond_the_cores_is_refused_before_any_job(tmp_path: Path):
 
 @two_cores
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+@pytest.mark.parametrize("how", ["ctrl-c", "ctrl-c-while-starting", "sigterm"])
 def test_stopping_the_sweep_stops_every_running_job_and_marks_it(how: str, tmp_path: Path):
-    """Ctrl-C (SIGINT to the whole process group, jobs included) or SIGTERM to the sweep alone:
-    both jobs in flight are stopped and stored interrupted, the summary printed, no process left."""
+    """Ctrl-C (SIGINT to the whole process group, jobs included: once they train, or while they
+    still import torch) or SIGTERM to the sweep alone: both jobs in flight are stopped and stored
+    interrupted with a one-line reason, the two jobs not started are counted, the summary names
+    the resume command, and no process is left."""
     tiny = [o for o in TINY if not o.startswith("steps.measure")]
     proc = subprocess.Popen(
         [sys.executable, "-m", "perfsweep", "-m", "launcher.parallel=2", "device=cpu", "amp=true,false"]
-        + ["steps.measure=100000000", *tiny],
+        + ["ckpt=true,false", "steps.measure=100000000", *tiny],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -134,24 +137,28 @@ def test_stopping_the_sweep_stops_every_running_job_and_marks_it(how: str, tmp_p
     )
     db = tmp_path / "results.db"
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # both jobs running
+    while time.monotonic() < deadline:  # both jobs have their rows: their processes are starting
         try:
             if db.exists() and rows(db, "SELECT count(*) AS n FROM runs WHERE status = 'running'")[0]["n"] == 2:
                 break
         except Exception:  # noqa: BLE001 - schema not created yet
             pass
-        time.sleep(0.5)
-    time.sleep(3)
-    if how == "ctrl-c":
+        time.sleep(0.2)
+    if how != "ctrl-c-while-starting":
+        time.sleep(3)
+    if how.startswith("ctrl-c"):
         os.killpg(proc.pid, signal.SIGINT)
     else:
         proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=90)
-    assert proc.returncode == (130 if how == "ctrl-c" else 143), err[-2000:]
+    assert proc.returncode == (143 if how == "sigterm" else 130), err[-2000:]
     runs = rows(db, "SELECT status, error FROM runs")
     assert [r["status"] for r in runs] == ["interrupted", "interrupted"], runs
+    for r in runs:  # what stopped the job, in one line: no traceback of where it was
+        assert "\n" not in r["error"] and r["error"].endswith(INTERRUPTED_TAIL), r["error"]
     assert [r["status"] for r in rows(db, "SELECT status FROM sweeps")] == ["interrupted"]
-    assert "(2 runs, 0 ok)" in out and "perfsweep resume" in err
+    assert "(2 runs, 0 ok; 2 of 4 jobs not started)" in out
+    assert err.strip().splitlines()[-1].endswith(f"run the rest with: perfsweep resume 1 --db {db}"), err[-2000:]
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         try:

@@ -89,3 +89,25 @@ def test_cpu_utilisation_only_for_runs_with_the_measured_thread_count(tmp_path: 
     assert got[0] == pytest.approx(0.05e12 / 100e9) and got[2] == pytest.approx(0.004e12 / 10e9)  # fp32, bf16
     assert got[1] is None  # measured with 2 threads: a 1-thread run gets no figure, not a wrong one
     engine.dispose()
+
+
+def test_ctrl_c_while_the_report_is_drawn_says_how_to_build_it(tmp_path: Path, monkeypatch, capsys):
+    """The runs are stored and the sweep is done: the message names the report command, not resume."""
+    from perfsweep.report import build
+
+    engine, sid = _sweep(tmp_path, [{"tokens_per_s": 1000.0}])
+
+    def ctrl_c(*_args, **_kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(build, "build_report", ctrl_c)  # Ctrl-C arrives while matplotlib draws
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        summary.finish_sweep(str(engine.url), str(tmp_path))
+    db = tmp_path / "results.db"
+    assert (
+        stopped.value.perfsweep_hint
+        == f"the report was not built; build it with: perfsweep report --sweep {sid} --db {db}"
+    )
+    assert f"Sweep {sid} (1 run, 1 ok)" in capsys.readouterr().out
+    with store.session(engine) as s:
+        assert s.get(store.Sweep, sid).status == "done"

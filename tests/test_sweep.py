@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from perfsweep import envinfo, metrics
+from perfsweep.names import INTERRUPTED_TAIL
 from tests.util import TINY, run_perfsweep
 from tests.util import sqlite_rows as rows
 
@@ -270,8 +271,11 @@ def test_ctrl_c_keeps_finished_jobs_and_leaves_no_process(tmp_path: Path):
     assert "interrupted" in err and "(2 runs, 1 ok)" in out
     assert "leaked semaphore" not in err, err[-2000:]
     # the job that was running when Ctrl-C came is stored as such, and so is the sweep
-    assert [r["status"] for r in rows(db, "SELECT status FROM runs ORDER BY job_num")] == ["ok", "interrupted"]
+    runs = rows(db, "SELECT status, error FROM runs ORDER BY job_num")
+    assert [r["status"] for r in runs] == ["ok", "interrupted"]
+    assert runs[1]["error"] == f"interrupted (KeyboardInterrupt) {INTERRUPTED_TAIL}", runs  # one line, no traceback
     assert [r["status"] for r in rows(db, "SELECT status FROM sweeps")] == ["interrupted"]
+    assert f"interrupted; finished jobs are in the database; run the rest with: perfsweep resume 1 --db {db}" in err
 
     def group_alive() -> bool:
         try:

@@ -101,6 +101,10 @@ class PerfsweepSweeper(BasicSweeper):
                 file=sys.stderr,
             )
             if not todo:  # nothing to do: leave the sweep, its times and its report as they are
+                if first.report and not (sweep_dir / "report" / "report.md").exists():
+                    print(
+                        f"perfsweep: the sweep has no report yet; build it with: {summary.report_command(url, sweep_dir)}"
+                    )
                 return []
         else:
             todo = list(range(len(order)))
@@ -189,6 +193,9 @@ class PerfsweepSweeper(BasicSweeper):
                     finally:
                         engine.dispose()
             end = "done"
+        except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (perfsweep.__main__ prints this after the summary)
+            exc.perfsweep_hint = f"run the rest with: perfsweep resume {sweep_id} --db {summary.db_arg(url)}"
+            raise
         finally:
             launcher.end_concurrent()  # after Ctrl-C: the jobs still running are stopped and marked
             try:
