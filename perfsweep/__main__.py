@@ -200,6 +200,7 @@ def main() -> None:
     full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"
     signal.signal(signal.SIGTERM, _terminated)
+    preflight.note_launch_dir()  # before Hydra makes a plain run's folder: what a refusal may remove
     try:
         hydra_main()
     except preflight.COMPOSE_ERRORS as exc:

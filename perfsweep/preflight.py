@@ -481,12 +481,39 @@ HYDRA_RUN_FILES = frozenset({".hydra", "__main__.log"})
 """What Hydra writes into a plain run's folder before perfsweep's code runs."""
 
 
+_BEFORE_HYDRA: tuple[Path, set[str]] | None = None
+"""The launch directory and its entries before Hydra made the run's folder (:func:`note_launch_dir`)."""
+
+
+def note_launch_dir() -> None:
+    """Remember what the launch directory holds before Hydra creates a plain run's folder, so a
+    refused run can remove the folders Hydra made for it (``outputs/``) and only those."""
+    global _BEFORE_HYDRA
+    cwd = Path.cwd()
+    with contextlib.suppress(OSError):
+        _BEFORE_HYDRA = (cwd, set(os.listdir(cwd)))
+
+
 def remove_refused_run_folder(folder: Path) -> None:
     """A plain run refused before its job leaves no folder behind: Hydra created it, with only
-    its own files in it; anything else in it (an earlier run's) keeps it."""
+    its own files in it; anything else in it (an earlier run's) keeps it. Its empty parents go
+    too: the date folder, and ``outputs/`` itself when the launch directory had none before."""
     import shutil
 
-    if folder.is_dir() and {p.name for p in folder.iterdir()} <= HYDRA_RUN_FILES:
-        shutil.rmtree(folder, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            folder.parent.rmdir()  # the date folder, when this run was its only one
+    if not (folder.is_dir() and {p.name for p in folder.iterdir()} <= HYDRA_RUN_FILES):
+        return
+    folder = folder.resolve()
+    shutil.rmtree(folder, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        folder.parent.rmdir()  # the date folder, when this run was its only one
+    if _BEFORE_HYDRA is None or not folder.is_relative_to(cwd := _BEFORE_HYDRA[0].resolve()):
+        return
+    made = folder.relative_to(cwd).parts[0] not in _BEFORE_HYDRA[1]  # Hydra made the top folder for this run
+    for parent in folder.parents if made else ():
+        if parent == cwd:
+            break
+        try:
+            if parent.exists():
+                parent.rmdir()
+        except OSError:  # not empty: another run's, or the user's
+            break
