@@ -27,10 +27,12 @@ Sources:
   even under autocast, whose softmax runs in fp32).
 - Cross-entropy over the (padded) vocabulary in eager mode: at the start of backward the saved
   log-softmax, its gradient and the logits' gradient are live at once, 3 fp32 copies of
-  batch x seq_len x vocab (12 bytes per logit). Under torch.compile Inductor fuses the upcast
-  and the loss; 8 bytes per logit is calibrated on the shared H100 runs
+  batch x seq_len x vocab (12 bytes per logit). Under torch.compile with AMP, Inductor fuses
+  the upcast and the loss: 8 bytes per logit on CUDA, calibrated on the shared H100 runs
   (gpt2_small, bf16 + compile, batch 16/64 x seq_len 1024/2048: ../shared/gpu/h100-2026-11-22,
-  results-bf16-seed-gpt2-batch-seq.db), the only compiled measurements we have.
+  results-bf16-seed-gpt2-batch-seq.db), and 6 on CPU (model=tiny, bf16 + compile, batch 2/4/16
+  x seq_len 128/256, vocab 8192, torch 2.13 on a Xeon, 2026-11-24: 6.0 each). Compiled in fp32
+  there is no upcast to fuse: 12 bytes, as eager (measured on the same CPU).
 
 The peak is the larger of two moments: the start of backward (every saved activation and the
 loss's buffers live, no gradient yet: ``zero_grad(set_to_none=True)`` freed them) and the end of
@@ -60,7 +62,16 @@ result. On the shared H100 database the rule runs batch 64 x 1024 (predicted 71.
 71.8 GiB allocated on a 79.1 GiB card) and skips 64 x 2048 (predicted 141 GiB), which ran out."""
 
 LOGIT_BYTES_EAGER = 3 * FP32
-LOGIT_BYTES_COMPILED = 8
+LOGIT_BYTES_COMPILED_AMP: dict[str, int] = {"cuda": 8, "cpu": 6}
+"""Bytes per logit at the start of backward under torch.compile with AMP, by device (see the
+module text); a device not measured takes CUDA's figure."""
+
+
+def logit_bytes(s: Setting) -> int:
+    """Bytes per logit live at the start of backward (the loss's buffers), by how the step runs."""
+    if s.compile and s.amp:
+        return LOGIT_BYTES_COMPILED_AMP.get(s.device_type, LOGIT_BYTES_COMPILED_AMP["cuda"])
+    return LOGIT_BYTES_EAGER
 
 
 @dataclass(frozen=True)
@@ -195,8 +206,7 @@ def predict_gpt(shape: GPTShape, s: Setting) -> Ledger:
     # outside the blocks: the embedding sum's dropout mask, block 0's input (fp32) and the final
     # LayerNorm's output (the output layer's input, 16-bit under autocast)
     edges = tokens * (FP32 * d + (MASK * d if shape.dropout > 0 else 0) + (HALF if s.amp else FP32) * d)
-    logit_bytes = LOGIT_BYTES_COMPILED if s.compile else LOGIT_BYTES_EAGER
-    logits = logit_bytes * tokens * shape.vocab_padded
+    logits = logit_bytes(s) * tokens * shape.vocab_padded
     if s.ckpt:  # each block keeps its input; one block's activations exist again in its backward
         saved = shape.n_layers * FP32 * d * tokens + edges
         recomputed = block + (weight_copies // max(shape.n_layers, 1) if s.amp else 0)

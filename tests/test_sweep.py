@@ -328,7 +328,7 @@ def test_compile_caches_are_isolated_per_job_unless_shared(tmp_path: Path):
     runs = rows(
         tmp_path / "results.db",
         "SELECT job_num, compile_cache, compile_cache_hits, compile_time_ms, "
-        "status, job_dir FROM runs ORDER BY job_num",
+        "status, job_dir, predicted_peak_error FROM runs ORDER BY job_num",
     )
     assert [(r["compile_cache"], r["status"]) for r in runs] == [("shared", "ok"), ("isolated", "ok"), ("shared", "ok")]
     first, isolated, warm = runs
@@ -336,6 +336,8 @@ def test_compile_caches_are_isolated_per_job_unless_shared(tmp_path: Path):
     assert warm["compile_cache_hits"] > 0  # warmed by the first job
     assert warm["compile_time_ms"] < 0.5 * min(first["compile_time_ms"], isolated["compile_time_ms"])
     assert not (Path(isolated["job_dir"]) / "compile_cache").exists()  # the private cache goes with the job
+    # compiled in fp32 the loss keeps eager's buffers: the ledger predicted the peak (it said -31% with AMP's rule)
+    assert all(abs(r["predicted_peak_error"]) < 0.05 for r in runs), runs
     assert any(env_cache.iterdir())  # shared jobs used the user's cache
     # no grid point uses AMP: the CPU peak is measured in fp32 only (a bf16 product can take 0.14 s)
     (sweep,) = rows(tmp_path / "results.db", "SELECT cpu_matmul_fp32_flops, cpu_matmul_bf16_flops FROM sweeps")
