@@ -158,6 +158,17 @@ SUBCOMMANDS = {
 }
 
 
+def _subcommand(name: str, argv: list[str]) -> int:
+    """Run ``perfsweep NAME ...``; output piped into ``head`` that stops reading ends it quietly."""
+    import importlib
+
+    try:
+        return importlib.import_module(SUBCOMMANDS[name]).main(argv)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return 1
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM to a sweep or run on this machine (``kill``, a CI runner's stop): unwound like
     Ctrl-C, so the jobs in flight are stopped and stored ``interrupted`` and the summary printed.
@@ -186,9 +197,19 @@ def _refuse_cfg_with_multirun(argv: list[str]) -> None:
 def main() -> None:
     """``perfsweep report|trace|query|upgrade|import|resume ...`` run those commands; anything else is a sweep."""
     if len(sys.argv) > 1 and sys.argv[1] in SUBCOMMANDS:
-        import importlib
+        sys.exit(_subcommand(sys.argv[1], sys.argv[2:]))
+    if len(sys.argv) > 1 and not sys.argv[1].startswith(("-", "~", "+")) and "=" not in sys.argv[1]:
+        # a bare word first is no Hydra override (key=value, +key=value, ~key): a mistyped command
+        import difflib
 
-        sys.exit(importlib.import_module(SUBCOMMANDS[sys.argv[1]]).main(sys.argv[2:]))
+        like = difflib.get_close_matches(sys.argv[1], SUBCOMMANDS, n=1)
+        print(
+            f"perfsweep: unknown command {sys.argv[1]!r}"
+            + (f"; did you mean {like[0]!r}?" if like else "")
+            + f" (commands: {', '.join(SUBCOMMANDS)}; a sweep takes key=value overrides)",
+            file=sys.stderr,
+        )
+        sys.exit(2)
     _refuse_cfg_with_multirun(sys.argv[1:])
     if os.getcwd() not in sys.path and "" not in sys.path:
         # `python -m perfsweep` imports from the launch directory; the `perfsweep` console script

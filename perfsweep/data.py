@@ -151,7 +151,7 @@ def prepare(cfg: DataConfig, seed: int = 0) -> TokenData:
     key = _corpus_key(files, cfg.encoding)
     base = cdir / f"tokens-{cfg.encoding}-{key}.npy"
     if base.exists():
-        log.info("token cache hit: %s", base)
+        log.debug("token cache hit: %s", base)
     else:
         log.info("tokenizing %s with %s (cached afterwards in %s)", source, cfg.encoding, base)
         _atomic_save(base, _tokenize(files, cfg.encoding))

@@ -15,7 +15,7 @@ from sqlalchemy.engine import Engine, make_url
 from perfsweep import audit, configs, metrics, store
 from perfsweep.cli import first_line
 from perfsweep.configs import per_config, prepare_runs, setting_columns, value_text
-from perfsweep.names import DATA_BOUND_WAIT_FRACTION, GRID_AXES, NOISY_IQR_FRACTION, ON_OFF_AXES, SETTING_PREFIX
+from perfsweep.names import DATA_BOUND_WAIT_FRACTION, GRID_AXES, NOISY_IQR_FRACTION, ON_OFF_AXES
 from perfsweep.results import load_batch_searches, load_runs, search_label
 
 log = logging.getLogger(__name__)
@@ -149,10 +149,8 @@ def format_summary(runs: pd.DataFrame) -> str:
     ]
     per = per_config(runs)
     out = pd.DataFrame({"job": per["first_job_num"].fillna(-1).astype(int) + 1})
-    for a in varying:
-        out[a.removeprefix(SETTING_PREFIX)] = (
-            per[a].map(lambda v, a=a: value_text(a, v)) if a.startswith(SETTING_PREFIX) else per[a]
-        )
+    for a in varying:  # as the report's labels write them: amp on/off, batch 8 (not 8.0), nproc null
+        out[configs.axis_name(a)] = per[a].map(lambda v, a=a: value_text(a, v))
     if (per["runs"] > 1).any():
         out["runs"] = per["runs"]
     out["status"] = per["statuses"]
@@ -273,8 +271,9 @@ def finish_sweep(url: str, sweep_dir: str, make_report: bool = True, status: str
         where = engine.url.render_as_string(hide_password=True)
         print(f"\nResults: {where} (sweep_id={sweep_id})")
         if engine.url.get_backend_name() == "sqlite":
+            axes = [a for a in configs.label_axes(df) if a in GRID_AXES] or ["amp", "ckpt"]  # what this sweep varied
             print(
-                f"Query:   sqlite3 {engine.url.database} 'select amp, ckpt, "
+                f"Query:   sqlite3 {engine.url.database} 'select {', '.join(axes)}, "
                 f"{metrics.rate_unit(df['tokens_per_s'], df['samples_per_s'])}_per_s, peak_mem_bytes "
                 f"from runs where sweep_id={sweep_id}'"
             )

@@ -152,3 +152,10 @@ def test_how_the_sweep_runs_is_not_a_grid_axis(grid: list[str], tmp_path: Path):
 def test_order_needs_a_multirun(tmp_path: Path):
     res = run_perfsweep(["order=shuffle", *TINY], tmp_path)
     assert res.returncode == 2 and "order=shuffle" in res.stderr and "add -m" in res.stderr
+
+
+def test_a_mistyped_command_is_named_with_the_one_meant(tmp_path: Path):
+    res = run_perfsweep(["reprot", "--sweep", "1"], tmp_path)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert res.stderr.startswith("perfsweep: unknown command 'reprot'; did you mean 'report'?"), res.stderr
+    assert not list(tmp_path.iterdir())  # nothing ran, nothing written

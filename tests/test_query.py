@@ -203,3 +203,21 @@ def test_query_and_report_on_read_only_media(tmp_path: Path):
     assert q.returncode == 0 and q.stdout.split() == ["status", "ok"], q.stderr
     assert r.returncode == 0 and (tmp_path / "r" / "report.md").is_file(), r.stderr
     assert _files(folder) == before
+
+
+def test_output_piped_into_head_ends_quietly(tmp_path: Path):
+    """``perfsweep query ... | head -1``: the reader goes away, perfsweep stops without a traceback."""
+    db = tmp_path / "results.db"
+    store.connect(f"sqlite:///{db}").dispose()
+    sql = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 200000) SELECT x FROM c"
+    exe = Path(sys.executable).with_name("perfsweep")
+    proc = subprocess.Popen(
+        [str(exe), "query", sql, "--db", str(db), "--format", "csv"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout.readline() == "x\n"
+    proc.stdout.close()  # what head does after its line
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 1 and err == "", err

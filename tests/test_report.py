@@ -322,6 +322,16 @@ def test_repeats_are_one_bar_at_their_median_with_their_range(engine: Any, tmp_p
     assert INTERVALS in (out / "report.md").read_text()
 
 
+def test_repeats_that_disagree_with_steady_steps_are_not_called_noisy_runs(engine: Any, tmp_path: Path) -> None:
+    """Two steady runs 25% apart: the note says the repeats disagree, not "noisy in 0 of 2 runs"."""
+    sid = new_sweep(engine, tmp_path / "sw")
+    for job, times in enumerate(([100.0] * 4, [80.0] * 4)):
+        store.save_run(engine, run_row(sid, job, times, config_hash="same", repeat_index=job))
+    table, _ = results_table(make_report(engine, [sid]).configs)
+    row = next(line for line in table.splitlines() if line.startswith("| 8 | 128 | 2 |"))
+    assert row.endswith("| the repeats' tokens/s disagree (IQR/median > 10%) |") and "0 of" not in row, row
+
+
 def test_a_data_parallel_row_counts_every_ranks_samples(engine: Any, tmp_path: Path) -> None:
     """A 2-rank job at batch 8 steps 16 sequences: its range brackets its tokens/s (it was half of it,
     from the per-rank batch), and the table shows per-rank tokens/s and the allreduce."""

@@ -386,7 +386,8 @@ def _note(r: Any) -> str:
         return first_line(r.error, 70) if r.status != "ok" else ""
     if r.runs == 1:
         return f"noisy ({NOISE_RULE}): IQR {r.step_time_ms_iqr:,.1f} ms, median {r.step_time_ms_median:,.1f} ms"
-    return f"noisy ({NOISE_RULE}) in {r.noisy_runs} of {r.ok_runs} runs" + (REPEATS if r.repeats_disagree else "")
+    steps = f"noisy ({NOISE_RULE}) in {r.noisy_runs} of {r.ok_runs} runs" if r.noisy_runs else ""
+    return (steps + (REPEATS if r.repeats_disagree else "")).removeprefix("; ")
 
 
 def results_table(configs: pd.DataFrame, limit: int = TOP_TABLE) -> tuple[str, str]:
