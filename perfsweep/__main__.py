@@ -198,6 +198,14 @@ def main() -> None:
     """``perfsweep report|trace|query|upgrade|import|resume ...`` run those commands; anything else is a sweep."""
     if len(sys.argv) > 1 and sys.argv[1] in SUBCOMMANDS:
         sys.exit(_subcommand(sys.argv[1], sys.argv[2:]))
+    if sys.argv[1:] == ["--version"]:  # Hydra's own flag would print Hydra's version only
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"perfsweep {version('perfsweep')} (Hydra {version('hydra-core')})")
+        except PackageNotFoundError:
+            print("perfsweep (not installed: run from a source tree)")
+        sys.exit(0)
     if len(sys.argv) > 1 and not sys.argv[1].startswith(("-", "~", "+")) and "=" not in sys.argv[1]:
         # a bare word first is no Hydra override (key=value, +key=value, ~key): a mistyped command
         import difflib

@@ -224,6 +224,13 @@ class GPTConfig:
     padded rows are never targets and get no probability mass. 1 turns padding off."""
 
     def __post_init__(self) -> None:
+        # the preset's args are a free-form dict (a custom model's keys share it), so Hydra does not type them
+        kinds = {"int": (int, "an integer"), "float": ((int, float), "a number"), "bool": (bool, "true or false")}
+        for f in dataclasses.fields(self):
+            kind, allowed = kinds[str(f.type)]
+            value = getattr(self, f.name)
+            ok = isinstance(value, kind) and (f.type == "bool" or not isinstance(value, bool))
+            _require(ok, f"model.{f.name}", value, f"must be {allowed}")
         for key in ("n_layers", "n_heads", "d_model", "d_ff", "max_seq_len"):
             value = getattr(self, key)
             _require(value >= 1, f"model.{key}", value, "must be a positive integer")

@@ -15,6 +15,7 @@ import json
 import logging
 import multiprocessing as mp
 import os
+import re
 import signal
 import socket
 import sys
@@ -109,11 +110,8 @@ class ProgressLine:
 
     def header(self) -> None:
         s = self.spec
-        print(
-            f"[{s.job_num + 1}/{s.cfg.sweep.n_jobs}] {' '.join(s.overrides) or '(defaults)'}",
-            file=sys.stderr,
-            flush=True,
-        )
+        typed = re.sub(r"\\(.)", r"\1", " ".join(s.overrides))  # Hydra escapes ':' in values: db.url=sqlite\:///
+        print(f"[{s.job_num + 1}/{s.cfg.sweep.n_jobs}] {typed or '(defaults)'}", file=sys.stderr, flush=True)
 
     def update(self, phase: str, step: int, total: int, ms: float, loss: float) -> None:
         job_left = (total - step) * ms / 1000.0

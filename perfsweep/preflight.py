@@ -67,6 +67,11 @@ def error_line(exc: BaseException) -> str:
         close = difflib.get_close_matches(key, config_keys(), n=1)
         hint = f"did you mean {close[0]}? " if close else ""
         return f"{typed.group(1) if typed else key}: no such key; {hint}python -m perfsweep --help lists them"
+    wrong_type = r"override ([\w.]+)=(.*?)\W+Value '.*' (?:is not a valid (bool)|.* converted to (Integer|Float))"
+    if (bad := re.search(wrong_type, f"{exc} {exc.__cause__}")) is not None:  # one line: key, value, allowed
+        kind = bad.group(3) or bad.group(4)
+        allowed = {"bool": "true or false", "Integer": "an integer", "Float": "a number"}[kind]
+        return f"{bad.group(1)}={bad.group(2)}: must be {allowed}"
     parts = [str(exc)]
     if exc.__cause__ is not None:
         parts.append(str(exc.__cause__))

@@ -544,6 +544,15 @@ def connect_read_only(url: str) -> Engine:
     return create_engine(url)
 
 
+def display_url(engine: Engine) -> str:
+    """The database as the user named it: a read-only SQLite engine's ``file:...?immutable=1``
+    URI back to ``sqlite:///path``, a password hidden."""
+    url = engine.url
+    if url.get_backend_name() == "sqlite" and (url.database or "").startswith("file:") and url.query.get("uri"):
+        return f"sqlite:///{url.database.removeprefix('file:')}"
+    return url.render_as_string(hide_password=True)
+
+
 def schema_revision(engine: Engine) -> str | None:
     """The Alembic revision the database is at (None for a database perfsweep never wrote)."""
     if "alembic_version" not in inspect(engine).get_table_names():

@@ -43,6 +43,9 @@ CASES = {
     "events_timing_without_cuda": (["timing=events"], "timing='events'"),
     "repeat_zero": (["repeat=0"], "repeat=0"),
     "seed_negative": (["seed=-1"], "seed=-1"),  # was blamed on data.synthetic_tokens (numpy's error)
+    "amp_not_bool": (["amp=maybe"], "amp=maybe"),
+    "lr_not_number": (["lr=fast"], "lr=fast"),
+    "dropout_not_number": (["model.dropout=high"], "model.dropout='high'"),  # a preset's free-form args
     "data_path_missing": (["data=textfile", "data.path={tmp}/no/such/file.txt"], "data.path='{tmp}/no/such/file.txt'"),
     "data_path_empty_file": (["data=textfile", "data.path={tmp}/empty.txt"], "data.path='{tmp}/empty.txt'"),
     "data_path_empty_folder": (["data=textfile", "data.path={tmp}/nodocs"], "data.path='{tmp}/nodocs'"),
@@ -62,6 +65,9 @@ HINTS = {  # what is allowed or what to do, beyond naming key and value
     "events_timing_without_cuda": "timing=sync",
     "repeat_zero": "positive integer",
     "seed_negative": "from 0 to 2**32-1",
+    "amp_not_bool": "must be true or false",
+    "lr_not_number": "must be a number",
+    "dropout_not_number": "must be a number",
     "model_preset_typo": "did you mean model=tiny?",
     "data_preset_typo": "did you mean data=synthetic?",
     "data_shorter_than_a_batch": "fewer than one batch",

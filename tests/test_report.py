@@ -246,6 +246,9 @@ def test_cli_defaults_to_latest_sweep_and_its_folder(
     with sqlite3.connect(report_sweeps.db) as conn:
         sweep_dir = conn.execute("SELECT sweep_dir FROM sweeps WHERE id = ?", (report_sweeps.batch_seq,)).fetchone()[0]
     assert out.strip() == f"Report: {Path(sweep_dir) / 'report' / 'report.md'}"
+    # the database as the user named it, not the read-only URI the report opened it with
+    text = (Path(sweep_dir) / "report" / "report.md").read_text()
+    assert f"- Database: `sqlite:///{report_sweeps.db}`, e.g." in text
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 from sqlalchemy.engine import Engine
 
-from perfsweep import metrics
+from perfsweep import metrics, store
 from perfsweep.cli import UserError, first_line
 from perfsweep.configs import axis_name, axis_text, concurrency_note, label_axes, per_config, throughputs
 from perfsweep.configs import baseline as pick_baseline
@@ -84,7 +84,7 @@ class Report:
     searches: pd.DataFrame = field(default_factory=pd.DataFrame)  # batch_searches rows (batch=max)
     charts: dict[str, Chart] = field(default_factory=dict)
     rate: str = "tokens/s"  # the unit of throughput_per_s: samples/s for models that count samples (fmt.RATES)
-    db = property(lambda self: self.engine.url.render_as_string(hide_password=True))
+    db = property(lambda self: store.display_url(self.engine))
 
     def __post_init__(self) -> None:
         """``shown``: the configs of the bar charts, all or the ``top`` fastest plus the baseline."""
