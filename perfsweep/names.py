@@ -164,3 +164,7 @@ CPU_CHECK_MAX_PARAMS = 100_000_000
 Face's mask checks) is checked before the jobs by one step on the CPU on a one-sample batch
 when it has at most this many parameters (400 MB in fp32 with as much again for gradients);
 a larger one is checked by its first job."""
+
+PROFILED_STEP_WARN_RATIO = 1.5
+"""The profiled steps' CPU stage time over the measured median step above which the report's
+breakdown chart says that the profiler's own cost is in its bars."""

@@ -194,8 +194,11 @@ def format_summary(runs: pd.DataFrame) -> str:
     if per["bottleneck"].notna().any():  # GPU runs with a profiled window; never shown for CPU
         out["GPU busy"] = per["gpu_busy_fraction"].map(lambda v: f"{v:.0%}" if pd.notna(v) else "-")
         out["bound by"] = per["bottleneck"].fillna("-")
-    errors = runs["error"].where(runs["error"].map(lambda e: isinstance(e, str) and bool(e.strip())))
-    first_error = errors.groupby(runs["config_hash"].fillna(runs["id"].astype(str)), sort=False).first()
+    key = runs["config_hash"].fillna(runs["id"].astype(str))
+    # an interruption says nothing about a config that has since run ok (perfsweep resume): not its error
+    resumed = runs["status"].eq("interrupted") & runs["ok"].groupby(key).transform("any")
+    errors = runs["error"].where(runs["error"].map(lambda e: isinstance(e, str) and bool(e.strip())) & ~resumed)
+    first_error = errors.groupby(key, sort=False).first()
     out["error"] = per["config_hash"].fillna(per["id"].astype(str)).map(first_error).map(lambda e: first_line(e, 70))
     text = out.to_string(index=False)
     notes = []

@@ -636,8 +636,13 @@ def test_breakdown_and_loss_are_the_stored_stages_and_steps(engine: Any, tmp_pat
     # one stacked segment per stage and config, in step order: what run_row stored (1, 30, 60, 8, 1 ms)
     assert bar_values(ax) == pytest.approx([1.0, 1.0, 30.0, 30.0, 60.0, 60.0, 8.0, 8.0, 1.0, 1.0])
     assert [t.get_text().strip() for t in ax.texts if " of " in t.get_text()] == ["100 of 100 ms", "100 of 80 ms"]
+    assert "profiler's own cost" not in breakdown.caption  # 100 ms profiled against 80 and 100 measured
     loss = line_data(rep.charts["loss"].figure.axes[0])
     assert loss == {"amp=off": ([1, 2, 3], [9.0, 8.9, 8.8]), "amp=on": ([1, 2, 3], [9.0, 8.9, 8.8])}
+    # a profiled step 2.5x the measured one (the profiler's cost on CPU): the caption says so
+    store.save_run(engine, run_row(sid, 2, ckpt=True, step_time_ms_median=40.0))
+    caption = make_report(engine, [sid]).charts["breakdown"].caption
+    assert "The profiled steps took up to 2.5x the measured step: the profiler's own cost is in them" in caption
 
 
 def test_cpu_memory_chart_draws_allocated_and_rss_growth(engine: Any, tmp_path: Path) -> None:

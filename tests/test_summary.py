@@ -111,3 +111,21 @@ def test_ctrl_c_while_the_report_is_drawn_says_how_to_build_it(tmp_path: Path, m
     assert f"Sweep {sid} (1 run, 1 ok)" in capsys.readouterr().out
     with store.session(engine) as s:
         assert s.get(store.Sweep, sid).status == "done"
+
+
+def test_a_resumed_config_shows_no_interruption_as_its_error(tmp_path: Path):
+    """Interrupted, then run ok by perfsweep resume: the row is ok with no error; a failed repeat
+    beside ok ones still shows its error (it says something about the config)."""
+    engine, sid = _sweep(
+        tmp_path,
+        [
+            {"config_hash": "A", "status": "interrupted", "tokens_per_s": None, "error": "interrupted (SIGINT) ..."},
+            {"config_hash": "B", "amp": True, "status": "failed", "tokens_per_s": None, "error": "boom"},
+            {"config_hash": "A", "tokens_per_s": 1000.0},
+            {"config_hash": "B", "amp": True, "tokens_per_s": 2000.0},
+        ],
+    )
+    lines = summary.format_summary(summary.summary_frame(engine, sid)).splitlines()
+    a, b = (next(line for line in lines if line.split()[1] == amp) for amp in ("off", "on"))
+    assert a.split()[-6:] == ["ok", "1,000", "100.0", "(2%,", "1%)", "-"], a  # no error column text
+    assert b.split()[-3:] == ["1%)", "-", "boom"], b

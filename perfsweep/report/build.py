@@ -32,6 +32,7 @@ from perfsweep.names import (
     KERNEL_CATEGORIES,
     LOSS_TOLERANCE,
     NOISY_IQR_FRACTION,
+    PROFILED_STEP_WARN_RATIO,
     STAGES,
 )
 from perfsweep.report import charts, fmt, frames
@@ -235,11 +236,24 @@ BREAKDOWN = ChartSpec(
         Panel(tuple(f"gpu_ms_{s}" for s in STAGES), title="GPU kernel time, by launching stage", **STAGE_PANEL),
     ),
     frames.breakdown,
-    lambda f, note, r: {"panels": PANELS_TEXT["gpu_ms_forward" in f]},
+    lambda f, note, r: {"panels": PANELS_TEXT["gpu_ms_forward" in f], "overhead": _profiler_overhead(f)},
     side_by_side=True,
     caption="Time per step in each stage (data_to_device, forward, backward, optimizer_step, zero_grad), averaged "
-    "over the profiler's active steps; the dashed line is the measured (unprofiled) median step. {panels}",
+    "over the profiler's active steps; the dashed line is the measured (unprofiled) median step. {panels}{overhead}",
 )
+
+
+def _profiler_overhead(frame: pd.DataFrame) -> str:
+    """A warning when the profiled steps' CPU stages add up to well over the measured step: the
+    profiler's own cost (recording shapes, FLOPs and memory per op, largest on CPU) is in them."""
+    cpu = frame[[c for c in frame.columns if c.startswith("cpu_ms_")]].sum(axis=1)
+    ratio = (cpu / frame["step_time_ms_median"]).max()
+    if not ratio > PROFILED_STEP_WARN_RATIO:
+        return ""
+    return (
+        f" The profiled steps took up to {ratio:.1f}x the measured step: the profiler's own cost is in them, so "
+        "compare the stages with each other, and take step time from the dashed line."
+    )
 PANELS_TEXT = {
     True: "Left panel: CPU (host) time; right panel: GPU kernel time attributed to the stage that launched it.",
     False: "On CPU the device time equals the CPU time, so each config has one bar.",
