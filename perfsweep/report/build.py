@@ -254,6 +254,8 @@ def _profiler_overhead(frame: pd.DataFrame) -> str:
         f" The profiled steps took up to {ratio:.1f}x the measured step: the profiler's own cost is in them, so "
         "compare the stages with each other, and take step time from the dashed line."
     )
+
+
 PANELS_TEXT = {
     True: "Left panel: CPU (host) time; right panel: GPU kernel time attributed to the stage that launched it.",
     False: "On CPU the device time equals the CPU time, so each config has one bar.",
