@@ -46,7 +46,18 @@ def register() -> None:
     register_configs()
 
 
+class _HideSweepContext(logging.Filter):
+    """Hydra's launcher logs each job's overrides; the ``sweep.*`` ones are perfsweep's own
+    bookkeeping (perfsweep.config.SweepContext), not what the user asked for."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and " sweep." in record.msg:
+            record.msg = " ".join(w for w in record.msg.split(" ") if not w.startswith("sweep."))
+        return True
+
+
 register()
+logging.getLogger("hydra._internal.core_plugins.basic_launcher").addFilter(_HideSweepContext())
 log = logging.getLogger("perfsweep")
 
 
