@@ -334,6 +334,12 @@ def placements(cfgs: list[PerfsweepConfig], hydra_launcher: str = "BasicLauncher
         )
     # device=cuda on a machine without one is check_device's to refuse, in its own words
     on_cuda = torch.cuda.is_available() and any(c.device != Device.cpu for c in cfgs)
+    if first.launcher.gpus_per_job is not None and not on_cuda:
+        where = "device=cpu" if all(c.device == Device.cpu for c in cfgs) else "this machine, which has no CUDA device"
+        raise ConfigError(
+            f"invalid config: launcher.gpus_per_job={first.launcher.gpus_per_job}: splits GPUs between jobs; "
+            f"the jobs run on CPU ({where}): leave it unset"
+        )
     nproc = max(c.nproc or 1 for c in cfgs)
     cpus = slots.usable_cpus()
     placements = slots.plan(

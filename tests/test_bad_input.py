@@ -44,6 +44,7 @@ CASES = {
     "repeat_zero": (["repeat=0"], "repeat=0"),
     "seed_negative": (["seed=-1"], "seed=-1"),  # was blamed on data.synthetic_tokens (numpy's error)
     "amp_not_bool": (["amp=maybe"], "amp=maybe"),
+    "gpus_per_job_on_cpu": (["launcher.gpus_per_job=1", "device=cpu"], "launcher.gpus_per_job=1"),
     "lr_not_number": (["lr=fast"], "lr=fast"),
     "dropout_not_number": (["model.dropout=high"], "model.dropout='high'"),  # a preset's free-form args
     "data_path_missing": (["data=textfile", "data.path={tmp}/no/such/file.txt"], "data.path='{tmp}/no/such/file.txt'"),
@@ -66,6 +67,7 @@ HINTS = {  # what is allowed or what to do, beyond naming key and value
     "repeat_zero": "positive integer",
     "seed_negative": "from 0 to 2**32-1",
     "amp_not_bool": "must be true or false",
+    "gpus_per_job_on_cpu": "the jobs run on CPU (device=cpu)",
     "lr_not_number": "must be a number",
     "dropout_not_number": "must be a number",
     "model_preset_typo": "did you mean model=tiny?",
