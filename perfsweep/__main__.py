@@ -252,8 +252,8 @@ def main() -> None:
         # The sweeper has printed the summary of the jobs that finished; they are stored.
         how = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
         # what to do next, set where it is known: the sweeper (resume), the summary (the report), a plain run
-        hint = getattr(exc, "perfsweep_hint", "run the rest with: perfsweep resume SWEEP_ID (see the summary)")
-        print(f"perfsweep: {how}; finished jobs are in the database; {hint}", file=sys.stderr)
+        hint = getattr(exc, "perfsweep_hint", None) or "before any job started"
+        print(f"perfsweep: {how}{' ' if hint.startswith('before') else '; '}{hint}", file=sys.stderr)
         sys.exit(128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT))
 
 

@@ -15,6 +15,7 @@ import json
 import logging
 import multiprocessing as mp
 import os
+import pickle
 import re
 import signal
 import socket
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from perfsweep import data as data_mod
-from perfsweep import importer, runner, slots, store
+from perfsweep import importer, job_entry, runner, slots, store
 from perfsweep.cli import first_line
 from perfsweep.config import PerfsweepConfig, short_dirname, to_plain_dict
 from perfsweep.envinfo import environ_set
@@ -216,18 +217,10 @@ def _run_in_child(
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # keep the profiler's C++ start/stop lines off the terminal
     ctx = mp.get_context("spawn")
     parent_conn, child_conn = ctx.Pipe(duplex=False)
+    cpus = list(placement.cpus) if placement is not None and placement.cpus else None
+    payload = pickle.dumps((config, token_data, spec.label, str(spec.launch_dir), cpus))  # see perfsweep.job_entry
     proc = ctx.Process(
-        target=runner.job_main,
-        args=(
-            config,
-            token_data,
-            str(spec.job_dir),
-            spec.label,
-            str(spec.launch_dir),
-            child_conn,
-            list(placement.cpus) if placement is not None and placement.cpus else None,
-        ),
-        name=f"perfsweep-job-{spec.job_num}",
+        target=job_entry.main, args=(str(spec.job_dir), child_conn, payload), name=f"perfsweep-job-{spec.job_num}"
     )
     with _spawning({**spec.env, **(placement.env() if placement is not None else {})}):
         proc.start()

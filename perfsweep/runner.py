@@ -33,6 +33,7 @@ from perfsweep import data as data_mod
 from perfsweep import distributed, ledger, slots, task
 from perfsweep.config import AmpDtype, Device, PerfsweepConfig, to_run_config
 from perfsweep.envinfo import compute_dtype, environment, peak_flops
+from perfsweep.job_entry import redirect_output
 from perfsweep.memory import MemoryProbe, MemorySnapshot, free_bytes, persistent_bytes, step_alloc_peak_bytes
 from perfsweep.metrics import (
     StepRecord,
@@ -530,10 +531,7 @@ def job_main(
     ``job.log`` in the job folder, so the terminal shows only the launcher's progress. ``cpus``:
     its launcher slot's cores (perfsweep.slots), pinned here; its GPUs came in its environment.
     """
-    Path(job_dir).mkdir(parents=True, exist_ok=True)
-    with open(Path(job_dir) / "job.log", "ab") as log_file:
-        os.dup2(log_file.fileno(), 1)
-        os.dup2(log_file.fileno(), 2)
+    redirect_output(job_dir)  # done already when started by perfsweep.job_entry: harmless twice
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if cpus:
         os.sched_setaffinity(0, cpus)

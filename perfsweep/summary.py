@@ -326,7 +326,9 @@ def _report(engine: Engine, sweep_id: int) -> None:
         print(f"Report:  {out / 'report.md'}")
     except KeyboardInterrupt as exc:  # the runs are stored and the sweep is done: only the report is missing
         url = engine.url.render_as_string(hide_password=False)
-        exc.perfsweep_hint = f"the report was not built; build it with: {report_command(url, sweep_id)}"
+        exc.perfsweep_hint = (
+            f"the runs are stored; the report was not built; build it with: {report_command(url, sweep_id)}"
+        )
         raise
     except Exception as exc:  # a plotting problem must not hide the results
         log.exception("report failed")

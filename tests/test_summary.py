@@ -104,10 +104,8 @@ def test_ctrl_c_while_the_report_is_drawn_says_how_to_build_it(tmp_path: Path, m
     with pytest.raises(KeyboardInterrupt) as stopped:
         summary.finish_sweep(str(engine.url), str(tmp_path))
     db = tmp_path / "results.db"
-    assert (
-        stopped.value.perfsweep_hint
-        == f"the report was not built; build it with: perfsweep report --sweep {sid} --db {db}"
-    )
+    hint = f"the runs are stored; the report was not built; build it with: perfsweep report --sweep {sid} --db {db}"
+    assert stopped.value.perfsweep_hint == hint
     assert f"Sweep {sid} (1 run, 1 ok)" in capsys.readouterr().out
     with store.session(engine) as s:
         assert s.get(store.Sweep, sid).status == "done"

@@ -194,7 +194,10 @@ class PerfsweepSweeper(BasicSweeper):
                         engine.dispose()
             end = "done"
         except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (perfsweep.__main__ prints this after the summary)
-            exc.perfsweep_hint = f"run the rest with: perfsweep resume {sweep_id} --db {summary.db_arg(url)}"
+            exc.perfsweep_hint = (
+                f"finished jobs are in the database; run the rest with: perfsweep resume {sweep_id} "
+                f"--db {summary.db_arg(url)}"
+            )
             raise
         finally:
             launcher.end_concurrent()  # after Ctrl-C: the jobs still running are stopped and marked

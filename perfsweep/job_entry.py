@@ -1,0 +1,31 @@
+"""The first code a job's spawned process runs: stdlib only.
+
+Its output goes to the job folder's ``job.log`` before anything imports torch, so a Ctrl-C that
+lands while the job starts (about a second of imports) leaves its traceback there instead of on
+the sweep's terminal. The job's arguments travel pickled as bytes for the same reason: unpickling
+them imports perfsweep.data and torch, which must come after the redirect.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+
+def redirect_output(job_dir: str) -> None:
+    """This process's stdout and stderr (file descriptors 1 and 2, for C++ and child output too) to job.log."""
+    Path(job_dir).mkdir(parents=True, exist_ok=True)
+    with open(Path(job_dir) / "job.log", "ab") as log_file:
+        os.dup2(log_file.fileno(), 1)
+        os.dup2(log_file.fileno(), 2)
+
+
+def main(job_dir: str, conn: Any, payload: bytes) -> None:
+    """Run :func:`perfsweep.runner.job_main` with the arguments pickled in ``payload``."""
+    redirect_output(job_dir)
+    cfg_dict, token_data, label, launch_dir, cpus = pickle.loads(payload)  # imports torch
+    from perfsweep import runner
+
+    runner.job_main(cfg_dict, token_data, job_dir, label, launch_dir, conn, cpus)
