@@ -140,8 +140,8 @@ def hydra_main(cfg: DictConfig) -> str:
         with launcher.SweepHeartbeat(url, sweep_id):
             run_id, status = launcher.run_job(spec)
     except KeyboardInterrupt as exc:
-        summary.finish_sweep(url, sweep_dir, make_report=False, status="interrupted")
         exc.perfsweep_hint = "the run is stored as interrupted; run the command again to measure it"
+        summary.finish_sweep(url, sweep_dir, make_report=False, status="interrupted")
         raise
     summary.finish_sweep(url, sweep_dir, make_report=run_cfg.report)
     if run_id is None:
@@ -178,6 +178,17 @@ def _subcommand(name: str, argv: list[str]) -> int:
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
         return 1
+
+
+def _hint(exc: BaseException) -> str | None:
+    """What to do after Ctrl-C, as set where it is known (the sweeper, the summary, a plain run);
+    a second Ctrl-C while the first unwinds carries the first one as its context."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if hint := getattr(seen, "perfsweep_hint", None):
+            return hint
+        seen = seen.__context__
+    return None
 
 
 class Terminated(KeyboardInterrupt):
@@ -252,7 +263,7 @@ def main() -> None:
         # The sweeper has printed the summary of the jobs that finished; they are stored.
         how = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
         # what to do next, set where it is known: the sweeper (resume), the summary (the report), a plain run
-        hint = getattr(exc, "perfsweep_hint", None) or "before any job started"
+        hint = _hint(exc) or "before any job started"
         print(f"perfsweep: {how}{' ' if hint.startswith('before') else '; '}{hint}", file=sys.stderr)
         sys.exit(128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT))
 

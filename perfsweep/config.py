@@ -504,7 +504,7 @@ class PerfsweepConfig:
     weight_decay: float = 0.1
     """AdamW weight decay."""
     seed: int = 0
-    """Seeds torch, the data order and the synthetic corpus; 0 to 2**32-1, numpy's range."""
+    """Seeds torch, the data order and the synthetic corpus; 0 to 2**64-1, torch's range."""
     threads: int | None = None
     """torch.set_num_threads in the job (in each rank); null: the cores the job was given (its
     launcher slot, its SLURM allocation, shared among its ranks), else torch's default."""
@@ -611,7 +611,7 @@ class PerfsweepConfig:
         _require(self.grad_scaler_init_scale > 0, "grad_scaler_init_scale", self.grad_scaler_init_scale, "must be > 0")
         _require(self.timeout_s > 0, "timeout_s", self.timeout_s, "must be > 0 seconds")
         _require(self.repeat >= 1, "repeat", self.repeat, "must be a positive integer")
-        _require(0 <= self.seed < 2**32, "seed", self.seed, "must be an integer from 0 to 2**32-1 (numpy's seeds)")
+        _require(0 <= self.seed < 2**64, "seed", self.seed, "must be an integer from 0 to 2**64-1 (torch's seeds)")
         _require(
             not (self.timing == Timing.events and self.device == Device.cpu),
             "timing",

@@ -507,21 +507,28 @@ def note_launch_dir() -> None:
 
 def remove_refused_run_folder(folder: Path) -> None:
     """A plain run refused before its job leaves no folder behind: Hydra created it, with only
-    its own files in it; anything else in it (an earlier run's) keeps it. Its empty parents go
-    too: the date folder, and ``outputs/`` itself when the launch directory had none before."""
+    its own files in it; anything else in it (an earlier run's) keeps it. Its empty parents that
+    Hydra made go too: the date folder, and ``outputs/`` itself when the launch directory had none
+    before. Never the launch directory, a folder above it, or a folder of it that was there before."""
     import shutil
 
+    folder = folder.resolve()
+    cwd = (_BEFORE_HYDRA[0] if _BEFORE_HYDRA else Path.cwd()).resolve()
+    before = _BEFORE_HYDRA[1] if _BEFORE_HYDRA else None
+    if folder == cwd or folder in cwd.parents:  # hydra.run.dir=. (or above): the user's own folders
+        return
     if not (folder.is_dir() and {p.name for p in folder.iterdir()} <= HYDRA_RUN_FILES):
         return
-    folder = folder.resolve()
-    shutil.rmtree(folder, ignore_errors=True)
-    with contextlib.suppress(OSError):
-        folder.parent.rmdir()  # the date folder, when this run was its only one
-    if _BEFORE_HYDRA is None or not folder.is_relative_to(cwd := _BEFORE_HYDRA[0].resolve()):
+    inside = folder.is_relative_to(cwd)
+    top = cwd / folder.relative_to(cwd).parts[0] if inside else None
+    kept = top is not None and (before is None or top.name in before)  # there before this run: not Hydra's
+    if folder == top and kept:
         return
-    made = folder.relative_to(cwd).parts[0] not in _BEFORE_HYDRA[1]  # Hydra made the top folder for this run
-    for parent in folder.parents if made else ():
-        if parent == cwd:
+    shutil.rmtree(folder, ignore_errors=True)
+    for parent in folder.parents:  # the empty folders Hydra made above it for this run
+        if parent == cwd or parent in cwd.parents or (parent == top and kept):
+            break
+        if not inside and parent != folder.parent:  # outside the launch directory: the date folder only
             break
         try:
             if parent.exists():

@@ -8,6 +8,8 @@ anything after a ``;`` are refused before the database sees them.
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import sys
 
 import pandas as pd
@@ -73,14 +75,37 @@ def read_only_engine(db: str) -> Engine:
 
 
 def run_query(engine: Engine, sql: str) -> pd.DataFrame:
-    """The rows of a read-only ``sql``, with nullable dtypes: an integer column that holds a NULL
-    (``nproc``, ``slowest_rank`` on plain runs) stays integer instead of turning into floats."""
+    """The rows of a read-only ``sql``, each column typed by the values the database returned
+    (:func:`typed_column`)."""
     sql = check_read_only(sql)
     try:
         with engine.connect() as conn:
-            return pd.read_sql_query(text(sql), conn, dtype_backend="numpy_nullable")
-    except (DBAPIError, pd.errors.DatabaseError) as exc:
+            result = conn.execute(text(sql))
+            keys, rows = list(result.keys()), result.fetchall()
+    except DBAPIError as exc:
         raise QueryError(f"the database refused the query ({first_line(exc)})") from None
+    raw = pd.DataFrame([tuple(r) for r in rows], columns=keys, dtype=object)
+    return pd.DataFrame({k: typed_column(raw.iloc[:, i]) for i, k in enumerate(keys)}, columns=keys)
+
+
+def typed_column(values: pd.Series) -> pd.Series:
+    """Integers stay integers next to a NULL (``nproc`` of a plain run: pandas alone would make it
+    2.0 and NaN), booleans stay booleans, other numbers become floats (NULL and a stored NaN both
+    print as NULL), timestamps datetimes; anything else
+    (text, JSON a PostgreSQL driver returns as dicts) keeps the driver's Python values."""
+    present = values[values.notna()]
+    kinds = {type(v) for v in present}
+    if not kinds:
+        return values
+    if kinds <= {int}:
+        return values.astype("Int64")
+    if kinds <= {bool}:
+        return values.astype("boolean")
+    if kinds <= {int, float, decimal.Decimal}:  # PostgreSQL's numeric (a literal 0.5, AVG) comes as Decimal
+        return values.astype("float64")
+    if all(isinstance(v, (datetime.datetime, datetime.date)) for v in present):
+        return pd.to_datetime(values)
+    return values
 
 
 def as_table(df: pd.DataFrame) -> str:
@@ -88,9 +113,7 @@ def as_table(df: pd.DataFrame) -> str:
     depending on the column's type); floats keep pandas' formatting."""
     shown = pd.DataFrame(
         {
-            col: s.astype("float64")
-            if pd.api.types.is_float_dtype(s.dtype)
-            else s.astype(object).where(s.notna(), "NULL")
+            col: s if pd.api.types.is_float_dtype(s.dtype) else s.astype(object).where(s.notna(), "NULL")
             for col, s in df.items()
         }
     )

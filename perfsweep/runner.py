@@ -555,7 +555,8 @@ def job_main(
         if isinstance(exc, PredictedOOM):  # a decision, not a crash: no traceback
             conn.send(("error", "skipped", str(exc), "", partial))
         elif (status := classify_error(exc)) == "interrupted":  # Ctrl-C: what stopped it, not where
-            conn.send(("error", status, f"interrupted ({type(exc).__name__}) {INTERRUPTED_TAIL}", "", partial))
+            what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__  # a rank's signal number
+            conn.send(("error", status, f"interrupted ({what}) {INTERRUPTED_TAIL}", "", partial))
         else:
             tb = traceback.format_exc(limit=8)
             conn.send(("error", status, f"{type(exc).__name__}: {exc}", tb, partial))

@@ -15,7 +15,7 @@ from sqlalchemy.engine import Engine, make_url
 from perfsweep import audit, configs, metrics, store
 from perfsweep.cli import first_line
 from perfsweep.configs import per_config, prepare_runs, setting_columns, value_text
-from perfsweep.names import DATA_BOUND_WAIT_FRACTION, GRID_AXES, NOISY_IQR_FRACTION, ON_OFF_AXES
+from perfsweep.names import DATA_BOUND_WAIT_FRACTION, GRID_AXES, NOISY_IQR_FRACTION, ON_OFF_AXES, SETTING_PREFIX
 from perfsweep.results import load_batch_searches, load_runs, search_label
 
 log = logging.getLogger(__name__)
@@ -274,7 +274,9 @@ def finish_sweep(url: str, sweep_dir: str, make_report: bool = True, status: str
         where = engine.url.render_as_string(hide_password=True)
         print(f"\nResults: {where} (sweep_id={sweep_id})")
         if engine.url.get_backend_name() == "sqlite":
-            axes = [a for a in configs.label_axes(df) if a in GRID_AXES] or ["amp", "ckpt"]  # what this sweep varied
+            # what this sweep varied, where runs has a column for it (nproc does; model.width does not)
+            varied = [a.removeprefix(SETTING_PREFIX) for a in configs.label_axes(df)]
+            axes = [a for a in varied if a in df.columns] or ["amp", "ckpt"]
             print(
                 f"Query:   sqlite3 {engine.url.database} 'select {', '.join(axes)}, "
                 f"{metrics.rate_unit(df['tokens_per_s'], df['samples_per_s'])}_per_s, peak_mem_bytes "

@@ -43,7 +43,6 @@ CASES = {
     "events_timing_without_cuda": (["timing=events"], "timing='events'"),
     "repeat_zero": (["repeat=0"], "repeat=0"),
     "seed_negative": (["seed=-1"], "seed=-1"),  # was blamed on data.synthetic_tokens (numpy's error)
-    "amp_not_bool": (["amp=maybe"], "amp=maybe"),
     "gpus_per_job_on_cpu": (["launcher.gpus_per_job=1", "device=cpu"], "launcher.gpus_per_job=1"),
     "lr_not_number": (["lr=fast"], "lr=fast"),
     "dropout_not_number": (["model.dropout=high"], "model.dropout='high'"),  # a preset's free-form args
@@ -65,15 +64,14 @@ HINTS = {  # what is allowed or what to do, beyond naming key and value
     "device_cuda_without_cuda": "device=cpu",
     "events_timing_without_cuda": "timing=sync",
     "repeat_zero": "positive integer",
-    "seed_negative": "from 0 to 2**32-1",
-    "amp_not_bool": "must be true or false",
+    "seed_negative": "from 0 to 2**64-1",
     "gpus_per_job_on_cpu": "the jobs run on CPU (device=cpu)",
     "lr_not_number": "must be a number",
     "dropout_not_number": "must be a number",
     "model_preset_typo": "did you mean model=tiny?",
     "data_preset_typo": "did you mean data=synthetic?",
     "data_shorter_than_a_batch": "fewer than one batch",
-    "not_a_bool": "not a valid bool",
+    "not_a_bool": "must be true or false",
     "db_file_read_only": "readonly",
     "db_folder_read_only": "writable",
     "key_typo": "did you mean batch?",
@@ -167,3 +165,14 @@ def test_a_mistyped_command_is_named_with_the_one_meant(tmp_path: Path):
     assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
     assert res.stderr.startswith("perfsweep: unknown command 'reprot'; did you mean 'report'?"), res.stderr
     assert not list(tmp_path.iterdir())  # nothing ran, nothing written
+
+
+@pytest.mark.parametrize("run_dir", [".", "{tmp}", "kept"])
+def test_a_refused_run_never_removes_the_launch_folder_or_a_folder_that_was_there(run_dir: str, tmp_path: Path):
+    """hydra.run.dir pointing at the launch folder (or at a folder of it that existed) holds the
+    user's files: the refusal leaves them (it removed the launch folder and its empty parent)."""
+    launch = tmp_path / "empty"
+    (launch / "kept").mkdir(parents=True)
+    res = run_perfsweep([*TINY, "seed=-1", f"hydra.run.dir={run_dir.format(tmp=launch)}"], launch)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "seed=-1" in res.stderr, res.stderr
+    assert (launch / "kept").is_dir()

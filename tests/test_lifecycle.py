@@ -211,3 +211,18 @@ def test_import_refuses_what_is_not_a_result(tmp_path: Path):
     (tmp_path / "result.json").write_text("{}")
     assert importer.main([str(tmp_path / "nothing")]) == 2
     assert importer.main([str(tmp_path), "--db", str(tmp_path / "r.db")]) == 2
+
+
+def test_a_second_ctrl_c_keeps_what_the_first_one_said_to_do():
+    """The second Ctrl-C (while the first unwinds: stopping jobs, printing the summary) carries the
+    first as its context; the last line still names the resume command, not 'before any job'."""
+    from perfsweep.__main__ import _hint
+
+    with pytest.raises(KeyboardInterrupt) as second:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as first:
+            first.perfsweep_hint = "finished jobs are in the database; run the rest with: perfsweep resume 1"
+            raise KeyboardInterrupt from None  # from None hides the traceback, the context stays
+    assert _hint(second.value) == "finished jobs are in the database; run the rest with: perfsweep resume 1"
+    assert _hint(KeyboardInterrupt()) is None

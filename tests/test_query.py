@@ -41,7 +41,9 @@ def db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     engine = store.connect(url)
     sid = store.get_or_create_sweep(engine, "/sweeps/q", "q")
     for batch in (4, 8):
-        store.save_run(engine, run_row(sid, batch=batch, model_name="it's; fine"))
+        store.save_run(
+            engine, run_row(sid, batch=batch, model_name="it's; fine", config_json={"batch": batch, "amp": True})
+        )
     engine.dispose()
     return url.removeprefix("sqlite:///")
 
@@ -110,6 +112,15 @@ def test_null_stays_null_and_integers_stay_integers(db, fmt, capsys):
             ["4", "NULL", "0.5"],
             ["8", "2", "NULL"],
         ]
+
+
+def test_json_columns_stay_json(db, capsys):
+    """runs.config_json comes back as a dict from PostgreSQL and as JSON text from SQLite; --format
+    json prints the same object either way (not Python's repr of it)."""
+    assert main(["SELECT config_json FROM runs WHERE batch = 4", "--db", db, "--format", "json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    value = row["config_json"]
+    assert (json.loads(value) if isinstance(value, str) else value) == {"batch": 4, "amp": True}
 
 
 def test_sqlite_file_is_untouched_by_a_query(tmp_path: Path):

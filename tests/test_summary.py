@@ -127,3 +127,16 @@ def test_a_resumed_config_shows_no_interruption_as_its_error(tmp_path: Path):
     a, b = (next(line for line in lines if line.split()[1] == amp) for amp in ("off", "on"))
     assert a.split()[-6:] == ["ok", "1,000", "100.0", "(2%,", "1%)", "-"], a  # no error column text
     assert b.split()[-3:] == ["1%)", "-", "boom"], b
+
+
+def test_the_query_hint_names_what_the_sweep_varied(tmp_path: Path, capsys):
+    engine, sid = _sweep(
+        tmp_path,
+        [
+            {"config_hash": "A", "config_json": {"nproc": None}},
+            {"config_hash": "B", "config_json": {"nproc": 2}, "nproc": 2},
+        ],
+    )
+    summary.finish_sweep(str(engine.url), str(tmp_path), make_report=False)
+    query = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("Query:"))
+    assert "'select nproc, tokens_per_s, peak_mem_bytes from runs where sweep_id=" in query, query
