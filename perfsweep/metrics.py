@@ -313,6 +313,14 @@ def iqr_fraction(step_time_ms_iqr: ArrayLike, step_time_ms_median: ArrayLike):
         return step_time_ms_iqr / step_time_ms_median
 
 
+def profiled_step_ratio(profiled_step_ms: ArrayLike, step_time_ms_median: ArrayLike) -> float:
+    """The largest profiled step (its stages' CPU time summed) over its run's measured median step:
+    how much the profiler's own cost inflated the breakdown's bars (NaN where nothing is known)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.asarray(profiled_step_ms, float) / np.asarray(step_time_ms_median, float)
+    return float(np.nanmax(ratio)) if np.isfinite(ratio).any() else float("nan")
+
+
 def noisy_iqr(step_time_ms_iqr: ArrayLike, step_time_ms_median: ArrayLike):
     """True where IQR / median step time exceeds :data:`NOISY_IQR_FRACTION`; False where unknown.
     Stored per run as ``runs.noisy``; this is the one place the rule is written."""

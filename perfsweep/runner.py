@@ -33,7 +33,6 @@ from perfsweep import data as data_mod
 from perfsweep import distributed, ledger, slots, task
 from perfsweep.config import AmpDtype, Device, PerfsweepConfig, to_run_config
 from perfsweep.envinfo import compute_dtype, environment, peak_flops
-from perfsweep.job_entry import redirect_output
 from perfsweep.memory import MemoryProbe, MemorySnapshot, free_bytes, persistent_bytes, step_alloc_peak_bytes
 from perfsweep.metrics import (
     StepRecord,
@@ -525,13 +524,11 @@ def job_main(
     conn: Any,
     cpus: list[int] | None = None,
 ) -> None:
-    """Entry point of the spawned job process; every outcome goes back through ``conn``.
-
-    The process's own stdout/stderr (C++ warnings, the profiler's start/stop lines) go to
-    ``job.log`` in the job folder, so the terminal shows only the launcher's progress. ``cpus``:
-    its launcher slot's cores (perfsweep.slots), pinned here; its GPUs came in its environment.
+    """The spawned job process's work, after perfsweep.job_entry has sent its stdout/stderr (C++
+    warnings, the profiler's start/stop lines) to ``job.log``; every outcome goes back through
+    ``conn``. ``cpus``: its launcher slot's cores (perfsweep.slots), pinned here; its GPUs came in
+    its environment.
     """
-    redirect_output(job_dir)  # done already when started by perfsweep.job_entry: harmless twice
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if cpus:
         os.sched_setaffinity(0, cpus)

@@ -247,7 +247,7 @@ def _profiler_overhead(frame: pd.DataFrame) -> str:
     """A warning when the profiled steps' CPU stages add up to well over the measured step: the
     profiler's own cost (recording shapes, FLOPs and memory per op, largest on CPU) is in them."""
     cpu = frame[[c for c in frame.columns if c.startswith("cpu_ms_")]].sum(axis=1)
-    ratio = (cpu / frame["step_time_ms_median"]).max()
+    ratio = metrics.profiled_step_ratio(cpu, frame["step_time_ms_median"])
     if not ratio > PROFILED_STEP_WARN_RATIO:
         return ""
     return (
