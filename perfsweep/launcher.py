@@ -262,7 +262,7 @@ def _run_in_child(
         # A job that reported is shutting down by itself (DataLoader workers, etc.): give it time.
         # After Ctrl-C the job got the same SIGINT from the terminal and is unwinding: a moment.
         reported = outcome is not None and outcome[0] != "timeout"
-        _stop(proc, grace_s=10 if reported else 0 if outcome is not None else 2)
+        signalled = _stop(proc, grace_s=10 if reported else 0 if outcome is not None else 2)
         parent_conn.close()
     if outcome is None:
         code = proc.exitcode
@@ -270,8 +270,10 @@ def _run_in_child(
         # while starting) before the sweep, unwinding, sets cancel: a short wait tells the two apart
         if cancel is not None and cancel.wait(timeout=CANCEL_GRACE_S):
             raise JobCancelled("the sweep was stopped")
-        if code == -signal.SIGINT:  # Ctrl-C reached the job before it could report (say, while importing torch)
+        if code == -signal.SIGINT and not signalled:  # Ctrl-C reached the job before it could report
             outcome = ("interrupted", f"interrupted (SIGINT) {INTERRUPTED_TAIL}", {})
+        elif signalled:
+            outcome = ("failed", "job process stopped reporting without a result and was stopped by perfsweep", {})
         elif code is not None and code < 0:
             name = signal.Signals(-code).name
             hint = " (SIGKILL often means the kernel's OOM killer; check dmesg)" if -code == signal.SIGKILL else ""
@@ -354,23 +356,25 @@ def job_free_bytes(cfg: PerfsweepConfig) -> tuple[str | None, int | None]:
         return None, None
 
 
-def _stop(proc: Any, grace_s: float) -> None:
+def _stop(proc: Any, grace_s: float) -> bool:
     """Wait up to ``grace_s`` for the process to exit; then SIGINT, SIGTERM, SIGKILL in turn.
+    True if it had to be signalled (so a death by SIGINT was perfsweep's doing, not Ctrl-C's).
 
     SIGINT first: the job unwinds as from Ctrl-C, so its DataLoader shuts its workers down and
     their semaphores are released; a plain SIGTERM left them behind and Python's resource
     tracker warned about "leaked semaphore objects" at exit.
     """
     proc.join(timeout=grace_s)
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for i, sig in enumerate((signal.SIGINT, signal.SIGTERM)):
         if not proc.is_alive():
-            return
+            return i > 0
         with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, sig)
         proc.join(timeout=5)
     if proc.is_alive():
         proc.kill()
         proc.join()
+    return True
 
 
 def sweep_fields(spec: JobSpec) -> dict[str, Any]:

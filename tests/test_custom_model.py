@@ -111,6 +111,17 @@ def own_batches(seq_len):
 
 def one_pass(seq_len):
     return (Pairs(seq_len)[i] for i in range(3))
+
+
+def dies_in_the_job(vocab_size):
+    """Trains in the sweep's checks; in the job process, exits at its first step without a word."""
+    import multiprocessing
+    import os
+
+    model = TinyLM(vocab_size, 16, 1)
+    if multiprocessing.current_process().name.startswith("perfsweep-job"):
+        model.forward = lambda *args, **kwargs: os._exit(3)
+    return model
 '''
 
 DATA = ["data=synthetic", "data.synthetic_vocab=512", "data.synthetic_tokens=20000"]
@@ -445,3 +456,12 @@ def test_the_console_script_imports_from_the_launch_directory(user_dir: Path) ->
         timeout=300,
     )
     assert res.returncode == 2 and "returned dict, expected a torch.nn.Module" in res.stderr, res.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_job_that_dies_without_a_word_is_failed_with_its_exit_code(user_dir: Path) -> None:
+    """Not interrupted (nobody pressed Ctrl-C), not stopped by perfsweep: the exit code is the news."""
+    res = run_perfsweep(["model=custom", "model._target_=usermodels.dies_in_the_job", *DATA, *FAST], user_dir)
+    assert res.returncode == 1, res.stderr[-3000:]
+    (run,) = sqlite_rows(user_dir / "results.db", "SELECT status, error FROM runs")
+    assert run == {"status": "failed", "error": "job process exited with code 3 without reporting a result"}
