@@ -51,7 +51,8 @@ REPEATS = f"; the repeats' tokens/s disagree (IQR/median > {NOISY_IQR_FRACTION:.
 INTERVALS = (
     "Speedup intervals are 95% bootstrap intervals: over repeats when both sides have more than one run, otherwise "
     "over the measured steps, resampled in blocks of n^(1/3) steps so autocorrelated steps do not fake precision; an "
-    'interval that contains 1 is reported as "no measurable difference".'
+    'interval that contains 1 is reported as "no measurable difference". With fewer than about 5 repeats a side the '
+    "interval over repeats cannot reach past the runs' own range, so it understates the spread."
 )
 """How the stored intervals are computed (:func:`perfsweep.metrics.speedups`), in README.md's words."""
 
