@@ -84,8 +84,9 @@ def run_query(engine: Engine, sql: str) -> pd.DataFrame:
             keys, rows = list(result.keys()), result.fetchall()
     except DBAPIError as exc:
         raise QueryError(f"the database refused the query ({first_line(exc)})") from None
-    raw = pd.DataFrame([tuple(r) for r in rows], columns=keys, dtype=object)
-    return pd.DataFrame({k: typed_column(raw.iloc[:, i]) for i, k in enumerate(keys)}, columns=keys)
+    raw = pd.DataFrame([tuple(r) for r in rows], columns=range(len(keys)), dtype=object)
+    typed = pd.concat([typed_column(raw[i]) for i in range(len(keys))], axis=1) if keys else raw
+    return typed.set_axis(keys, axis=1)  # by position: a join may name two columns alike (a.phase, b.phase)
 
 
 def typed_column(values: pd.Series) -> pd.Series:
@@ -111,13 +112,11 @@ def typed_column(values: pd.Series) -> pd.Series:
 def as_table(df: pd.DataFrame) -> str:
     """The rows as aligned text, NULL written as NULL (pandas would print NaN, <NA> or None,
     depending on the column's type); floats keep pandas' formatting."""
-    shown = pd.DataFrame(
-        {
-            col: s if pd.api.types.is_float_dtype(s.dtype) else s.astype(object).where(s.notna(), "NULL")
-            for col, s in df.items()
-        }
+    cols = [df.iloc[:, i] for i in range(df.shape[1])]  # by position: two columns may share a name
+    shown = pd.concat(
+        [s if pd.api.types.is_float_dtype(s.dtype) else s.astype(object).where(s.notna(), "NULL") for s in cols], axis=1
     )
-    return shown.to_string(index=False, na_rep="NULL")
+    return shown.set_axis(df.columns, axis=1).to_string(index=False, na_rep="NULL")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,6 +140,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.format == "csv":
         df.to_csv(sys.stdout, index=False)
     elif args.format == "json":
+        if (twice := df.columns[df.columns.duplicated()]).any():
+            print(
+                f"perfsweep query: --format json needs one name per column; {twice[0]!r} names two: "
+                "rename one with AS (e.g. b.phase AS phase_b)",
+                file=sys.stderr,
+            )
+            return 2
         print(df.to_json(orient="records", indent=2))
     else:
         print(as_table(df) if len(df) else f"(no rows; columns: {', '.join(df.columns)})")

@@ -232,3 +232,17 @@ def test_output_piped_into_head_ends_quietly(tmp_path: Path):
     proc.stdout.close()  # what head does after its line
     err = proc.stderr.read()
     assert proc.wait(timeout=60) == 1 and err == "", err
+
+
+@pytest.mark.parametrize("fmt", ["table", "csv", "json"])
+def test_two_columns_of_one_name_keep_their_own_values(db, fmt, capsys):
+    """A join names two columns alike (a.phase, b.phase): each keeps its value; JSON, whose keys
+    must differ, says to rename one instead of raising."""
+    code = main(["SELECT a.batch, b.batch FROM runs a JOIN runs b ON a.batch < b.batch", "--db", db, "--format", fmt])
+    out, err = capsys.readouterr()
+    if fmt == "json":
+        assert code == 2 and out == "" and "'batch' names two: rename one with AS" in err, err
+    elif fmt == "csv":
+        assert code == 0 and out.splitlines() == ["batch,batch", "4,8"]
+    else:
+        assert code == 0 and [line.split() for line in out.splitlines()] == [["batch", "batch"], ["4", "8"]]
