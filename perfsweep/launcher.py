@@ -399,7 +399,11 @@ def run_job(
     """
     cfg = spec.cfg
     url = db_url(cfg, spec.launch_dir)
-    engine = store.connect(url)
+    try:
+        engine = store.connect(url)
+    except Exception as exc:  # noqa: BLE001 - the database went away mid-sweep: the job still runs
+        log.warning("cannot open %s (%s); the job runs and keeps its result in its folder", url, first_line(exc))
+        engine = store.make_engine(url)  # connects only when used: every write fails over to result.json
     fields_of_sweep = sweep_fields(spec)
     sweep_id = cfg.sweep.id  # reserved by the sweeper; a single run finds or creates its row
     if sweep_id is None:

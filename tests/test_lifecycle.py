@@ -226,3 +226,26 @@ def test_a_second_ctrl_c_keeps_what_the_first_one_said_to_do():
             raise KeyboardInterrupt from None  # from None hides the traceback, the context stays
     assert _hint(second.value) == "finished jobs are in the database; run the rest with: perfsweep resume 1"
     assert _hint(KeyboardInterrupt()) is None
+
+
+def test_a_job_starting_while_the_database_is_down_runs_and_keeps_its_result(tmp_path: Path):
+    """The server went away between two jobs of a sweep: the next job still trains, and its
+    result waits in its folder for perfsweep import (it was an exception before any training:
+    the grid point was silently missing)."""
+    from perfsweep import launcher
+    from perfsweep.config import DataConfig, DataKind, DbConfig, ModelConfig, PerfsweepConfig, SweepContext
+
+    cfg = PerfsweepConfig(
+        model=ModelConfig(name="tiny", args=dict(n_layers=1, n_heads=2, d_model=32, d_ff=64, max_seq_len=64)),
+        data=DataConfig(name="syn", kind=DataKind.synthetic, synthetic_vocab=64, synthetic_tokens=5000),
+        batch=2,
+        seq_len=16,
+        device="cpu",
+        db=DbConfig(url="postgresql+psycopg2://perfsweep@127.0.0.1:1/gone"),  # nothing listens on port 1
+        sweep=SweepContext(n_jobs=2, id=7),
+    )
+    spec = launcher.JobSpec(cfg, tmp_path / "job", tmp_path, str(tmp_path), "s", ["batch=2"], job_num=1)
+    run_id, status = launcher.run_job(spec)
+    assert (run_id, status) == (None, "ok")
+    kept = json.loads((tmp_path / "job" / "result.json").read_text())
+    assert kept["run"]["status"] == "ok" and kept["run"]["tokens_per_s"] > 0 and kept["run"]["job_num"] == 1
