@@ -857,6 +857,8 @@ def test_cli_compare_by_name(engine: Any, tmp_path: Path, capsys: pytest.Capture
         ),
         (["--baseline", "batch=3"], "--baseline batch=3: no ok run matches batch=3"),
         (["--vs", "1"], "--vs 1: is the same sweep as --sweep (1)"),
+        (["--vs", "1", "--top", "3"], "--top does not apply with --vs (each config is compared with its own twin)"),
+        (["--vs", "1", "--baseline", "amp=false"], "--baseline does not apply with --vs"),
     ],
 )
 def test_cli_errors(engine: Any, tmp_path: Path, capsys: pytest.CaptureFixture, args: list[str], message: str) -> None:

@@ -67,6 +67,9 @@ def _run(engine: Engine, args: argparse.Namespace, baseline: dict | None) -> str
         return f"Report: {build_report(engine, list(dict.fromkeys(sweeps)), args.out, **options) / 'report.md'}"
     if len(sweeps) > 1:
         raise UserError(f"--vs {args.vs}: give exactly one --sweep to compare (got {len(sweeps)})")
+    if baseline is not None or args.top != TOP_BARS:  # a comparison pairs each config with its twin in the other sweep
+        given = "--baseline" if baseline is not None else "--top"
+        raise UserError(f"{given} does not apply with --vs (each config is compared with its own twin); drop it")
     if sweeps[0] == (b := resolve_sweep(engine, args.vs, "--vs")):
         raise UserError(f"--vs {args.vs}: is the same sweep as --sweep ({b})")
     return f"Compare: {build_compare(engine, sweeps[0], b, out_dir=args.out, where=args.where) / 'compare.md'}"
