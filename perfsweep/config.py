@@ -227,6 +227,8 @@ class GPTConfig:
         # the preset's args are a free-form dict (a custom model's keys share it), so Hydra does not type them
         kinds = {"int": (int, "an integer"), "float": ((int, float), "a number"), "bool": (bool, "true or false")}
         for f in dataclasses.fields(self):
+            if str(f.type) not in kinds:
+                continue
             kind, allowed = kinds[str(f.type)]
             value = getattr(self, f.name)
             ok = isinstance(value, kind) and (f.type == "bool" or not isinstance(value, bool))

@@ -32,8 +32,9 @@ def prepare_runs(runs: pd.DataFrame) -> pd.DataFrame:
     SQLite hands booleans back as 0/1 integers and PostgreSQL as bools; both become bool. A
     column that is NULL in every run loads as object and becomes float, so it plots as empty.
     ``throughput_per_s_lo``/``_hi`` (:func:`metrics.throughput_range`) show how steady a run's
-    measured steps were; a step holds ``global_batch`` samples (all ranks of a data-parallel job). ``throughput_per_s`` is the headline every chart and table ranks by:
-    ``tokens_per_s``, or ``samples_per_s`` where the runs count samples only (:func:`metrics.rate_unit`).
+    measured steps were; a step holds ``global_batch`` samples (all ranks of a data-parallel job).
+    ``throughput_per_s`` is the headline every chart and table ranks by: ``tokens_per_s``, or
+    ``samples_per_s`` where the runs count samples only (:func:`metrics.rate_unit`).
     """
     empty = {c: float for c in runs.columns if runs[c].dtype == object and runs[c].isna().all()}
     df = runs.astype(dict.fromkeys(ON_OFF_AXES, bool) | empty).sort_values(["sweep_id", "job_num", "id"], kind="stable")
