@@ -32,7 +32,7 @@ def prepare_runs(runs: pd.DataFrame) -> pd.DataFrame:
     SQLite hands booleans back as 0/1 integers and PostgreSQL as bools; both become bool. A
     column that is NULL in every run loads as object and becomes float, so it plots as empty.
     ``throughput_per_s_lo``/``_hi`` (:func:`metrics.throughput_range`) show how steady a run's
-    measured steps were; a step holds ``global_batch`` samples (all ranks of a data-parallel job).
+    measured steps were, around its headline.
     ``throughput_per_s`` is the headline every chart and table ranks by: ``tokens_per_s``, or
     ``samples_per_s`` where the runs count samples only (:func:`metrics.rate_unit`).
     """
@@ -40,10 +40,10 @@ def prepare_runs(runs: pd.DataFrame) -> pd.DataFrame:
     df = runs.astype(dict.fromkeys(ON_OFF_AXES, bool) | empty).sort_values(["sweep_id", "job_num", "id"], kind="stable")
     df = df.copy()  # one block per dtype: added columns do not fragment it
     unit = metrics.rate_unit(df["tokens_per_s"], df["samples_per_s"])
-    batch = df["global_batch"].fillna(df["batch"]) if "global_batch" in df else df["batch"]  # all ranks' samples
-    per_step = batch * df["seq_len"] if unit == "tokens" else batch
-    lo, hi = metrics.throughput_range(per_step, df["step_time_ms_p10"], df["step_time_ms_p90"])
-    df["throughput_per_s"] = df[f"{unit}_per_s"]
+    df["throughput_per_s"] = df[f"{unit}_per_s"]  # a data-parallel job's: all ranks' samples
+    lo, hi = metrics.throughput_range(
+        df["throughput_per_s"], df["step_time_ms_median"], df["step_time_ms_p10"], df["step_time_ms_p90"]
+    )
     ok = (df["status"] == "ok") & df["throughput_per_s"].notna()
     df = df.assign(throughput_per_s_lo=lo, throughput_per_s_hi=hi, ok=ok).reset_index(drop=True)
     return df.assign(label=config_labels(df, label_axes(df)))

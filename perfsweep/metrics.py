@@ -300,11 +300,21 @@ def rate_unit(tokens_per_s: ArrayLike, samples_per_s: ArrayLike) -> str:
     return "samples" if np.isnan(tokens).all() and not np.isnan(samples).all() else "tokens"
 
 
-def throughput_range(tokens_per_step: ArrayLike, step_time_ms_p10: ArrayLike, step_time_ms_p90: ArrayLike):
-    """(``tokens_per_s_lo``, ``tokens_per_s_hi``): the throughput at the p90 and at the p10 step
-    time, i.e. how steady the measured steps were (not a standard error)."""
+def throughput_range(
+    throughput_per_s: ArrayLike,
+    step_time_ms_median: ArrayLike,
+    step_time_ms_p10: ArrayLike,
+    step_time_ms_p90: ArrayLike,
+):
+    """(``_lo``, ``_hi``): the run's throughput as it would be at its p90 and at its p10 step time,
+    i.e. how steady the measured steps were (not a standard error). Scaled from the headline (the
+    measured window's tokens over its wall time), so the range always holds it: taken from tokens
+    per step over the step times alone, the time between steps put the headline below its range."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        return tokens_per_step * 1000.0 / step_time_ms_p90, tokens_per_step * 1000.0 / step_time_ms_p10
+        return (
+            throughput_per_s * step_time_ms_median / step_time_ms_p90,
+            throughput_per_s * step_time_ms_median / step_time_ms_p10,
+        )
 
 
 def iqr_fraction(step_time_ms_iqr: ArrayLike, step_time_ms_median: ArrayLike):

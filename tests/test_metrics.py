@@ -144,8 +144,10 @@ def test_display_figures_are_vectorised_and_honest_about_missing_values():
     assert list(flags.index) == [7, 8, 9, 10]  # aligned with the runs it flags
     assert flags.tolist() == [True, False, False, False]  # 16% > 10%; 4% is not; unknown is not noisy
 
-    lo, hi = metrics.throughput_range(pd.Series([512]), pd.Series([100.0]), pd.Series([200.0]))
-    assert (lo.iloc[0], hi.iloc[0]) == (2560.0, 5120.0)  # 512 tokens in 0.2 s and in 0.1 s
+    # 3,000 tokens/s over the window's wall time, median step 150 ms, p10 100 ms, p90 200 ms: the
+    # range scales the headline (not tokens per step over the step times), so it always holds it
+    lo, hi = metrics.throughput_range(pd.Series([3000.0]), pd.Series([150.0]), pd.Series([100.0]), pd.Series([200.0]))
+    assert (lo.iloc[0], hi.iloc[0]) == (2250.0, 4500.0)
 
     assert metrics.speedup(pd.Series([300.0, 150.0]), 150.0).tolist() == [2.0, 1.0]
     assert metrics.speedup(pd.Series([300.0]), None).isna().all()  # no baseline: no speedup
