@@ -15,6 +15,7 @@ Order inside a job::
 from __future__ import annotations
 
 import contextlib
+import gc
 import itertools
 import logging
 import os
@@ -31,6 +32,7 @@ import torch
 from perfsweep import compile as compile_mod
 from perfsweep import data as data_mod
 from perfsweep import distributed, ledger, slots, task
+from perfsweep.cli import first_line
 from perfsweep.config import AmpDtype, Device, PerfsweepConfig, to_run_config
 from perfsweep.envinfo import compute_dtype, environment, peak_flops
 from perfsweep.memory import MemoryProbe, MemorySnapshot, free_bytes, persistent_bytes, step_alloc_peak_bytes
@@ -400,16 +402,16 @@ def _train(
             run_step("profile")
     elif cfg.profile.enabled:
         trainer.labelled = True  # the profiler splits steps by these ranges
-        with ProfiledWindow(cfg.profile, device, job_dir, label) as window:
-            for _ in range(window.steps_needed):
-                run_step("profile")
-                window.step()
-        stages, ops, artifacts = window.result.stages, window.result.ops, window.result.artifacts
-        kernels = window.result.kernels
-        if distributed.active():
-            result["allreduce_ms_per_step"] = window.result.collective_ms
-        verdict = bottleneck_verdict(window.result.gpu_busy_ms, summary.step_time_ms_median, summary.data_wait_fraction)
-        result.update(verdict.row())
+        window = profiled_window(cfg, device, job_dir, label, run_step, result)
+        if window is not None:
+            stages, ops, artifacts = window.result.stages, window.result.ops, window.result.artifacts
+            kernels = window.result.kernels
+            if distributed.active():
+                result["allreduce_ms_per_step"] = window.result.collective_ms
+            verdict = bottleneck_verdict(
+                window.result.gpu_busy_ms, summary.step_time_ms_median, summary.data_wait_fraction
+            )
+            result.update(verdict.row())
     if snapshot is not None:
         path = snapshot.dump()
         result["memory_snapshot_path"] = str(path)
@@ -451,6 +453,42 @@ def progress_to(conn: Any) -> Progress:
         conn.send(("progress", phase, step, total, ms, loss))
 
     return progress
+
+
+def profiled_window(
+    cfg: PerfsweepConfig,
+    device: torch.device,
+    job_dir: Path,
+    label: str,
+    run_step: Callable[[str], None],
+    result: dict[str, Any],
+) -> ProfiledWindow | None:
+    """Run the profiled steps; None, with ``result["profile_error"]`` saying why, when they ran
+    out of memory. The window comes after the measured steps, and the profiler's own buffers (host
+    memory under ``job_memory_limit_mib``) are what tip it over: a batch that trained its measured
+    steps fits, and storing it ``oom`` made ``batch=max``'s answer depend on the profiler (52
+    with it, 87 without, on the search in docs/benchmarks.md). A data-parallel job still fails:
+    its other ranks are inside an allreduce that this rank would never join."""
+    try:
+        with ProfiledWindow(cfg.profile, device, job_dir, label) as window:
+            for _ in range(window.steps_needed):
+                run_step("profile")
+                window.step()
+        return window
+    except Exception as exc:  # noqa: BLE001 - anything but an allocator failure is re-raised
+        if distributed.active() or not task.is_oom(exc):
+            raise
+        result["profile_error"] = (
+            f"not profiled: the profiled window ran out of memory after the measured steps "
+            f"({type(exc).__name__}: {first_line(str(exc), 120)}); the run's figures come from the "
+            "unprofiled steps. profile.record_shapes=false, profile.profile_memory=false or "
+            "profile.active=1 make the profiler smaller"
+        )
+        log.warning("%s", result["profile_error"])
+    gc.collect()  # the failed step's tensors went with the exception's frames; hand their memory back
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return None
 
 
 def classify_error(exc: BaseException) -> str:

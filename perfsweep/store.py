@@ -268,6 +268,10 @@ class Run(Base):
     gpu_busy_fraction: Mapped[float | None] = mapped_column(Float)
     bottleneck: Mapped[str | None] = mapped_column(String(8), index=True)
     bottleneck_rule: Mapped[str | None] = mapped_column(String(200))
+    profile_error: Mapped[str | None] = mapped_column(Text)
+    """Why an ``ok`` run has no stages, kernels or ops: its profiled window, which runs after the
+    measured steps, ran out of memory (the profiler's own buffers). The run's figures stand: they
+    come from the unprofiled steps. Null when the window ran, or was not asked for."""
     # memory (measured window; see runner.memory for how each is taken)
     peak_mem_bytes: Mapped[int | None] = mapped_column(BigInteger)
     peak_allocated_bytes: Mapped[int | None] = mapped_column(BigInteger)

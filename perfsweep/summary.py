@@ -198,6 +198,7 @@ def format_summary(runs: pd.DataFrame) -> str:
     # an interruption says nothing about a config that has since run ok (perfsweep resume): not its error
     resumed = runs["status"].eq("interrupted") & runs["ok"].groupby(key).transform("any")
     errors = runs["error"].where(runs["error"].map(lambda e: isinstance(e, str) and bool(e.strip())) & ~resumed)
+    errors = errors.astype(object).fillna(runs["profile_error"].astype(object))  # an ok run without stages says why
     first_error = errors.groupby(key, sort=False).first()
     out["error"] = per["config_hash"].fillna(per["id"].astype(str)).map(first_error).map(lambda e: first_line(e, 70))
     text = out.to_string(index=False)

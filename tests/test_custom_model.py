@@ -122,6 +122,26 @@ def dies_in_the_job(vocab_size):
     if multiprocessing.current_process().name.startswith("perfsweep-job"):
         model.forward = lambda *args, **kwargs: os._exit(3)
     return model
+
+
+class ProfilerHungry(TinyLM):
+    """Trains, then runs out of memory in the profiled window: a CPU job profiles one step for its
+    memory figure, then the window; the second profiled forward asks the allocator for a petabyte."""
+
+    def __init__(self, vocab_size):
+        super().__init__(vocab_size, 16, 1)
+        self.profiled_forwards = 0
+
+    def forward(self, idx, targets):
+        if torch.autograd.profiler._is_profiler_enabled:
+            self.profiled_forwards += 1
+            if self.profiled_forwards > 1:
+                torch.empty(2**50, dtype=torch.uint8)
+        return super().forward(idx, targets)
+
+
+def profiler_hungry(vocab_size):
+    return ProfilerHungry(vocab_size)
 '''
 
 DATA = ["data=synthetic", "data.synthetic_vocab=512", "data.synthetic_tokens=20000"]
@@ -465,3 +485,26 @@ def test_a_job_that_dies_without_a_word_is_failed_with_its_exit_code(user_dir: P
     assert res.returncode == 1, res.stderr[-3000:]
     (run,) = sqlite_rows(user_dir / "results.db", "SELECT status, error FROM runs")
     assert run == {"status": "failed", "error": "job process exited with code 3 without reporting a result"}
+
+
+def test_an_oom_in_the_profiled_window_keeps_the_run_ok_without_a_profile(user_dir: Path) -> None:
+    """The window runs after the measured steps: a run that trained them fits, whatever the
+    profiler's own memory; batch=max's answer must not depend on profile.enabled."""
+    res = run_perfsweep(
+        ["-m", "model=custom", "model._target_=usermodels.profiler_hungry", *DATA, "batch=4", "seq_len=16"]
+        + [o for o in FAST if o != "report=false"],
+        user_dir,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    (run,) = sqlite_rows(user_dir / "results.db", "SELECT * FROM runs")
+    assert run["status"] == "ok" and run["error"] is None and run["tokens_per_s"] > 0
+    assert run["profile_error"].startswith("not profiled: the profiled window ran out of memory after the measured")
+    assert "DefaultCPUAllocator" in run["profile_error"] and "profile.record_shapes=false" in run["profile_error"]
+    assert run["peak_allocated_bytes"] > 0  # the memory step ran before the window
+    for table in ("stages", "ops", "kernels"):
+        assert sqlite_rows(user_dir / "results.db", f"SELECT * FROM {table}") == []
+    phases = sqlite_rows(user_dir / "results.db", "SELECT phase, COUNT(*) AS n FROM steps GROUP BY phase")
+    assert {p["phase"]: p["n"] for p in phases} == {"warmup": 1, "measure": 3, "memory": 1}
+    assert "not profiled: the profiled window ran out of memory" in res.stdout
+    md = next(user_dir.glob("multirun/*/*/report/report.md")).read_text()
+    assert "not profiled: its profiled window ran out of memory" in md

@@ -220,6 +220,7 @@ def full_result(sweep_id: int, job_num: int = 3) -> dict[str, Any]:
         "gpu_busy_fraction": 0.3562836,
         "bottleneck": "host",
         "bottleneck_rule": "data if data_wait_fraction > 0.1; else gpu if gpu_busy_fraction >= 0.7; else host",
+        "profile_error": "not profiled: the profiled window ran out of memory after the measured steps",
         "peak_mem_bytes": 79 * GiB + 123_457,  # > 2**31 (and > 2**32)
         "peak_allocated_bytes": 71 * GiB + 1,
         "peak_reserved_bytes": 78 * GiB,

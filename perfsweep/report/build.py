@@ -398,13 +398,18 @@ def build_report(engine: Engine, sweep_ids: list[int], out_dir: Path | None = No
 
 
 def _note(r: Any) -> str:
-    """Why a config did not finish, or why its timings are noisy: a run's stored flag, or repeats that disagree."""
-    if r.status != "ok" or not r.noisy:
-        return first_line(r.error, 70) if r.status != "ok" else ""
-    if r.runs == 1:
-        return f"noisy ({NOISE_RULE}): IQR {r.step_time_ms_iqr:,.1f} ms, median {r.step_time_ms_median:,.1f} ms"
-    steps = f"noisy ({NOISE_RULE}) in {r.noisy_runs} of {r.ok_runs} runs" if r.noisy_runs else ""
-    return (steps + (REPEATS if r.repeats_disagree else "")).removeprefix("; ")
+    """Why a config did not finish, why its timings are noisy (a run's stored flag, or repeats
+    that disagree), and why it has no profile (runs.profile_error)."""
+    if r.status != "ok":
+        return first_line(r.error, 70)
+    noisy = ""
+    if r.noisy and r.runs == 1:
+        noisy = f"noisy ({NOISE_RULE}): IQR {r.step_time_ms_iqr:,.1f} ms, median {r.step_time_ms_median:,.1f} ms"
+    elif r.noisy:
+        steps = f"noisy ({NOISE_RULE}) in {r.noisy_runs} of {r.ok_runs} runs" if r.noisy_runs else ""
+        noisy = (steps + (REPEATS if r.repeats_disagree else "")).removeprefix("; ")
+    unprofiled = "not profiled: its profiled window ran out of memory" if isinstance(r.profile_error, str) else ""
+    return "; ".join(t for t in (noisy, unprofiled) if t)
 
 
 def results_table(configs: pd.DataFrame, limit: int = TOP_TABLE) -> tuple[str, str]:
