@@ -462,7 +462,7 @@ def run_job(
         )
         if run_id is not None:
             try:
-                with _second_ctrl_c_waits():
+                with ctrl_c_held():
                     store.save_run(
                         engine,
                         {
@@ -565,13 +565,21 @@ def launch(spec: JobSpec) -> Any:
 
 
 @contextlib.contextmanager
-def _second_ctrl_c_waits() -> Iterator[None]:
-    """A second Ctrl-C during this short write is held until it is done, then raised."""
+def ctrl_c_held(note: str | None = None) -> Iterator[None]:
+    """A Ctrl-C during this bookkeeping is held until it is done, then raised; ``note`` is printed
+    when one arrives, so a user who presses it again knows why nothing stopped at once. A second
+    Ctrl-C that cut the bookkeeping short left jobs ``running`` in the database, and the sweep too."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     pending: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, _frame: pending.append(signum))
+
+    def hold(signum: int, _frame: Any) -> None:
+        if note and not pending:
+            print(note, file=sys.stderr, flush=True)
+        pending.append(signum)
+
+    previous = signal.signal(signal.SIGINT, hold)
     try:
         yield
     finally:

@@ -248,6 +248,21 @@ def concurrency_note(engine: Engine, sweep_id: int) -> str:
         return configs.concurrency_note(sweep.parallel, sweep.hydra_launcher) if sweep is not None else ""
 
 
+def mark_sweep(url: str, sweep_dir: str, status: str) -> None:
+    """Store the sweep's end (done or interrupted) without the summary's work; a failure to
+    write is printed, never raised over the jobs' own outcome (the next command finds the sweep
+    dead from its heartbeat)."""
+    try:
+        engine = store.connect(url)
+        try:
+            if (sweep_id := sweep_id_for(engine, sweep_dir)) is not None:
+                store.end_sweep(engine, sweep_id, status)
+        finally:
+            engine.dispose()
+    except Exception as exc:  # noqa: BLE001
+        print(f"perfsweep: could not mark the sweep {status} in {url}: {first_line(exc)}", file=sys.stderr)
+
+
 def finish_sweep(url: str, sweep_dir: str, make_report: bool = True, status: str = "done") -> None:
     """Mark the sweep at ``sweep_dir`` ``status`` (done or interrupted), print its summary from the
     database, then build its report."""
