@@ -260,9 +260,12 @@ def _run_in_child(
     finally:
         decided = utcnow()  # a timeout's stored duration ends at the deadline, not after the kill
         # A job that reported is shutting down by itself (DataLoader workers, etc.): give it time.
-        # After Ctrl-C the job got the same SIGINT from the terminal and is unwinding: a moment.
+        # After Ctrl-C the job got the same SIGINT from the terminal: if it reports within a moment
+        # it is unwinding, and a second SIGINT now would cut its DataLoader's shutdown short.
         reported = outcome is not None and outcome[0] != "timeout"
-        signalled = _stop(proc, grace_s=10 if reported else 0 if outcome is not None else 2)
+        if outcome is None:
+            reported = _reports_within(parent_conn, proc, UNWIND_REPORT_S)
+        signalled = _stop(proc, grace_s=10 if reported else 0)
         parent_conn.close()
     if outcome is None:
         code = proc.exitcode
@@ -354,6 +357,27 @@ def job_free_bytes(cfg: PerfsweepConfig) -> tuple[str | None, int | None]:
     except Exception as exc:  # noqa: BLE001 - without a prediction the search starts at batch 1
         log.warning("could not read the memory free to a job (%s); the batch search starts at 1", exc)
         return None, None
+
+
+UNWIND_REPORT_S = 2.0
+"""After Ctrl-C, how long a job has to say it caught the signal (its ``interrupted`` report)
+before perfsweep signals it itself."""
+
+
+def _reports_within(conn: Any, proc: Any, seconds: float) -> bool:
+    """Whether the job reports its end (an error or a result: the sweep was stopped, so which no
+    longer matters) within ``seconds``; progress lines do not count, a job still training sends
+    them. False as soon as it exits without a word."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            if conn.poll(min(left, 0.1)) and conn.recv()[0] in ("error", "result"):
+                return True
+        except (EOFError, OSError):
+            return False
+        if not proc.is_alive():
+            return False
+    return False
 
 
 def _stop(proc: Any, grace_s: float) -> bool:
