@@ -147,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
-        print(df.to_json(orient="records", indent=2))
+        # timestamps as ISO 8601 text, as SQLite stores them (pandas' default is epoch milliseconds)
+        print(df.to_json(orient="records", indent=2, date_format="iso", date_unit="us"))
     else:
         print(as_table(df) if len(df) else f"(no rows; columns: {', '.join(df.columns)})")
     return 0

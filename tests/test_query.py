@@ -6,6 +6,7 @@ import hashlib
 import json
 import subprocess
 import sys
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -112,6 +113,15 @@ def test_null_stays_null_and_integers_stay_integers(db, fmt, capsys):
             ["4", "NULL", "0.5"],
             ["8", "2", "NULL"],
         ]
+
+
+def test_timestamps_print_as_iso_text_from_either_database(db, capsys):
+    """SQLite hands back its stored text, PostgreSQL a datetime: --format json prints both as ISO
+    8601 (pandas' default wrote PostgreSQL's as epoch milliseconds)."""
+    assert main(["SELECT created_at FROM sweeps", "--db", db, "--format", "json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    when = datetime.fromisoformat(row["created_at"])
+    assert abs(when.replace(tzinfo=None) - datetime.now(timezone.utc).replace(tzinfo=None)) < timedelta(minutes=5)
 
 
 def test_json_columns_stay_json(db, capsys):
