@@ -884,3 +884,29 @@ def test_sweep_where_nothing_finished_still_gets_a_report(engine: Any, tmp_path:
     md = (out / "report.md").read_text()
     assert "- `throughput.png` (Throughput): no run finished ok." in md
     assert "| off | oom |" in md and "| on | timeout |" in md
+
+
+def test_numerics_table_names_a_twin_by_its_config_whichever_repeat_it_is(engine: Any, tmp_path: Path) -> None:
+    """amp=off ran twice; the audit paired amp=on with the repeat the report does not draw. The
+    twin is still named by its config, as every other cell of the table is, not as "run 2"."""
+    from perfsweep.report.build import numerics_md
+
+    sid = new_sweep(engine, tmp_path / "sw")
+    off = [store.save_run(engine, run_row(sid, j, [100.0] * 3, config_hash="off", repeat_index=j)) for j in (0, 1)]
+    store.save_run(
+        engine,
+        run_row(
+            sid,
+            2,
+            [50.0] * 3,
+            amp=True,
+            config_hash="on",
+            numerics_twin_run_id=off[1],
+            numerics_warning=False,
+            loss_max_rel_diff=0.004,
+        ),
+    )
+    rep = make_report(engine, [sid])
+    assert rep.configs.loc[rep.configs["label"] == "amp=off", "id"].item() == off[0]  # the drawn repeat
+    (row,) = [line for line in numerics_md(rep.configs).splitlines() if line.startswith("| amp=on")]
+    assert [c.strip() for c in row.strip("|").split("|")][:3] == ["amp=on", "amp=off", "0.40%"], row

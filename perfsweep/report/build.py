@@ -495,6 +495,8 @@ def numerics_md(configs: pd.DataFrame) -> str:
     if rows.empty:
         return ""
     labels = dict(zip(configs["id"], configs["label"], strict=True))
+    for ids, label in zip(configs["ok_run_ids"], configs["label"], strict=True):  # a twin may be any repeat
+        labels.update(dict.fromkeys(ids, label))
     out = pd.DataFrame({"config": rows["label"].to_numpy()})
     out["twin"] = [labels.get(t, f"run {int(t)}") if pd.notna(t) else "-" for t in rows["numerics_twin_run_id"]]
     out["max loss diff"] = [fmt.num(v, "{:.2%}") for v in rows["loss_max_rel_diff"]]
