@@ -260,6 +260,9 @@ def main() -> None:
         print(f"perfsweep: {preflight.error_line(exc)}; {preflight.NO_JOB}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt as exc:
+        # Everything is stored by now (a Ctrl-C during the bookkeeping was held until it was done):
+        # one more would only cut this last line short and end the process by the signal.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         # The sweeper has printed the summary of the jobs that finished; they are stored.
         how = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
         # what to do next, set where it is known: the sweeper (resume), the summary (the report), a plain run
