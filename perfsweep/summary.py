@@ -217,6 +217,11 @@ def format_summary(runs: pd.DataFrame) -> str:
         )
     if per["unsettled"].any():
         notes.append("~ the step time never settled in warmup (steps.max_warmup or steps.max_warmup_s reached)")
+    if ((per["status"] == "ok") & ~per["ok"] & per["samples_per_s"].notna()).any():
+        notes.append(
+            "- beside tokens/s: a model that counts samples (model.unit=samples); "
+            'report it on its own with --where "tokens_per_s IS NULL"'
+        )
     return text + ("\n" + "; ".join(notes) if notes else "")
 
 

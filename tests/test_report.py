@@ -910,3 +910,22 @@ def test_numerics_table_names_a_twin_by_its_config_whichever_repeat_it_is(engine
     assert rep.configs.loc[rep.configs["label"] == "amp=off", "id"].item() == off[0]  # the drawn repeat
     (row,) = [line for line in numerics_md(rep.configs).splitlines() if line.startswith("| amp=on")]
     assert [c.strip() for c in row.strip("|").split("|")][:3] == ["amp=on", "amp=off", "0.40%"], row
+
+
+def test_a_samples_model_beside_token_models_is_named_not_dropped(engine: Any, tmp_path: Path) -> None:
+    """A sweep of a token model and a samples model (model.unit=samples) has no common unit: the
+    headline says which configs are not ranked and how to report them on their own."""
+    from perfsweep.report.build import headline_md
+
+    sid = new_sweep(engine, tmp_path / "sw")
+    store.save_run(engine, run_row(sid, 0, [100.0] * 3, model_name="tiny", config_hash="lm"))
+    store.save_run(
+        engine,
+        run_row(sid, 1, [50.0] * 3, model_name="cnn", config_hash="cnn", tokens_per_s=None, samples_per_s=160.0),
+    )
+    rep = make_report(engine, [sid])
+    (line,) = [ln for ln in headline_md(rep) if ln.startswith("- **Not ranked:**")]
+    assert "model=cnn count samples, not tokens" in line and '--where "tokens_per_s IS NULL"' in line
+    apart = make_report(engine, [sid], where="tokens_per_s IS NULL")
+    assert apart.configs["throughput_per_s"].tolist() == [160.0]  # on its own it is ranked by samples/s
+    assert not [ln for ln in headline_md(apart) if ln.startswith("- **Not ranked:**")]

@@ -140,3 +140,22 @@ def test_the_query_hint_names_what_the_sweep_varied(tmp_path: Path, capsys):
     summary.finish_sweep(str(engine.url), str(tmp_path), make_report=False)
     query = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("Query:"))
     assert "'select nproc, tokens_per_s, peak_mem_bytes from runs where sweep_id=" in query, query
+
+
+def test_a_samples_model_beside_token_models_says_why_it_shows_a_dash(tmp_path: Path):
+    engine, sid = _sweep(
+        tmp_path,
+        [
+            {"model_name": "tiny", "config_hash": "lm", "tokens_per_s": 1000.0},
+            {"model_name": "cnn", "config_hash": "cnn", "tokens_per_s": None, "samples_per_s": 50.0},
+        ],
+    )
+    text = summary.format_summary(summary.summary_frame(engine, sid))
+    header, _, cnn = text.splitlines()[:3]
+    assert header.split().index("tokens/s") == header.split().index("status") + 1
+    assert cnn.split()[0] == "2" and cnn.split()[header.split().index("status") :][:2] == ["ok", "-"]
+    assert text.splitlines()[-1].endswith(
+        "- beside tokens/s: a model that counts samples (model.unit=samples); report it on its own with "
+        '--where "tokens_per_s IS NULL"'
+    )
+    engine.dispose()

@@ -579,6 +579,13 @@ def headline_md(report: Report) -> list[str]:
             ratio = metrics.speedup(lean["peak_mem_bytes"], base["peak_mem_bytes"].sum())
             ratio_text = f" ({ratio:.2f}x the baseline)" if pd.notna(ratio) else ""
             lines.append(f"- **Least memory:** {lean['label']}: {fmt.mem(lean['peak_mem_bytes'])}{ratio_text}.")
+    samples_only = configs[(configs["status"] == "ok") & ~configs["ok"] & configs["samples_per_s"].notna()]
+    if not samples_only.empty:  # a samples model beside token models: no common unit to rank them in
+        lines.append(
+            f"- **Not ranked:** {fmt.listing(samples_only['label'], 4)} count samples, not tokens "
+            "(`model.unit=samples`), so their throughput shows as - beside tokens/s; report them on their own "
+            '(`--where "tokens_per_s IS NULL"`).'
+        )
     if not bad.empty:
         counts = ", ".join(f"{c} {s}" for s, c in bad["status"].value_counts().items())
         lines.append(f"- **Did not finish:** {counts}: {fmt.listing(bad['label'], 6)}.")
