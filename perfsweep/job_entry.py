@@ -30,7 +30,8 @@ def main(job_dir: str, conn: Any, payload: bytes) -> None:
     from perfsweep import runner
 
     runner.job_main(cfg_dict, token_data, job_dir, label, launch_dir, conn, cpus)
-    exit_now()
+    if not cfg_dict.get("profile", {}).get("nvtx"):  # under nsys (profile.nvtx) the usual exit lets it collect
+        exit_now()
 
 
 def exit_now() -> None:
@@ -53,4 +54,8 @@ def exit_now() -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed or broken stream: nothing to keep
             stream.flush()
+    with contextlib.suppress(OSError, AttributeError):  # C and C++ output (oneDNN, MKL) buffered for job.log
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)
     os._exit(0)

@@ -263,9 +263,14 @@ def _run_in_child(
         # After Ctrl-C the job got the same SIGINT from the terminal: if it reports within a moment
         # it is unwinding, and a second SIGINT now would cut its DataLoader's shutdown short.
         reported = outcome is not None and outcome[0] != "timeout"
-        if outcome is None:
-            reported = _reports_within(parent_conn, proc, UNWIND_REPORT_S)
-        signalled = _stop(proc, grace_s=10 if reported else 0)
+        if outcome is None:  # Ctrl-C, a cancel or a silent death: a second Ctrl-C waits for the job to stop
+            with ctrl_c_held(STOPPING_NOTE):
+                heard = _reports_within(parent_conn, proc, UNWIND_REPORT_S)
+                # reported: unwinding by itself; ended: its pipe closed, the process is going; silent: it
+                # has had its moment already
+                signalled = _stop(proc, grace_s={"reported": 10, "ended": 2, "silent": 0}[heard])
+        else:
+            signalled = _stop(proc, grace_s=10 if reported else 0)
         parent_conn.close()
     if outcome is None:
         code = proc.exitcode
@@ -359,25 +364,30 @@ def job_free_bytes(cfg: PerfsweepConfig) -> tuple[str | None, int | None]:
         return None, None
 
 
+STOPPING_NOTE = "perfsweep: stopping the running jobs and storing them first"
+"""What a second Ctrl-C prints while the jobs are being stopped: it is held until they are (and
+then cuts the summary short)."""
+
 UNWIND_REPORT_S = 2.0
 """After Ctrl-C, how long a job has to say it caught the signal (its ``interrupted`` report)
 before perfsweep signals it itself."""
 
 
-def _reports_within(conn: Any, proc: Any, seconds: float) -> bool:
-    """Whether the job reports its end (an error or a result: the sweep was stopped, so which no
-    longer matters) within ``seconds``; progress lines do not count, a job still training sends
-    them. False as soon as it exits without a word."""
+def _reports_within(conn: Any, proc: Any, seconds: float) -> str:
+    """What the job does within ``seconds``: ``reported`` its end (an error or a result: the sweep
+    was stopped, so which no longer matters; progress lines do not count, a job still training
+    sends them), ``ended`` (its pipe closed or the process is gone, without a word), or stayed
+    ``silent``."""
     deadline = time.monotonic() + seconds
     while (left := deadline - time.monotonic()) > 0:
         try:
             if conn.poll(min(left, 0.1)) and conn.recv()[0] in ("error", "result"):
-                return True
-        except (EOFError, OSError):
-            return False
+                return "reported"
+        except Exception:  # noqa: BLE001 - EOF, or a message cut in half by the Ctrl-C: no report
+            return "ended"
         if not proc.is_alive():
-            return False
-    return False
+            return "ended"
+    return "silent"
 
 
 def _stop(proc: Any, grace_s: float) -> bool:

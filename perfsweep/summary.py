@@ -198,8 +198,9 @@ def format_summary(runs: pd.DataFrame) -> str:
     # an interruption says nothing about a config that has since run ok (perfsweep resume): not its error
     resumed = runs["status"].eq("interrupted") & runs["ok"].groupby(key).transform("any")
     errors = runs["error"].where(runs["error"].map(lambda e: isinstance(e, str) and bool(e.strip())) & ~resumed)
-    errors = errors.astype(object).fillna(runs["profile_error"].astype(object))  # an ok run without stages says why
     first_error = errors.groupby(key, sort=False).first()
+    unprofiled = runs["profile_error"].astype(object).groupby(key, sort=False).first()  # an ok run without stages
+    first_error = first_error.astype(object).fillna(unprofiled)  # a config's own failure comes first
     out["error"] = per["config_hash"].fillna(per["id"].astype(str)).map(first_error).map(lambda e: first_line(e, 70))
     text = out.to_string(index=False)
     notes = []
@@ -220,7 +221,7 @@ def format_summary(runs: pd.DataFrame) -> str:
     if ((per["status"] == "ok") & ~per["ok"] & per["samples_per_s"].notna()).any():
         notes.append(
             "- beside tokens/s: a model that counts samples (model.unit=samples); "
-            'report it on its own with --where "tokens_per_s IS NULL"'
+            'report it on its own with --where "tokens_per_s IS NULL AND samples_per_s IS NOT NULL"'
         )
     return text + ("\n" + "; ".join(notes) if notes else "")
 

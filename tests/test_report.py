@@ -925,7 +925,10 @@ def test_a_samples_model_beside_token_models_is_named_not_dropped(engine: Any, t
     )
     rep = make_report(engine, [sid])
     (line,) = [ln for ln in headline_md(rep) if ln.startswith("- **Not ranked:**")]
-    assert "model=cnn count samples, not tokens" in line and '--where "tokens_per_s IS NULL"' in line
-    apart = make_report(engine, [sid], where="tokens_per_s IS NULL")
+    assert (
+        "model=cnn count samples, not tokens" in line
+        and '--where "tokens_per_s IS NULL AND samples_per_s IS NOT NULL"' in line
+    )
+    apart = make_report(engine, [sid], where="tokens_per_s IS NULL AND samples_per_s IS NOT NULL")
     assert apart.configs["throughput_per_s"].tolist() == [160.0]  # on its own it is ranked by samples/s
     assert not [ln for ln in headline_md(apart) if ln.startswith("- **Not ranked:**")]

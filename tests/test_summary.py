@@ -156,6 +156,25 @@ def test_a_samples_model_beside_token_models_says_why_it_shows_a_dash(tmp_path: 
     assert cnn.split()[0] == "2" and cnn.split()[header.split().index("status") :][:2] == ["ok", "-"]
     assert text.splitlines()[-1].endswith(
         "- beside tokens/s: a model that counts samples (model.unit=samples); report it on its own with "
-        '--where "tokens_per_s IS NULL"'
+        '--where "tokens_per_s IS NULL AND samples_per_s IS NOT NULL"'
     )
+    engine.dispose()
+
+
+def test_a_config_shows_its_failure_before_a_repeats_missing_profile(tmp_path: Path):
+    """Repeat 0 trained but lost its profile (runs.profile_error), repeat 1 ran out of memory: the
+    error column shows the failure; a config whose runs all trained shows why it has no stages."""
+    unprofiled = "not profiled: the profiled window ran out of memory after the measured steps"
+    engine, sid = _sweep(
+        tmp_path,
+        [
+            {"config_hash": "A", "tokens_per_s": 1000.0, "profile_error": unprofiled, "repeat_index": 0},
+            {"config_hash": "A", "status": "oom", "tokens_per_s": None, "error": "OutOfMemoryError: boom"},
+            {"config_hash": "B", "batch": 8, "tokens_per_s": 900.0, "profile_error": unprofiled},
+        ],
+    )
+    text = summary.format_summary(summary.summary_frame(engine, sid))
+    rows = {line.split()[0]: line for line in text.splitlines()[1:] if line.split() and line.split()[0].isdigit()}
+    assert "OutOfMemoryError: boom" in rows["1"] and "not profiled" not in rows["1"]
+    assert "not profiled: the profiled window ran out of memory" in rows["3"]
     engine.dispose()

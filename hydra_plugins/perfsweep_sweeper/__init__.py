@@ -202,9 +202,12 @@ class PerfsweepSweeper(BasicSweeper):
         finally:
             # after Ctrl-C: the jobs still running are stopped and marked, and so is the sweep, even
             # if Ctrl-C comes again (it then skips the summary and report, which a later command rebuilds)
-            with launcher.ctrl_c_held("perfsweep: stopping the running jobs and storing them; the summary is skipped"):
+            if end == "done":
                 launcher.end_concurrent()
-                summary.mark_sweep(url, str(sweep_dir), end)
+            else:
+                with launcher.ctrl_c_held(launcher.STOPPING_NOTE):
+                    launcher.end_concurrent()
+                    summary.mark_sweep(url, str(sweep_dir), end)
             try:
                 summary.finish_sweep(url, str(sweep_dir), make_report=first.report, status=end)
             except Exception as exc:  # noqa: BLE001 - never hide the jobs' own outcome

@@ -584,7 +584,7 @@ def headline_md(report: Report) -> list[str]:
         lines.append(
             f"- **Not ranked:** {fmt.listing(samples_only['label'], 4)} count samples, not tokens "
             "(`model.unit=samples`), so their throughput shows as - beside tokens/s; report them on their own "
-            '(`--where "tokens_per_s IS NULL"`).'
+            '(`--where "tokens_per_s IS NULL AND samples_per_s IS NOT NULL"`).'
         )
     if not bad.empty:
         counts = ", ".join(f"{c} {s}" for s, c in bad["status"].value_counts().items())
