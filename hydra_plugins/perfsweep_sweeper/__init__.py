@@ -201,7 +201,8 @@ class PerfsweepSweeper(BasicSweeper):
             raise
         finally:
             # after Ctrl-C: the jobs still running are stopped and marked, and so is the sweep, even
-            # if Ctrl-C comes again (it then skips the summary and report, which a later command rebuilds)
+            # if Ctrl-C comes again (it then cuts the summary short: `perfsweep report` redraws the
+            # report, but the closing figures finish_sweep fills, speedups and audit, stay unwritten)
             if end == "done":
                 launcher.end_concurrent()
             else:
