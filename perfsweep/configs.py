@@ -49,6 +49,16 @@ def prepare_runs(runs: pd.DataFrame) -> pd.DataFrame:
     return df.assign(label=config_labels(df, label_axes(df)))
 
 
+SAMPLES_ONLY_WHERE = "tokens_per_s IS NULL AND samples_per_s IS NOT NULL"
+"""The ``--where`` filter that reports the samples-counting runs of a mixed sweep on their own."""
+
+
+def unranked_samples(df: pd.DataFrame) -> pd.Series:
+    """Rows (of :func:`prepare_runs` or :func:`per_config`) that trained but have no headline: a
+    samples-counting model beside token models, whose samples/s has no common unit with tokens/s."""
+    return (df["status"] == "ok") & ~df["ok"] & df["samples_per_s"].notna()
+
+
 def per_config(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per config (the runs of a sweep that share ``config_hash``), in order of first run.
 

@@ -259,18 +259,14 @@ def _run_in_child(
                 break
     finally:
         decided = utcnow()  # a timeout's stored duration ends at the deadline, not after the kill
-        # A job that reported is shutting down by itself (DataLoader workers, etc.): give it time.
-        # After Ctrl-C the job got the same SIGINT from the terminal: if it reports within a moment
-        # it is unwinding, and a second SIGINT now would cut its DataLoader's shutdown short.
-        reported = outcome is not None and outcome[0] != "timeout"
         if outcome is None:  # Ctrl-C, a cancel or a silent death: a second Ctrl-C waits for the job to stop
+            # After Ctrl-C the job got the same SIGINT from the terminal: if it reports within a moment
+            # it is unwinding, and a second SIGINT now would cut its DataLoader's shutdown short.
             with ctrl_c_held(STOPPING_NOTE):
                 heard = _reports_within(parent_conn, proc, UNWIND_REPORT_S)
-                # reported: unwinding by itself; ended: its pipe closed, the process is going; silent: it
-                # has had its moment already
-                signalled = _stop(proc, grace_s={"reported": 10, "ended": 2, "silent": 0}[heard])
-        else:
-            signalled = _stop(proc, grace_s=10 if reported else 0)
+                signalled = _stop(proc, grace_s=STOP_GRACE_S[heard])
+        else:  # a job that reported is shutting down by itself (DataLoader workers, etc.); a timeout is not
+            signalled = _stop(proc, grace_s=0 if outcome[0] == "timeout" else STOP_GRACE_S["reported"])
         parent_conn.close()
     if outcome is None:
         code = proc.exitcode
@@ -371,6 +367,10 @@ then cuts the summary short)."""
 UNWIND_REPORT_S = 2.0
 """After Ctrl-C, how long a job has to say it caught the signal (its ``interrupted`` report)
 before perfsweep signals it itself."""
+
+STOP_GRACE_S = {"reported": 10.0, "ended": 2.0, "silent": 0.0}
+"""How long a job may take to exit by itself, by what it did (:func:`_reports_within`): one that
+reported is unwinding, one whose pipe closed is going, a silent one has had its moment already."""
 
 
 def _reports_within(conn: Any, proc: Any, seconds: float) -> str:

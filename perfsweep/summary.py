@@ -218,10 +218,10 @@ def format_summary(runs: pd.DataFrame) -> str:
         )
     if per["unsettled"].any():
         notes.append("~ the step time never settled in warmup (steps.max_warmup or steps.max_warmup_s reached)")
-    if ((per["status"] == "ok") & ~per["ok"] & per["samples_per_s"].notna()).any():
+    if configs.unranked_samples(per).any():
         notes.append(
             "- beside tokens/s: a model that counts samples (model.unit=samples); "
-            'report it on its own with --where "tokens_per_s IS NULL AND samples_per_s IS NOT NULL"'
+            f'report it on its own with --where "{configs.SAMPLES_ONLY_WHERE}"'
         )
     return text + ("\n" + "; ".join(notes) if notes else "")
 

@@ -23,7 +23,16 @@ from sqlalchemy.engine import Engine
 
 from perfsweep import metrics, store
 from perfsweep.cli import UserError, first_line
-from perfsweep.configs import axis_name, axis_text, concurrency_note, label_axes, per_config, throughputs
+from perfsweep.configs import (
+    SAMPLES_ONLY_WHERE,
+    axis_name,
+    axis_text,
+    concurrency_note,
+    label_axes,
+    per_config,
+    throughputs,
+    unranked_samples,
+)
 from perfsweep.configs import baseline as pick_baseline
 from perfsweep.names import (
     BOTTLENECK_RULE,
@@ -579,12 +588,11 @@ def headline_md(report: Report) -> list[str]:
             ratio = metrics.speedup(lean["peak_mem_bytes"], base["peak_mem_bytes"].sum())
             ratio_text = f" ({ratio:.2f}x the baseline)" if pd.notna(ratio) else ""
             lines.append(f"- **Least memory:** {lean['label']}: {fmt.mem(lean['peak_mem_bytes'])}{ratio_text}.")
-    samples_only = configs[(configs["status"] == "ok") & ~configs["ok"] & configs["samples_per_s"].notna()]
-    if not samples_only.empty:  # a samples model beside token models: no common unit to rank them in
+    if not (samples_only := configs[unranked_samples(configs)]).empty:
         lines.append(
             f"- **Not ranked:** {fmt.listing(samples_only['label'], 4)} count samples, not tokens "
             "(`model.unit=samples`), so their throughput shows as - beside tokens/s; report them on their own "
-            '(`--where "tokens_per_s IS NULL AND samples_per_s IS NOT NULL"`).'
+            f'(`--where "{SAMPLES_ONLY_WHERE}"`).'
         )
     if not bad.empty:
         counts = ", ".join(f"{c} {s}" for s, c in bad["status"].value_counts().items())
