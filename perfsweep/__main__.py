@@ -20,7 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from perfsweep import preflight
+from perfsweep import interrupts, preflight
 from perfsweep.config import MAX_BATCH, ConfigError, register_configs, to_run_config
 from perfsweep.names import EXIT_0_STATUSES
 
@@ -141,9 +141,12 @@ def hydra_main(cfg: DictConfig) -> str:
             run_id, status = launcher.run_job(spec)
     except KeyboardInterrupt as exc:
         exc.perfsweep_hint = "the run is stored as interrupted; run the command again to measure it"
-        summary.finish_sweep(url, sweep_dir, make_report=False, status="interrupted")
+        with interrupts.held(interrupts.STOPPING_NOTE):
+            summary.close_sweep(url, sweep_dir, "interrupted")
+        summary.show_sweep(url, sweep_dir, make_report=False)
         raise
-    summary.finish_sweep(url, sweep_dir, make_report=run_cfg.report)
+    summary.close_sweep(url, sweep_dir, "done")
+    summary.show_sweep(url, sweep_dir, make_report=run_cfg.report)
     if run_id is None:
         print(
             f"perfsweep: the result could not be written to {url} and is kept in "
@@ -181,24 +184,14 @@ def _subcommand(name: str, argv: list[str]) -> int:
 
 
 def _hint(exc: BaseException) -> str | None:
-    """What to do after Ctrl-C, as set where it is known (the sweeper, the summary, a plain run);
-    a second Ctrl-C while the first unwinds carries the first one as its context."""
-    seen: BaseException | None = exc
+    """What to do after Ctrl-C, as set where it is known (the sweeper, the summary, a plain run).
+    A second Ctrl-C while the first unwinds carries the first one as its context; the first one's
+    hint wins, since what it stopped is what is left to do (a resume also builds the report)."""
+    hint, seen = None, exc
     while seen is not None:
-        if hint := getattr(seen, "perfsweep_hint", None):
-            return hint
+        hint = getattr(seen, "perfsweep_hint", None) or hint
         seen = seen.__context__
-    return None
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM to a sweep or run on this machine (``kill``, a CI runner's stop): unwound like
-    Ctrl-C, so the jobs in flight are stopped and stored ``interrupted`` and the summary printed.
-    (Under submitit each job handles its scheduler's signals itself: perfsweep.launcher.)"""
-
-
-def _terminated(_signum: int, _frame: object) -> None:
-    raise Terminated
+    return hint
 
 
 def _refuse_cfg_with_multirun(argv: list[str]) -> None:
@@ -250,7 +243,7 @@ def main() -> None:
     # the user still shows the whole traceback.
     full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"
-    signal.signal(signal.SIGTERM, _terminated)
+    signal.signal(signal.SIGTERM, interrupts.raise_terminated)
     preflight.note_launch_dir()  # before Hydra makes a plain run's folder: what a refusal may remove
     try:
         hydra_main()
@@ -263,12 +256,14 @@ def main() -> None:
         # Everything is stored by now (a Ctrl-C during the bookkeeping was held until it was done):
         # one more would only cut this last line short and end the process by the signal.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         # The sweeper has printed the summary of the jobs that finished; they are stored.
-        how = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+        terminated = isinstance(interrupts.first_cause(exc), interrupts.Terminated)  # what stopped it first
+        how = "terminated (SIGTERM)" if terminated else "interrupted"
         # what to do next, set where it is known: the sweeper (resume), the summary (the report), a plain run
         hint = _hint(exc) or "before any job started"
         print(f"perfsweep: {how}{' ' if hint.startswith('before') else '; '}{hint}", file=sys.stderr)
-        sys.exit(128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT))
+        sys.exit(128 + (signal.SIGTERM if terminated else signal.SIGINT))
 
 
 if __name__ == "__main__":

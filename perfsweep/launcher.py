@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from perfsweep import data as data_mod
-from perfsweep import importer, job_entry, runner, slots, store
+from perfsweep import importer, interrupts, job_entry, runner, slots, store
 from perfsweep.cli import first_line
 from perfsweep.config import PerfsweepConfig, short_dirname, to_plain_dict
 from perfsweep.envinfo import environ_set
@@ -249,25 +249,30 @@ def _run_in_child(
                     deadline = time.monotonic() + spec.cfg.timeout_s
                 elif msg[0] == "progress":
                     progress.update(*msg[1:])
-                elif msg[0] == "result":
-                    outcome = ("ok", None, msg[1])
-                elif msg[0] == "error":
-                    _, status, message, tb, partial = msg
-                    log.debug("job traceback:\n%s", tb)
-                    outcome = (status, f"{message}\n{tb}" if tb else message, partial)
+                else:
+                    outcome = _outcome_of(msg)
             elif not proc.is_alive() and not parent_conn.poll():
                 break
-    finally:
-        decided = utcnow()  # a timeout's stored duration ends at the deadline, not after the kill
-        if outcome is None:  # Ctrl-C, a cancel or a silent death: a second Ctrl-C waits for the job to stop
-            # After Ctrl-C the job got the same SIGINT from the terminal: if it reports within a moment
-            # it is unwinding, and a second SIGINT now would cut its DataLoader's shutdown short.
-            with ctrl_c_held(STOPPING_NOTE):
-                heard = _reports_within(parent_conn, proc, UNWIND_REPORT_S)
-                signalled = _stop(proc, grace_s=STOP_GRACE_S[heard])
-        else:  # a job that reported is shutting down by itself (DataLoader workers, etc.); a timeout is not
-            signalled = _stop(proc, grace_s=0 if outcome[0] == "timeout" else STOP_GRACE_S["reported"])
+    except BaseException as exc:  # Ctrl-C, SIGTERM or a cancel: a second one waits for the job to stop
+        decided = utcnow()
+        # After Ctrl-C the job got the same SIGINT from the terminal: if it reports within a moment
+        # it is unwinding, and a second SIGINT now would cut its DataLoader's shutdown short.
+        with interrupts.held(interrupts.STOPPING_NOTE):
+            heard, last = ("reported", None) if outcome is not None else _last_word(parent_conn, proc, UNWIND_REPORT_S)
+            _stop(proc, grace_s=STOP_GRACE_S[heard])
         parent_conn.close()
+        if last is not None:
+            outcome = _outcome_of(last)
+        if outcome is not None:  # what the job said as it ended: a result that crossed the Ctrl-C is kept
+            exc.perfsweep_last_word = (*outcome, decided)
+        raise
+    decided = utcnow()  # a timeout's stored duration ends at the deadline, not after the kill
+    if outcome is None:  # a silent death: the process has its moment to exit
+        with interrupts.held(interrupts.STOPPING_NOTE):
+            signalled = _stop(proc, grace_s=STOP_GRACE_S[_last_word(parent_conn, proc, UNWIND_REPORT_S)[0]])
+    else:  # a job that reported is shutting down by itself (DataLoader workers, etc.); a timeout is not
+        signalled = _stop(proc, grace_s=0 if outcome[0] == "timeout" else STOP_GRACE_S["reported"])
+    parent_conn.close()
     if outcome is None:
         code = proc.exitcode
         # Ctrl-C reaches the sweep and its jobs at once; a job may die of it (exit code 1 or -SIGINT,
@@ -360,34 +365,39 @@ def job_free_bytes(cfg: PerfsweepConfig) -> tuple[str | None, int | None]:
         return None, None
 
 
-STOPPING_NOTE = "perfsweep: stopping the running jobs and storing them first"
-"""What a second Ctrl-C prints while the jobs are being stopped: it is held until they are (and
-then cuts the summary short)."""
-
 UNWIND_REPORT_S = 2.0
 """After Ctrl-C, how long a job has to say it caught the signal (its ``interrupted`` report)
 before perfsweep signals it itself."""
 
 STOP_GRACE_S = {"reported": 10.0, "ended": 2.0, "silent": 0.0}
-"""How long a job may take to exit by itself, by what it did (:func:`_reports_within`): one that
+"""How long a job may take to exit by itself, by what it did (:func:`_last_word`): one that
 reported is unwinding, one whose pipe closed is going, a silent one has had its moment already."""
 
 
-def _reports_within(conn: Any, proc: Any, seconds: float) -> str:
-    """What the job does within ``seconds``: ``reported`` its end (an error or a result: the sweep
-    was stopped, so which no longer matters; progress lines do not count, a job still training
-    sends them), ``ended`` (its pipe closed or the process is gone, without a word), or stayed
-    ``silent``."""
+def _last_word(conn: Any, proc: Any, seconds: float) -> tuple[str, tuple | None]:
+    """What the job does within ``seconds``, and its report if it made one: ``reported`` its end
+    (an error, or a result that crossed the Ctrl-C: a finished job is stored as finished; progress
+    lines do not count, a job still training sends them), ``ended`` (its pipe closed or the process
+    is gone, without a word), or stayed ``silent``."""
     deadline = time.monotonic() + seconds
     while (left := deadline - time.monotonic()) > 0:
         try:
-            if conn.poll(min(left, 0.1)) and conn.recv()[0] in ("error", "result"):
-                return "reported"
+            if conn.poll(min(left, 0.1)) and (msg := conn.recv())[0] in ("error", "result"):
+                return "reported", msg
         except Exception:  # noqa: BLE001 - EOF, or a message cut in half by the Ctrl-C: no report
-            return "ended"
+            return "ended", None
         if not proc.is_alive():
-            return "ended"
-    return "silent"
+            return "ended", None
+    return "silent", None
+
+
+def _outcome_of(msg: tuple) -> tuple[str, str | None, dict[str, Any]]:
+    """(status, error, fields) of a job's ``result`` or ``error`` report."""
+    if msg[0] == "result":
+        return "ok", None, msg[1]
+    _, status, message, tb, partial = msg
+    log.debug("job traceback:\n%s", tb)
+    return status, f"{message}\n{tb}" if tb else message, partial
 
 
 def _stop(proc: Any, grace_s: float) -> bool:
@@ -489,44 +499,66 @@ def run_job(
                     spec, config, token_data, progress, Heartbeat(engine, run_id), placement, cancel
                 )
     except BaseException as exc:  # Ctrl-C, a scheduler's signal or a cancelled sweep: the job was stopped
-        why = (
-            str(exc)
-            if isinstance(exc, Stopped)
-            else f"interrupted ({exc if isinstance(exc, JobCancelled) else type(exc).__name__})"
-        )
-        if run_id is not None:
-            try:
-                with ctrl_c_held():
-                    store.save_run(
-                        engine,
-                        {
-                            **row,
-                            "status": "interrupted",
-                            "finished_at": utcnow(),
-                            "error": f"{why} {INTERRUPTED_TAIL}",
-                        },
-                        run_id,
-                    )
-            except Exception as write_exc:  # noqa: BLE001 - the next command marks it from its pid
-                log.warning("could not mark the run interrupted: %s", write_exc)
+        last = getattr(exc, "perfsweep_last_word", None)  # what the job itself said as it was stopped
+        if last is not None and last[0] != "interrupted":  # it ended by itself (a result that crossed the Ctrl-C)
+            with interrupts.held():
+                _finish(engine, row, run_id, spec, fields_of_sweep, progress, started, *last)
+            status = last[0]
+        else:
+            status = "interrupted"
+            why = (
+                str(exc)
+                if isinstance(exc, Stopped)
+                else f"interrupted ({exc if isinstance(exc, JobCancelled) else type(exc).__name__})"
+            )
+            if run_id is not None:
+                try:
+                    with interrupts.held():
+                        store.save_run(
+                            engine,
+                            {
+                                **row,
+                                **(last[2] if last is not None else {}),  # its environment, as far as it got
+                                "status": status,
+                                "finished_at": utcnow(),
+                                "error": f"{why} {INTERRUPTED_TAIL}",
+                            },
+                            run_id,
+                        )
+                except Exception as write_exc:  # noqa: BLE001 - the next command marks it from its pid
+                    log.warning("could not mark the run interrupted: %s", write_exc)
+            if isinstance(exc, Stopped):
+                print(f"  {progress.tag}interrupted: {why}", file=sys.stderr, flush=True)
         engine.dispose()
         if isinstance(exc, Stopped):  # this job's own end: its sweep goes on and counts it
-            print(f"  {progress.tag}interrupted: {why}", file=sys.stderr, flush=True)
-            return run_id, "interrupted"
+            return run_id, status
         raise
-    row.update(
-        status=status,
-        error=error,
-        finished_at=finished,
-        duration_s=(finished - started).total_seconds(),
-    )
+    saved_id = _finish(engine, row, run_id, spec, fields_of_sweep, progress, started, status, error, fields, finished)
+    engine.dispose()
+    return saved_id, status
+
+
+def _finish(
+    engine: Any,
+    row: dict[str, Any],
+    run_id: int | None,
+    spec: JobSpec,
+    fields_of_sweep: dict[str, Any],
+    progress: ProgressLine,
+    started: datetime,
+    status: str,
+    error: str | None,
+    fields: dict[str, Any],
+    finished: datetime,
+) -> int | None:
+    """Store the job's outcome and print it; returns the run's id (None: kept as result.json)."""
+    row.update(status=status, error=error, finished_at=finished, duration_s=(finished - started).total_seconds())
     row.update(fields)
     saved_id = _save(engine, row, run_id, spec, fields_of_sweep)
     progress.done(status, row.get("tokens_per_s"), row.get("samples_per_s"))
     if error:
         print(f"  {progress.tag}{status}: {first_line(error)}", file=sys.stderr, flush=True)
-    engine.dispose()
-    return saved_id, status
+    return saved_id
 
 
 class ConcurrentJobs:
@@ -596,30 +628,6 @@ def launch(spec: JobSpec) -> Any:
     if _concurrent is not None:
         return _concurrent.submit(spec)
     return run_job(spec)[1]
-
-
-@contextlib.contextmanager
-def ctrl_c_held(note: str | None = None) -> Iterator[None]:
-    """A Ctrl-C during this bookkeeping is held until it is done, then raised; ``note`` is printed
-    when one arrives, so a user who presses it again knows why nothing stopped at once. A second
-    Ctrl-C that cut the bookkeeping short left jobs ``running`` in the database, and the sweep too."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pending: list[int] = []
-
-    def hold(signum: int, _frame: Any) -> None:
-        if note and not pending:
-            print(note, file=sys.stderr, flush=True)
-        pending.append(signum)
-
-    previous = signal.signal(signal.SIGINT, hold)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if pending:
-        raise KeyboardInterrupt
 
 
 def _begin(engine: Any, row: dict[str, Any]) -> int | None:

@@ -12,7 +12,7 @@ import pandas as pd
 from sqlalchemy import or_, select, update
 from sqlalchemy.engine import Engine, make_url
 
-from perfsweep import audit, configs, metrics, store
+from perfsweep import audit, configs, interrupts, metrics, store
 from perfsweep.cli import first_line
 from perfsweep.configs import per_config, prepare_runs, setting_columns, value_text
 from perfsweep.names import DATA_BOUND_WAIT_FRACTION, GRID_AXES, NOISY_IQR_FRACTION, ON_OFF_AXES, SETTING_PREFIX
@@ -254,60 +254,77 @@ def concurrency_note(engine: Engine, sweep_id: int) -> str:
         return configs.concurrency_note(sweep.parallel, sweep.hydra_launcher) if sweep is not None else ""
 
 
-def mark_sweep(url: str, sweep_dir: str, status: str) -> None:
-    """Store the sweep's end (done or interrupted) without the summary's work; a failure to
-    write is printed, never raised over the jobs' own outcome (the next command finds the sweep
-    dead from its heartbeat)."""
+def close_sweep(url: str, sweep_dir: str, status: str) -> None:
+    """Store the sweep's end (done or interrupted) and the figures drawn from all its runs
+    (compile payback, speedups, CPU utilisation, the numerics audit), with Ctrl-C and SIGTERM held
+    until they are written: `perfsweep report` reads them, and a read never writes them later. A
+    failure to write is printed, never raised over the jobs' own outcome (the next command finds
+    the sweep dead from its heartbeat)."""
     try:
         engine = store.connect(url)
         try:
             if (sweep_id := sweep_id_for(engine, sweep_dir)) is not None:
-                store.end_sweep(engine, sweep_id, status)
+                with interrupts.held(CLOSING_NOTE):
+                    store.end_sweep(engine, sweep_id, status)
+                    fill_compile_payback(engine, sweep_id)
+                    fill_speedups(engine, sweep_id)
+                    fill_cpu_utilisation(engine, sweep_id)
+                    audit.audit_sweep(engine, sweep_id)
         finally:
             engine.dispose()
     except Exception as exc:  # noqa: BLE001
         print(f"perfsweep: could not mark the sweep {status} in {url}: {first_line(exc)}", file=sys.stderr)
 
 
-def finish_sweep(url: str, sweep_dir: str, make_report: bool = True, status: str = "done") -> None:
-    """Mark the sweep at ``sweep_dir`` ``status`` (done or interrupted), print its summary from the
-    database, then build its report."""
+CLOSING_NOTE = "perfsweep: storing the sweep's closing figures first"
+"""Printed when Ctrl-C or SIGTERM arrives while :func:`close_sweep` writes."""
+
+
+def show_sweep(url: str, sweep_dir: str, make_report: bool = True) -> None:
+    """Print the summary of the sweep at ``sweep_dir`` from the database (closed by
+    :func:`close_sweep`), then build its report. Writes nothing to the database."""
     engine = store.connect(url)
     try:
         sweep_id = sweep_id_for(engine, sweep_dir)
         if sweep_id is None:
             print(f"perfsweep: no sweep {sweep_dir} in {url}", file=sys.stderr)
             return
-        store.end_sweep(engine, sweep_id, status)
-        fill_compile_payback(engine, sweep_id)
-        fill_speedups(engine, sweep_id)
-        fill_cpu_utilisation(engine, sweep_id)
-        audit.audit_sweep(engine, sweep_id)
-        df = summary_frame(engine, sweep_id)
-        n_ok = int((df["status"] == "ok").sum())
-        print(
-            f"\nSweep {sweep_id} ({len(df)} run{'s' if len(df) != 1 else ''}, {n_ok} ok{_not_started(engine, sweep_id, df)})"
-        )
-        print(format_summary(df))
-        if text := format_searches(load_batch_searches(engine, [sweep_id])):
-            print(text)
-        if text := concurrency_note(engine, sweep_id):
-            print(f"Note: {text}")
-        where = engine.url.render_as_string(hide_password=True)
-        print(f"\nResults: {where} (sweep_id={sweep_id})")
-        if engine.url.get_backend_name() == "sqlite":
-            # what this sweep varied, where runs has a column for it (nproc does; model.width does not)
-            varied = [a.removeprefix(SETTING_PREFIX) for a in configs.label_axes(df)]
-            axes = [a for a in varied if a in df.columns] or ["amp", "ckpt"]
-            print(
-                f"Query:   sqlite3 {engine.url.database} 'select {', '.join(axes)}, "
-                f"{metrics.rate_unit(df['tokens_per_s'], df['samples_per_s'])}_per_s, peak_mem_bytes "
-                f"from runs where sweep_id={sweep_id}'"
-            )
-        if make_report:
-            _report(engine, sweep_id)
+        try:
+            _print_summary(engine, sweep_id, make_report)
+        except KeyboardInterrupt as exc:  # everything is stored: only the printing was cut short
+            if not getattr(exc, "perfsweep_hint", None):
+                url = engine.url.render_as_string(hide_password=False)
+                exc.perfsweep_hint = f"the runs are stored; see them with: {report_command(url, sweep_id)}"
+            raise
     finally:
         engine.dispose()
+
+
+def _print_summary(engine: Engine, sweep_id: int, make_report: bool) -> None:
+    """The summary table, the query to type and (``make_report``) the report, from the database."""
+    df = summary_frame(engine, sweep_id)
+    n_ok = int((df["status"] == "ok").sum())
+    print(
+        f"\nSweep {sweep_id} ({len(df)} run{'s' if len(df) != 1 else ''}, {n_ok} ok{_not_started(engine, sweep_id, df)})"
+    )
+    print(format_summary(df))
+    if text := format_searches(load_batch_searches(engine, [sweep_id])):
+        print(text)
+    if text := concurrency_note(engine, sweep_id):
+        print(f"Note: {text}")
+    where = engine.url.render_as_string(hide_password=True)
+    print(f"\nResults: {where} (sweep_id={sweep_id})")
+    if engine.url.get_backend_name() == "sqlite":
+        # what this sweep varied, where runs has a column for it (nproc does; model.width does not)
+        varied = [a.removeprefix(SETTING_PREFIX) for a in configs.label_axes(df)]
+        axes = [a for a in varied if a in df.columns] or ["amp", "ckpt"]
+        print(
+            f"Query:   sqlite3 {engine.url.database} 'select {', '.join(axes)}, "
+            f"{metrics.rate_unit(df['tokens_per_s'], df['samples_per_s'])}_per_s, peak_mem_bytes "
+            f"from runs where sweep_id={sweep_id}'"
+        )
+    if make_report:
+        _report(engine, sweep_id)
 
 
 def _not_started(engine: Engine, sweep_id: int, runs: pd.DataFrame) -> str:

@@ -225,6 +225,8 @@ def test_a_second_ctrl_c_keeps_what_the_first_one_said_to_do():
             first.perfsweep_hint = "finished jobs are in the database; run the rest with: perfsweep resume 1"
             raise KeyboardInterrupt from None  # from None hides the traceback, the context stays
     assert _hint(second.value) == "finished jobs are in the database; run the rest with: perfsweep resume 1"
+    second.value.perfsweep_hint = "the runs are stored; see them with: perfsweep report --sweep 1"
+    assert _hint(second.value).endswith("perfsweep resume 1")  # the first one's: a resume builds the report too
     assert _hint(KeyboardInterrupt()) is None
 
 
@@ -249,3 +251,40 @@ def test_a_job_starting_while_the_database_is_down_runs_and_keeps_its_result(tmp
     assert (run_id, status) == (None, "ok")
     kept = json.loads((tmp_path / "job" / "result.json").read_text())
     assert kept["run"]["status"] == "ok" and kept["run"]["tokens_per_s"] > 0 and kept["run"]["job_num"] == 1
+
+
+def test_a_result_that_crosses_the_stop_is_stored_ok(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The sweep is stopped (Ctrl-C or SIGTERM; here the cancel of a sweep of concurrent jobs) as a
+    job ends its last measured step: the result the job sends in the moment perfsweep waits for its
+    last word is stored ok with its figures, not thrown away and stored interrupted."""
+    import threading
+
+    from perfsweep import launcher
+    from perfsweep.config import DataConfig, DataKind, DbConfig, ModelConfig, PerfsweepConfig, ProfileConfig
+
+    db = tmp_path / "results.db"
+    cfg = PerfsweepConfig(
+        model=ModelConfig(name="tiny", args=dict(n_layers=1, n_heads=2, d_model=32, d_ff=64, max_seq_len=64)),
+        data=DataConfig(name="syn", kind=DataKind.synthetic, synthetic_vocab=64, synthetic_tokens=5000),
+        batch=2,
+        seq_len=16,
+        device="cpu",
+        profile=ProfileConfig(enabled=False),
+        db=DbConfig(url=f"sqlite:///{db}"),
+    )
+    cancel = threading.Event()
+
+    class StopAtTheLastStep(launcher.ProgressLine):  # the sweep is stopped the moment the last step is in
+        def update(self, phase: str, step: int, total: int, ms: float, loss: float) -> None:
+            super().update(phase, step, total, ms, loss)
+            if step == total:  # the last step of the job (its memory step comes after the measured ones)
+                cancel.set()
+
+    monkeypatch.setattr(launcher, "ProgressLine", StopAtTheLastStep)
+    spec = launcher.JobSpec(cfg, tmp_path / "job", tmp_path, str(tmp_path), "s", ["batch=2"], job_num=0)
+    with pytest.raises(launcher.JobCancelled):  # the sweep still stops
+        launcher.run_job(spec, None, cancel)
+    assert cancel.is_set()
+    (run,) = rows(db, "SELECT status, error, tokens_per_s, measure_steps FROM runs")
+    assert run["status"] == "ok" and run["error"] is None, run
+    assert run["tokens_per_s"] > 0 and run["measure_steps"] == cfg.steps.measure

@@ -118,13 +118,13 @@ def test_parallel_beyond_the_cores_is_refused_before_any_job(tmp_path: Path):
 
 @two_cores
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["ctrl-c", "ctrl-c-while-starting", "ctrl-c-twice", "sigterm"])
+@pytest.mark.parametrize("how", ["ctrl-c", "ctrl-c-while-starting", "ctrl-c-twice", "ctrl-c-then-sigterm", "sigterm"])
 def test_stopping_the_sweep_stops_every_running_job_and_marks_it(how: str, tmp_path: Path):
     """Ctrl-C (SIGINT to the whole process group, jobs included: once they train, while they
-    still import torch, or twice in a row) or SIGTERM to the sweep alone: both jobs in flight are
-    stopped and stored interrupted with a one-line reason, and so is the sweep; the two jobs not
-    started are counted in the summary (which a second Ctrl-C skips), the last line names the
-    resume command, and no process is left."""
+    still import torch, twice in a row, or followed by a SIGTERM) or SIGTERM to the sweep alone:
+    both jobs in flight are stopped and stored interrupted with a one-line reason, and so is the
+    sweep; the two jobs not started are counted in the summary (which a second signal skips), the
+    exit code is the first signal's, the last line names the resume command, and no process is left."""
     tiny = [o for o in TINY if not o.startswith("steps.measure")]
     proc = subprocess.Popen(
         [sys.executable, "-m", "perfsweep", "-m", "launcher.parallel=2", "device=cpu", "amp=true,false"]
@@ -154,6 +154,9 @@ def test_stopping_the_sweep_stops_every_running_job_and_marks_it(how: str, tmp_p
     if how == "ctrl-c-twice":  # while the jobs stop: it once left them and the sweep 'running'
         time.sleep(0.3)
         os.killpg(proc.pid, signal.SIGINT)
+    if how == "ctrl-c-then-sigterm":  # a SIGTERM cut the stopping short too, and made the exit 143
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=90)
     assert proc.returncode == (143 if how == "sigterm" else 130), err[-2000:]  # never killed by the second
     runs = rows(db, "SELECT status, error FROM runs")
@@ -161,7 +164,7 @@ def test_stopping_the_sweep_stops_every_running_job_and_marks_it(how: str, tmp_p
     for r in runs:  # what stopped the job, in one line: no traceback of where it was
         assert "\n" not in r["error"] and r["error"].endswith(INTERRUPTED_TAIL), r["error"]
     assert [r["status"] for r in rows(db, "SELECT status FROM sweeps")] == ["interrupted"]
-    if how != "ctrl-c-twice":
+    if not how.startswith("ctrl-c-t"):
         assert "(2 runs, 0 ok; 2 of 4 jobs not started)" in out
     elif "perfsweep: stopping the running jobs and storing them first" in err:
         assert "Sweep 1" not in out  # held while the jobs were stopped, then raised: no summary

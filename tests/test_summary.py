@@ -101,14 +101,41 @@ def test_ctrl_c_while_the_report_is_drawn_says_how_to_build_it(tmp_path: Path, m
         raise KeyboardInterrupt
 
     monkeypatch.setattr(build, "build_report", ctrl_c)  # Ctrl-C arrives while matplotlib draws
+    summary.close_sweep(str(engine.url), str(tmp_path), "done")
     with pytest.raises(KeyboardInterrupt) as stopped:
-        summary.finish_sweep(str(engine.url), str(tmp_path))
+        summary.show_sweep(str(engine.url), str(tmp_path))
     db = tmp_path / "results.db"
     hint = f"the runs are stored; the report was not built; build it with: perfsweep report --sweep {sid} --db {db}"
     assert stopped.value.perfsweep_hint == hint
     assert f"Sweep {sid} (1 run, 1 ok)" in capsys.readouterr().out
     with store.session(engine) as s:
         assert s.get(store.Sweep, sid).status == "done"
+
+
+def test_ctrl_c_while_the_sweep_closes_is_held_until_its_figures_are_stored(tmp_path: Path, monkeypatch, capsys):
+    """A real SIGINT that arrives while the closing figures are written is delivered after them:
+    the sweep is marked and every figure is there for `perfsweep report`, which never writes."""
+    import signal
+
+    engine, sid = _sweep(
+        tmp_path,
+        [{"config_hash": "A", "tokens_per_s": 1000.0}, {"config_hash": "B", "amp": True, "tokens_per_s": 2000.0}],
+    )
+    real_payback = summary.fill_compile_payback
+
+    def ctrl_c_then_payback(*args, **kw):
+        signal.raise_signal(signal.SIGINT)  # the user presses Ctrl-C before the speedups are written
+        return real_payback(*args, **kw)
+
+    monkeypatch.setattr(summary, "fill_compile_payback", ctrl_c_then_payback)
+    with pytest.raises(KeyboardInterrupt):
+        summary.close_sweep(str(engine.url), str(tmp_path), "interrupted")
+    assert summary.CLOSING_NOTE in capsys.readouterr().err
+    with store.session(engine) as s:
+        assert s.get(store.Sweep, sid).status == "interrupted"
+        verdicts = {r.config_hash: (r.speedup, r.speedup_verdict) for r in s.query(store.Run).all()}
+    assert verdicts["A"] == (1.0, "baseline")  # written before the Ctrl-C was delivered
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is back
 
 
 def test_a_resumed_config_shows_no_interruption_as_its_error(tmp_path: Path):
@@ -137,7 +164,7 @@ def test_the_query_hint_names_what_the_sweep_varied(tmp_path: Path, capsys):
             {"config_hash": "B", "config_json": {"nproc": 2}, "nproc": 2},
         ],
     )
-    summary.finish_sweep(str(engine.url), str(tmp_path), make_report=False)
+    summary.show_sweep(str(engine.url), str(tmp_path), make_report=False)
     query = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("Query:"))
     assert "'select nproc, tokens_per_s, peak_mem_bytes from runs where sweep_id=" in query, query
 

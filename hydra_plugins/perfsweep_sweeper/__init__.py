@@ -56,7 +56,7 @@ class PerfsweepSweeper(BasicSweeper):
                 run_cfgs.append(to_run_config(OmegaConf.masked_copy(job_cfg, [k for k in job_cfg if k != "hydra"])))
             except preflight.COMPOSE_ERRORS as exc:
                 _refuse(f"{preflight.error_line(exc)} [grid point {i + 1}/{len(jobs)}: {' '.join(job)}]")
-        from perfsweep import importer, launcher, schedule, search, store, summary  # torch, once composed
+        from perfsweep import importer, interrupts, launcher, schedule, search, store, summary  # torch, once composed
         from perfsweep.cli import first_line
         from perfsweep.names import EXIT_0_STATUSES, MULTI_HOST_LAUNCHERS
 
@@ -200,17 +200,17 @@ class PerfsweepSweeper(BasicSweeper):
             )
             raise
         finally:
-            # after Ctrl-C: the jobs still running are stopped and marked, and so is the sweep, even
-            # if Ctrl-C comes again (it then cuts the summary short: `perfsweep report` redraws the
-            # report, but the closing figures finish_sweep fills, speedups and audit, stay unwritten)
+            # after Ctrl-C or SIGTERM: the jobs still running are stopped and stored, and the sweep is
+            # closed with its figures, even if a second one comes (it is held, then skips the summary)
             if end == "done":
                 launcher.end_concurrent()
+                summary.close_sweep(url, str(sweep_dir), end)
             else:
-                with launcher.ctrl_c_held(launcher.STOPPING_NOTE):
+                with interrupts.held(interrupts.STOPPING_NOTE):
                     launcher.end_concurrent()
-                    summary.mark_sweep(url, str(sweep_dir), end)
+                    summary.close_sweep(url, str(sweep_dir), end)
             try:
-                summary.finish_sweep(url, str(sweep_dir), make_report=first.report, status=end)
+                summary.show_sweep(url, str(sweep_dir), make_report=first.report)
             except Exception as exc:  # noqa: BLE001 - never hide the jobs' own outcome
                 print(f"perfsweep: could not print the summary from {url}: {exc}", file=sys.stderr)
         statuses = [_status(r) for batch in returns for r in batch] + search_statuses

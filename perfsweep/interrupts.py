@@ -1,0 +1,82 @@
+"""How a sweep stops: Ctrl-C and SIGTERM, and the bookkeeping they must not cut short.
+
+Ctrl-C (SIGINT) and SIGTERM (``kill``, a CI runner's stop, a container's stop) both unwind a
+sweep as :class:`KeyboardInterrupt`: the jobs in flight are stopped and stored ``interrupted``,
+the sweep is marked, the summary is printed. A second signal while that is under way used to cut
+it short and leave rows ``running``; :func:`held` delivers it once the bookkeeping is done. The
+exit code says what stopped the sweep first (130 for Ctrl-C, 143 for SIGTERM), not what came
+after. Torch-free: the sweeper and the entry point use it before torch is imported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+STOPPING_NOTE = "perfsweep: stopping the running jobs and storing them first"
+"""Printed when a second Ctrl-C or SIGTERM arrives while the first one's bookkeeping runs."""
+
+HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM to a sweep or run on this machine: unwound like Ctrl-C. (Under submitit each job
+    handles its scheduler's signals itself: perfsweep.launcher.scheduler_signals.)"""
+
+
+def raise_terminated(_signum: int, _frame: object) -> None:
+    """The SIGTERM handler of the ``perfsweep`` process."""
+    raise Terminated
+
+
+@contextlib.contextmanager
+def held(note: str | None = None) -> Iterator[None]:
+    """Ctrl-C and SIGTERM during this bookkeeping are held until it is done, then delivered as
+    they would have been (the first one that came, to the handler that was in place). ``note``
+    is printed when one arrives, so a user who presses Ctrl-C again knows why nothing stopped.
+    Only the main thread receives signals; elsewhere this holds nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+
+    def hold(signum: int, _frame: Any) -> None:
+        if note and not pending:
+            print(note, file=sys.stderr, flush=True)
+        pending.append(signum)
+
+    previous = {sig: signal.signal(sig, hold) for sig in HELD_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if pending:
+        _deliver(pending[0], previous[pending[0]])
+
+
+def _deliver(signum: int, handler: Any) -> None:
+    if callable(handler):
+        handler(signum, None)  # Python's Ctrl-C handler raises KeyboardInterrupt; ours raise theirs
+    elif handler == signal.SIG_IGN:
+        return
+    elif signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    else:  # SIG_DFL (or a handler set outside Python): the signal's own action, now
+        os.kill(os.getpid(), signum)
+
+
+def first_cause(exc: BaseException) -> BaseException:
+    """The signal that began the unwinding: a Ctrl-C held and delivered after a SIGTERM carries
+    the SIGTERM as its context, and the exit code and message are the first one's."""
+    first, seen = exc, exc.__context__
+    while seen is not None:
+        if isinstance(seen, KeyboardInterrupt):
+            first = seen
+        seen = seen.__context__
+    return first

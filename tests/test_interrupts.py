@@ -1,0 +1,50 @@
+"""perfsweep.interrupts: a second Ctrl-C or SIGTERM waits for the bookkeeping, then is delivered
+as it would have been. Real signals to this process; the main thread receives them."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from perfsweep import interrupts
+
+
+def test_a_signal_during_the_hold_is_delivered_after_it_to_the_handler_that_was_in_place(capsys):
+    done = []
+    previous = signal.signal(signal.SIGTERM, interrupts.raise_terminated)
+    try:
+        with pytest.raises(interrupts.Terminated), interrupts.held("held, wait"):
+            signal.raise_signal(signal.SIGTERM)
+            signal.raise_signal(signal.SIGINT)  # a second one is not delivered as well
+            done.append("stored")
+        assert done == ["stored"]
+        assert capsys.readouterr().err.count("held, wait") == 1  # said once, not per signal
+        assert signal.getsignal(signal.SIGTERM) is interrupts.raise_terminated
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_an_ignored_signal_stays_ignored_and_nothing_held_raises_nothing():
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        with interrupts.held():
+            signal.raise_signal(signal.SIGTERM)
+        with interrupts.held():
+            pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_the_first_signal_decides_how_the_sweep_stopped():
+    """SIGTERM, then a Ctrl-C held while the jobs stopped: it ends as terminated (exit 143)."""
+    try:
+        try:
+            raise interrupts.Terminated
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt from None  # `from None` hides the context from tracebacks, not __context__
+    except KeyboardInterrupt as second:
+        assert isinstance(interrupts.first_cause(second), interrupts.Terminated)
+    plain = KeyboardInterrupt()
+    assert interrupts.first_cause(plain) is plain
