@@ -14,8 +14,8 @@ from sqlalchemy.engine import Engine, make_url
 
 from perfsweep import audit, configs, interrupts, metrics, store
 from perfsweep.cli import first_line
-from perfsweep.configs import per_config, prepare_runs, setting_columns, value_text
-from perfsweep.names import DATA_BOUND_WAIT_FRACTION, GRID_AXES, NOISY_IQR_FRACTION, ON_OFF_AXES, SETTING_PREFIX
+from perfsweep.configs import per_config, prepare_runs, value_text
+from perfsweep.names import DATA_BOUND_WAIT_FRACTION, NOISY_IQR_FRACTION, ON_OFF_AXES, SETTING_PREFIX
 from perfsweep.results import load_batch_searches, load_runs, search_label
 
 log = logging.getLogger(__name__)
@@ -143,10 +143,8 @@ def format_summary(runs: pd.DataFrame) -> str:
     with its IQR and CV, the speedup over the baseline with its 95% interval (or "no measurable
     difference"), memory in MiB; ``!`` marks a noisy config, ``~`` one whose step time never
     settled in warmup."""
-    varying = [a for a in (*GRID_AXES, *setting_columns(runs)) if runs[a].nunique(dropna=False) > 1] or [
-        "batch",
-        "seq_len",
-    ]
+    # what the report labels configs by: the grid axes, amp_dtype, model, data and any other setting
+    varying = [a for a in configs.label_axes(runs) if a != "sweep_id"] or ["batch", "seq_len"]
     per = per_config(runs)
     out = pd.DataFrame({"job": per["first_job_num"].fillna(-1).astype(int) + 1})
     for a in varying:  # as the report's labels write them: amp on/off, batch 8 (not 8.0), nproc null

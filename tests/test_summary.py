@@ -205,3 +205,18 @@ def test_a_config_shows_its_failure_before_a_repeats_missing_profile(tmp_path: P
     assert "OutOfMemoryError: boom" in rows["1"] and "not profiled" not in rows["1"]
     assert "not profiled: the profiled window ran out of memory" in rows["3"]
     engine.dispose()
+
+
+def test_the_table_shows_the_model_when_the_sweep_compares_models(tmp_path: Path):
+    """`-m model=tiny,gpt2_small`: the rows are told apart by the model, as the report labels them
+    (the table showed batch and seq_len, the same in both rows)."""
+    engine, sid = _sweep(
+        tmp_path,
+        [
+            {"config_hash": "A", "model_name": "tiny", "tokens_per_s": 1000.0},
+            {"config_hash": "B", "model_name": "gpt2_small", "tokens_per_s": 500.0},
+        ],
+    )
+    header, *rows = summary.format_summary(summary.summary_frame(engine, sid)).splitlines()
+    assert header.split()[:2] == ["job", "model"], header
+    assert [r.split()[1] for r in rows[:2]] == ["tiny", "gpt2_small"]
