@@ -57,7 +57,11 @@ def stdlib_files() -> list[Path]:
     """This interpreter's standard-library .py sources, without the test suites and site-packages."""
     root = Path(sysconfig.get_paths()["stdlib"])
     skip = {"site-packages", "dist-packages", "test", "tests", "idle_test"}
-    return sorted(p for p in root.rglob("*.py") if not skip.intersection(p.relative_to(root).parts))
+    files = []
+    for folder, subfolders, names in os.walk(root):  # pruned as it goes: site-packages is never walked
+        subfolders[:] = [d for d in subfolders if d not in skip]
+        files += [Path(folder, n) for n in names if n.endswith(".py")]
+    return sorted(files)
 
 
 def text_files(path: str, pattern: str) -> list[Path]:
