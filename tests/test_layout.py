@@ -121,6 +121,8 @@ def _third_party(path: Path, module: str) -> set[str]:
         # the shared vocabulary: importable by the CLI, the trace reader and the report without torch
         ("perfsweep.names", set()),
         ("perfsweep.cli", set()),
+        # how a sweep stops: the entry point and the summary hold signals before torch is imported
+        ("perfsweep.interrupts", set()),
         ("perfsweep.trace", {"perfsweep"}),
         ("perfsweep.metrics", {"perfsweep", "numpy"}),  # the job process imports it; pandas is not needed
         # configs: the summary's and the report's shared grouping, without matplotlib or torch
