@@ -500,7 +500,9 @@ def run_job(
                 )
     except BaseException as exc:  # Ctrl-C, a scheduler's signal or a cancelled sweep: the job was stopped
         last = getattr(exc, "perfsweep_last_word", None)  # what the job itself said as it was stopped
-        if last is not None and last[0] != "interrupted":  # it ended by itself (a result that crossed the Ctrl-C)
+        # A result that crossed the Ctrl-C is kept. A failure is not taken at its word: Ctrl-C reaches
+        # the job's DataLoader workers too, and a worker's death then reads as the job's own error.
+        if last is not None and last[0] == "ok":
             with interrupts.held():
                 _finish(engine, row, run_id, spec, fields_of_sweep, progress, started, *last)
             status = last[0]
