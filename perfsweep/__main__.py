@@ -140,9 +140,15 @@ def hydra_main(cfg: DictConfig) -> str:
         with launcher.SweepHeartbeat(url, sweep_id):
             run_id, status = launcher.run_job(spec)
     except KeyboardInterrupt as exc:
-        exc.perfsweep_hint = "the run is stored as interrupted; run the command again to measure it"
+        # the run may have finished as the signal came (its result is kept): then it is not to be run again
+        finished = summary.run_statuses(url, sweep_id) == ["ok"]
+        exc.perfsweep_hint = (
+            f"the run finished and is stored; see it with: {summary.report_command(url, sweep_id)}"
+            if finished
+            else "the run is stored as interrupted; run the command again to measure it"
+        )
         with interrupts.held(interrupts.STOPPING_NOTE):
-            summary.close_sweep(url, sweep_dir, "interrupted")
+            summary.close_sweep(url, sweep_dir, "done" if finished else "interrupted")
         summary.show_sweep(url, sweep_dir, make_report=False)
         raise
     summary.close_sweep(url, sweep_dir, "done")
@@ -243,7 +249,7 @@ def main() -> None:
     # the user still shows the whole traceback.
     full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"
-    signal.signal(signal.SIGTERM, interrupts.raise_terminated)
+    interrupts.install()
     preflight.note_launch_dir()  # before Hydra makes a plain run's folder: what a refusal may remove
     try:
         hydra_main()

@@ -29,9 +29,37 @@ class Terminated(KeyboardInterrupt):
     handles its scheduler's signals itself: perfsweep.launcher.scheduler_signals.)"""
 
 
-def raise_terminated(_signum: int, _frame: object) -> None:
+_received: list[int] = []
+"""The signals the ``perfsweep`` process's handlers got, in order (see :func:`raise_if_lost`)."""
+
+
+def raise_interrupt(signum: int, _frame: object) -> None:
+    """The SIGINT handler of the ``perfsweep`` process: Python's, plus a record of it."""
+    _received.append(signum)
+    raise KeyboardInterrupt
+
+
+def raise_terminated(signum: int, _frame: object) -> None:
     """The SIGTERM handler of the ``perfsweep`` process."""
+    _received.append(signum)
     raise Terminated
+
+
+def install() -> None:
+    """Make Ctrl-C and SIGTERM unwind the ``perfsweep`` process, recorded for :func:`raise_if_lost`."""
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where it was ignored (`nohup`, `&`)
+        signal.signal(signal.SIGINT, raise_interrupt)
+    signal.signal(signal.SIGTERM, raise_terminated)
+
+
+def raise_if_lost() -> None:
+    """Raise again a signal whose exception was swallowed. A handler's exception that lands in a
+    finalizer or a garbage-collection callback (multiprocessing's, SQLAlchemy's) is printed as
+    "Exception ignored" and dropped, and the sweep went on to run every job and exit 0. Called
+    before a job starts (:func:`perfsweep.launcher.launch`); a signal that did unwind the sweep
+    never gets there."""
+    if _received:
+        raise Terminated if _received[0] == signal.SIGTERM else KeyboardInterrupt
 
 
 @contextlib.contextmanager
@@ -46,18 +74,30 @@ def held(note: str | None = None) -> Iterator[None]:
     pending: list[int] = []
 
     def hold(signum: int, _frame: Any) -> None:
-        if note and not pending:
+        if note and not pending and not _noted:  # once: an inner hold passes its signal to the outer one
             print(note, file=sys.stderr, flush=True)
+            _noted.append(note)
         pending.append(signum)
 
+    outermost = not _holding
+    _holding.append(hold)
     previous = {sig: signal.signal(sig, hold) for sig in HELD_SIGNALS}
     try:
         yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        _holding.pop()
+        if outermost:
+            _noted.clear()
     if pending:
         _deliver(pending[0], previous[pending[0]])
+
+
+_holding: list[Any] = []
+"""The holds in force, outermost first."""
+_noted: list[str] = []
+"""The note printed under the holds in force: one is enough."""
 
 
 def _deliver(signum: int, handler: Any) -> None:

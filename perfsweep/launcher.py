@@ -253,42 +253,30 @@ def _run_in_child(
                     outcome = _outcome_of(msg)
             elif not proc.is_alive() and not parent_conn.poll():
                 break
-    except BaseException as exc:  # Ctrl-C, SIGTERM or a cancel: a second one waits for the job to stop
-        decided = utcnow()
-        # After Ctrl-C the job got the same SIGINT from the terminal: if it reports within a moment
-        # it is unwinding, and a second SIGINT now would cut its DataLoader's shutdown short.
-        with interrupts.held(interrupts.STOPPING_NOTE):
-            heard, last = ("reported", None) if outcome is not None else _last_word(parent_conn, proc, UNWIND_REPORT_S)
-            _stop(proc, grace_s=STOP_GRACE_S[heard])
-        parent_conn.close()
-        if last is not None:
-            outcome = _outcome_of(last)
-        if outcome is not None:  # what the job said as it ended: a result that crossed the Ctrl-C is kept
-            exc.perfsweep_last_word = (*outcome, decided)
+    except BaseException as exc:  # Ctrl-C, SIGTERM or a cancel: the job is stopped and stored as it ended
+        ended = _wait_for_exit(parent_conn, proc, outcome and (*outcome, utcnow()), stopped=True)[0]
+        if ended is not None:  # it reported: a result that crossed the Ctrl-C is kept (perfsweep_outcome)
+            exc.perfsweep_outcome = ended
         raise
     decided = utcnow()  # a timeout's stored duration ends at the deadline, not after the kill
-    if outcome is None:  # a silent death: the process has its moment to exit
-        with interrupts.held(interrupts.STOPPING_NOTE):
-            signalled = _stop(proc, grace_s=STOP_GRACE_S[_last_word(parent_conn, proc, UNWIND_REPORT_S)[0]])
-    else:  # a job that reported is shutting down by itself (DataLoader workers, etc.); a timeout is not
-        signalled = _stop(proc, grace_s=0 if outcome[0] == "timeout" else STOP_GRACE_S["reported"])
-    parent_conn.close()
-    if outcome is None:
-        code = proc.exitcode
-        # Ctrl-C reaches the sweep and its jobs at once; a job may die of it (exit code 1 or -SIGINT,
-        # while starting) before the sweep, unwinding, sets cancel: a short wait tells the two apart
-        if cancel is not None and cancel.wait(timeout=CANCEL_GRACE_S):
-            raise JobCancelled("the sweep was stopped")
-        if code == -signal.SIGINT and not signalled:  # Ctrl-C reached the job before it could report
-            outcome = ("interrupted", f"interrupted (SIGINT) {INTERRUPTED_TAIL}", {})
-        elif signalled:
-            outcome = ("failed", "job process stopped reporting without a result and was stopped by perfsweep", {})
-        elif code is not None and code < 0:
-            name = signal.Signals(-code).name
-            hint = " (SIGKILL often means the kernel's OOM killer; check dmesg)" if -code == signal.SIGKILL else ""
-            outcome = ("failed", f"job process killed by {name}{hint}", {})
-        else:
-            outcome = ("failed", f"job process exited with code {code} without reporting a result", {})
+    ended, signalled = _wait_for_exit(parent_conn, proc, outcome and (*outcome, decided), stopped=False)
+    if ended is not None:
+        return ended
+    code = proc.exitcode  # the job died without a word
+    # Ctrl-C reaches the sweep and its jobs at once; a job may die of it (exit code 1 or -SIGINT,
+    # while starting) before the sweep, unwinding, sets cancel: a short wait tells the two apart
+    if cancel is not None and cancel.wait(timeout=CANCEL_GRACE_S):
+        raise JobCancelled("the sweep was stopped")
+    if code == -signal.SIGINT and not signalled:  # Ctrl-C reached the job before it could report
+        outcome = ("interrupted", f"interrupted (SIGINT) {INTERRUPTED_TAIL}", {})
+    elif signalled:
+        outcome = ("failed", "job process stopped reporting without a result and was stopped by perfsweep", {})
+    elif code is not None and code < 0:
+        name = signal.Signals(-code).name
+        hint = " (SIGKILL often means the kernel's OOM killer; check dmesg)" if -code == signal.SIGKILL else ""
+        outcome = ("failed", f"job process killed by {name}{hint}", {})
+    else:
+        outcome = ("failed", f"job process exited with code {code} without reporting a result", {})
     return (*outcome, decided)
 
 
@@ -372,6 +360,40 @@ before perfsweep signals it itself."""
 STOP_GRACE_S = {"reported": 10.0, "ended": 2.0, "silent": 0.0}
 """How long a job may take to exit by itself, by what it did (:func:`_last_word`): one that
 reported is unwinding, one whose pipe closed is going, a silent one has had its moment already."""
+
+
+Outcome = tuple[str, str | None, dict[str, Any], datetime]
+"""(status, error, result fields, when it was known): a job's end as run_job stores it."""
+
+
+def _wait_for_exit(conn: Any, proc: Any, ended: Any, stopped: bool) -> tuple[Outcome | None, bool]:
+    """Let the job process exit and return (its outcome if it reported one, whether perfsweep had
+    to signal it). ``ended``: the outcome already received, if any (a job that reported is
+    shutting down by itself: DataLoader workers, CUDA; a timed-out one is not). Otherwise the job
+    has a moment for its last word: after Ctrl-C it got the same SIGINT and is unwinding, and a
+    second SIGINT now would cut its DataLoader's shutdown short. ``stopped`` (the sweep is being
+    stopped): only a result is taken from that last word, since Ctrl-C also reaches the job's
+    DataLoader workers, whose death then reads as the job's own error.
+
+    Ctrl-C and SIGTERM are held meanwhile; one that came is raised afterwards carrying the outcome
+    as ``perfsweep_outcome``, so a finished job is stored as finished whatever the signals."""
+    signalled = False
+    try:
+        with interrupts.held(interrupts.STOPPING_NOTE):
+            if ended is None:
+                heard, last = _last_word(conn, proc, UNWIND_REPORT_S)
+                if last is not None and (not stopped or last[0] == "result"):
+                    ended = (*_outcome_of(last), utcnow())
+                signalled = _stop(proc, grace_s=STOP_GRACE_S[heard])
+            else:
+                signalled = _stop(proc, grace_s=0 if ended[0] == "timeout" else STOP_GRACE_S["reported"])
+    except BaseException as late:  # a signal held while the job stopped
+        if ended is not None:
+            late.perfsweep_outcome = ended
+        raise
+    finally:
+        conn.close()
+    return ended, signalled
 
 
 def _last_word(conn: Any, proc: Any, seconds: float) -> tuple[str, tuple | None]:
@@ -499,13 +521,11 @@ def run_job(
                     spec, config, token_data, progress, Heartbeat(engine, run_id), placement, cancel
                 )
     except BaseException as exc:  # Ctrl-C, a scheduler's signal or a cancelled sweep: the job was stopped
-        last = getattr(exc, "perfsweep_last_word", None)  # what the job itself said as it was stopped
-        # A result that crossed the Ctrl-C is kept. A failure is not taken at its word: Ctrl-C reaches
-        # the job's DataLoader workers too, and a worker's death then reads as the job's own error.
-        if last is not None and last[0] == "ok":
+        ended = getattr(exc, "perfsweep_outcome", None)  # it had reported (a result that crossed the Ctrl-C)
+        if ended is not None:
             with interrupts.held():
-                _finish(engine, row, run_id, spec, fields_of_sweep, progress, started, *last)
-            status = last[0]
+                _finish(engine, row, run_id, spec, fields_of_sweep, progress, started, *ended)
+            status = ended[0]
         else:
             status = "interrupted"
             why = (
@@ -520,7 +540,6 @@ def run_job(
                             engine,
                             {
                                 **row,
-                                **(last[2] if last is not None else {}),  # its environment, as far as it got
                                 "status": status,
                                 "finished_at": utcnow(),
                                 "error": f"{why} {INTERRUPTED_TAIL}",
@@ -535,7 +554,10 @@ def run_job(
         if isinstance(exc, Stopped):  # this job's own end: its sweep goes on and counts it
             return run_id, status
         raise
-    saved_id = _finish(engine, row, run_id, spec, fields_of_sweep, progress, started, status, error, fields, finished)
+    with interrupts.held():  # a Ctrl-C now waits for the result to be stored
+        saved_id = _finish(
+            engine, row, run_id, spec, fields_of_sweep, progress, started, status, error, fields, finished
+        )
     engine.dispose()
     return saved_id, status
 
@@ -627,6 +649,7 @@ def end_concurrent() -> None:
 def launch(spec: JobSpec) -> Any:
     """A multirun job's return value for Hydra: its status, or with ``launcher.parallel`` > 1 a
     Future of it (the sweeper resolves it)."""
+    interrupts.raise_if_lost()  # a Ctrl-C swallowed while the last job ended: no new job
     if _concurrent is not None:
         return _concurrent.submit(spec)
     return run_job(spec)[1]

@@ -262,12 +262,16 @@ def close_sweep(url: str, sweep_dir: str, status: str) -> None:
         engine = store.connect(url)
         try:
             if (sweep_id := sweep_id_for(engine, sweep_dir)) is not None:
-                with interrupts.held(CLOSING_NOTE):
-                    store.end_sweep(engine, sweep_id, status)
-                    fill_compile_payback(engine, sweep_id)
-                    fill_speedups(engine, sweep_id)
-                    fill_cpu_utilisation(engine, sweep_id)
-                    audit.audit_sweep(engine, sweep_id)
+                try:
+                    with interrupts.held(CLOSING_NOTE):
+                        store.end_sweep(engine, sweep_id, status)
+                        fill_compile_payback(engine, sweep_id)
+                        fill_speedups(engine, sweep_id)
+                        fill_cpu_utilisation(engine, sweep_id)
+                        audit.audit_sweep(engine, sweep_id)
+                except KeyboardInterrupt as exc:  # delivered once all is written: only the summary is skipped
+                    exc.perfsweep_hint = f"the runs are stored; see them with: {report_command(url, sweep_id)}"
+                    raise
         finally:
             engine.dispose()
     except Exception as exc:  # noqa: BLE001
@@ -276,6 +280,18 @@ def close_sweep(url: str, sweep_dir: str, status: str) -> None:
 
 CLOSING_NOTE = "perfsweep: storing the sweep's closing figures first"
 """Printed when Ctrl-C or SIGTERM arrives while :func:`close_sweep` writes."""
+
+
+def run_statuses(url: str, sweep_id: int) -> list[str]:
+    """The statuses of the sweep's runs, in the order they were written."""
+    engine = store.connect(url)
+    try:
+        with store.session(engine) as s:
+            return list(
+                s.scalars(select(store.Run.status).where(store.Run.sweep_id == sweep_id).order_by(store.Run.id))
+            )
+    finally:
+        engine.dispose()
 
 
 def show_sweep(url: str, sweep_dir: str, make_report: bool = True) -> None:

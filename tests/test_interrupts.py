@@ -24,6 +24,7 @@ def test_a_signal_during_the_hold_is_delivered_after_it_to_the_handler_that_was_
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         signal.signal(signal.SIGTERM, previous)
+        interrupts._received.clear()
 
 
 def test_an_ignored_signal_stays_ignored_and_nothing_held_raises_nothing():
@@ -48,3 +49,35 @@ def test_the_first_signal_decides_how_the_sweep_stopped():
         assert isinstance(interrupts.first_cause(second), interrupts.Terminated)
     plain = KeyboardInterrupt()
     assert interrupts.first_cause(plain) is plain
+
+
+def test_nested_holds_say_their_note_once(capsys):
+    """Stopping the jobs holds signals, and closing the sweep inside it holds them again: a signal
+    under both is one note, delivered once both are done."""
+    with pytest.raises(KeyboardInterrupt), interrupts.held("outer note"):
+        with interrupts.held("inner note"):
+            signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)
+    err = capsys.readouterr().err
+    assert err.count("note") == 1 and "inner note" in err
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the swallowing itself
+def test_a_swallowed_signal_stops_the_next_job_from_starting():
+    """A handler's exception raised inside a finalizer is printed as "Exception ignored" and lost;
+    the signal is recorded, and the next job does not start."""
+    from perfsweep import launcher
+
+    previous = signal.signal(signal.SIGTERM, interrupts.raise_terminated)
+    try:
+
+        class Finalized:
+            def __del__(self):
+                signal.raise_signal(signal.SIGTERM)  # the handler's Terminated is swallowed here
+
+        Finalized()  # collected at once: "Exception ignored in ... __del__"
+        with pytest.raises(interrupts.Terminated):
+            launcher.launch(None)  # raised before anything about the job is looked at
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        interrupts._received.clear()

@@ -253,16 +253,11 @@ def test_a_job_starting_while_the_database_is_down_runs_and_keeps_its_result(tmp
     assert kept["run"]["status"] == "ok" and kept["run"]["tokens_per_s"] > 0 and kept["run"]["job_num"] == 1
 
 
-def test_a_result_that_crosses_the_stop_is_stored_ok(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """The sweep is stopped (Ctrl-C or SIGTERM; here the cancel of a sweep of concurrent jobs) as a
-    job ends its last measured step: the result the job sends in the moment perfsweep waits for its
-    last word is stored ok with its figures, not thrown away and stored interrupted."""
-    import threading
-
+def _tiny_job(tmp_path: Path):
+    """A job of a few hundred milliseconds, stored in tmp_path/results.db."""
     from perfsweep import launcher
     from perfsweep.config import DataConfig, DataKind, DbConfig, ModelConfig, PerfsweepConfig, ProfileConfig
 
-    db = tmp_path / "results.db"
     cfg = PerfsweepConfig(
         model=ModelConfig(name="tiny", args=dict(n_layers=1, n_heads=2, d_model=32, d_ff=64, max_seq_len=64)),
         data=DataConfig(name="syn", kind=DataKind.synthetic, synthetic_vocab=64, synthetic_tokens=5000),
@@ -270,8 +265,21 @@ def test_a_result_that_crosses_the_stop_is_stored_ok(tmp_path: Path, monkeypatch
         seq_len=16,
         device="cpu",
         profile=ProfileConfig(enabled=False),
-        db=DbConfig(url=f"sqlite:///{db}"),
+        db=DbConfig(url=f"sqlite:///{tmp_path / 'results.db'}"),
     )
+    return launcher.JobSpec(cfg, tmp_path / "job", tmp_path, str(tmp_path), "s", ["batch=2"], job_num=0)
+
+
+@pytest.mark.parametrize("then", ["nothing", "ctrl-c while it ends"])
+def test_a_result_that_crosses_the_stop_is_stored_ok(then: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The sweep is stopped (Ctrl-C or SIGTERM; here the cancel of a sweep of concurrent jobs) as a
+    job ends its last step: the result the job sends in the moment perfsweep waits for its last
+    word is stored ok with its figures, not thrown away and stored interrupted; so it is when a
+    real Ctrl-C comes on top while perfsweep waits (it is held, then raised)."""
+    import threading
+
+    from perfsweep import launcher
+
     cancel = threading.Event()
 
     class StopAtTheLastStep(launcher.ProgressLine):  # the sweep is stopped the moment the last step is in
@@ -281,10 +289,37 @@ def test_a_result_that_crosses_the_stop_is_stored_ok(tmp_path: Path, monkeypatch
                 cancel.set()
 
     monkeypatch.setattr(launcher, "ProgressLine", StopAtTheLastStep)
-    spec = launcher.JobSpec(cfg, tmp_path / "job", tmp_path, str(tmp_path), "s", ["batch=2"], job_num=0)
-    with pytest.raises(launcher.JobCancelled):  # the sweep still stops
+    if then == "ctrl-c while it ends":
+        real_last_word = launcher._last_word
+
+        def ctrl_c_then_listen(*args):
+            signal.raise_signal(signal.SIGINT)
+            return real_last_word(*args)
+
+        monkeypatch.setattr(launcher, "_last_word", ctrl_c_then_listen)
+    spec = _tiny_job(tmp_path)
+    with pytest.raises(KeyboardInterrupt if then != "nothing" else launcher.JobCancelled):  # the sweep still stops
         launcher.run_job(spec, None, cancel)
     assert cancel.is_set()
-    (run,) = rows(db, "SELECT status, error, tokens_per_s, measure_steps FROM runs")
+    (run,) = rows(tmp_path / "results.db", "SELECT status, error, tokens_per_s, measure_steps FROM runs")
     assert run["status"] == "ok" and run["error"] is None, run
-    assert run["tokens_per_s"] > 0 and run["measure_steps"] == cfg.steps.measure
+    assert run["tokens_per_s"] > 0 and run["measure_steps"] == spec.cfg.steps.measure
+
+
+def test_ctrl_c_while_a_finished_job_exits_keeps_its_result(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """One job at a time: the job has sent its result and perfsweep waits for its process to exit
+    (DataLoader workers, CUDA teardown) when Ctrl-C comes. The result is stored ok, then the Ctrl-C
+    stops the sweep; it was stored interrupted, the finished measurement lost."""
+    from perfsweep import launcher
+
+    real_stop = launcher._stop
+
+    def ctrl_c_then_stop(proc, grace_s):
+        signal.raise_signal(signal.SIGINT)  # a real SIGINT to this process, as from the terminal
+        return real_stop(proc, grace_s)
+
+    monkeypatch.setattr(launcher, "_stop", ctrl_c_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        launcher.run_job(_tiny_job(tmp_path))
+    (run,) = rows(tmp_path / "results.db", "SELECT status, error, tokens_per_s FROM runs")
+    assert run["status"] == "ok" and run["error"] is None and run["tokens_per_s"] > 0, run

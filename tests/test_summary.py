@@ -128,8 +128,13 @@ def test_ctrl_c_while_the_sweep_closes_is_held_until_its_figures_are_stored(tmp_
         return real_payback(*args, **kw)
 
     monkeypatch.setattr(summary, "fill_compile_payback", ctrl_c_then_payback)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt) as stopped:
         summary.close_sweep(str(engine.url), str(tmp_path), "interrupted")
+    # what is left to do (a stopped sweep's own resume hint, set earlier, wins over it: perfsweep.__main__)
+    assert (
+        stopped.value.perfsweep_hint
+        == f"the runs are stored; see them with: perfsweep report --sweep {sid} --db {tmp_path / 'results.db'}"
+    )
     assert summary.CLOSING_NOTE in capsys.readouterr().err
     with store.session(engine) as s:
         assert s.get(store.Sweep, sid).status == "interrupted"
