@@ -34,9 +34,10 @@ def main(job_dir: str, conn: Any, payload: bytes) -> None:
         exit_now()
 
 
-def exit_now() -> None:
-    """End the process without the interpreter's finalization, once the job has reported
-    (job_main never raises: every outcome has gone back through the pipe).
+def exit_now(code: int = 0) -> None:
+    """End the process with ``code`` without the interpreter's finalization, once the job has
+    reported (job_main never raises: every outcome has gone back through the pipe); the
+    ``perfsweep`` command ends this way too, once it is done (perfsweep.__main__.cli).
 
     Finalizing a process that imported torch and ran the profiler took 0.6 s, and the sweep waits
     for a job to exit before it starts the next, so every job paid it. The exit handlers still
@@ -58,4 +59,4 @@ def exit_now() -> None:
         import ctypes
 
         ctypes.CDLL(None).fflush(None)
-    os._exit(0)
+    os._exit(code)

@@ -59,4 +59,4 @@ def test_wheel_ships_configs_migrations_and_plugin(tmp_path: Path):
     assert any(n.startswith("perfsweep/migrations/versions/0001") for n in names)
     assert any(n.startswith("perfsweep/migrations/versions/0002") for n in names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "perfsweep = perfsweep.__main__:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "perfsweep = perfsweep.__main__:cli" in zipfile.ZipFile(wheel).read(entry_points).decode()
