@@ -49,9 +49,14 @@ def exit_now(code: int = 0) -> None:
     import atexit
     import gc
     import sys
+    import threading
 
     gc.collect()
-    atexit._run_exitfuncs()  # CPython's own exit handlers: what a normal exit runs before finalizing
+    # What a normal exit runs before finalizing, in its order: the wait for non-daemon threads and
+    # the threading exit hooks (joblib's loky executor stops its workers there; without it, the
+    # next step waited for them forever), then the exit handlers.
+    threading._shutdown()
+    atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed or broken stream: nothing to keep
             stream.flush()
