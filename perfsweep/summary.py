@@ -258,24 +258,26 @@ def close_sweep(url: str, sweep_dir: str, status: str) -> None:
     until they are written: `perfsweep report` reads them, and a read never writes them later. A
     failure to write is printed, never raised over the jobs' own outcome (the next command finds
     the sweep dead from its heartbeat)."""
-    try:
-        engine = store.connect(url)
+    with interrupts.held(CLOSING_NOTE):  # from the connection on: a signal now waits for the last write
         try:
-            if (sweep_id := sweep_id_for(engine, sweep_dir)) is not None:
-                try:
-                    with interrupts.held(CLOSING_NOTE):
-                        store.end_sweep(engine, sweep_id, status)
-                        fill_compile_payback(engine, sweep_id)
-                        fill_speedups(engine, sweep_id)
-                        fill_cpu_utilisation(engine, sweep_id)
-                        audit.audit_sweep(engine, sweep_id)
-                except KeyboardInterrupt as exc:  # delivered once all is written: only the summary is skipped
-                    exc.perfsweep_hint = f"the runs are stored; see them with: {report_command(url, sweep_id)}"
-                    raise
-        finally:
-            engine.dispose()
-    except Exception as exc:  # noqa: BLE001
-        print(f"perfsweep: could not mark the sweep {status} in {url}: {first_line(exc)}", file=sys.stderr)
+            engine = store.connect(url)
+            try:
+                if (sweep_id := sweep_id_for(engine, sweep_dir)) is not None:
+                    store.end_sweep(engine, sweep_id, status)
+                    fill_compile_payback(engine, sweep_id)
+                    fill_speedups(engine, sweep_id)
+                    fill_cpu_utilisation(engine, sweep_id)
+                    audit.audit_sweep(engine, sweep_id)
+            finally:
+                engine.dispose()
+        except Exception as exc:  # noqa: BLE001
+            print(f"perfsweep: could not mark the sweep {status} in {url}: {first_line(exc)}", file=sys.stderr)
+
+
+def stored_hint(url: str, sweep_id: int) -> str:
+    """The last line's advice when a signal came once the runs were stored: only the summary (or
+    the report) is missing, and the report command shows it."""
+    return f"the runs are stored; see them with: {report_command(url, sweep_id)}"
 
 
 CLOSING_NOTE = "perfsweep: storing the sweep's closing figures first"
@@ -303,13 +305,7 @@ def show_sweep(url: str, sweep_dir: str, make_report: bool = True) -> None:
         if sweep_id is None:
             print(f"perfsweep: no sweep {sweep_dir} in {url}", file=sys.stderr)
             return
-        try:
-            _print_summary(engine, sweep_id, make_report)
-        except KeyboardInterrupt as exc:  # everything is stored: only the printing was cut short
-            if not getattr(exc, "perfsweep_hint", None):
-                url = engine.url.render_as_string(hide_password=False)
-                exc.perfsweep_hint = f"the runs are stored; see them with: {report_command(url, sweep_id)}"
-            raise
+        _print_summary(engine, sweep_id, make_report)
     finally:
         engine.dispose()
 

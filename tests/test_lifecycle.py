@@ -323,3 +323,50 @@ def test_ctrl_c_while_a_finished_job_exits_keeps_its_result(tmp_path: Path, monk
         launcher.run_job(_tiny_job(tmp_path))
     (run,) = rows(tmp_path / "results.db", "SELECT status, error, tokens_per_s FROM runs")
     assert run["status"] == "ok" and run["error"] is None and run["tokens_per_s"] > 0, run
+
+
+@pytest.mark.slow
+def test_ctrl_c_as_a_finished_sweep_closes_keeps_its_figures_and_names_the_report(tmp_path: Path):
+    """Every job is done and the sweep is being closed when Ctrl-C comes (made to last here, so the
+    signal lands in it): the closing figures are written and the sweep is 'done'; the last line
+    names the report command. It said "interrupted before any job started" and left the sweep
+    'running' without its speedups."""
+    driver = (
+        "import sys, time\n"
+        "from perfsweep import summary\n"
+        "real = summary.close_sweep\n"
+        "def slow(*args, **kw):\n"
+        "    print('closing the sweep', file=sys.stderr, flush=True)\n"
+        "    time.sleep(1.5)\n"
+        "    return real(*args, **kw)\n"
+        "summary.close_sweep = slow\n"
+        "sys.argv = ['perfsweep', *sys.argv[1:]]\n"
+        "from perfsweep.__main__ import cli\n"
+        "cli()\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", driver, "-m", "device=cpu", "amp=true,false", *TINY],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal
+    )
+    assert proc.stderr is not None
+    lines = []
+    for line in proc.stderr:
+        lines.append(line)
+        if line.startswith("closing the sweep"):
+            os.killpg(proc.pid, signal.SIGINT)
+            break
+    out, err = proc.communicate(timeout=60)
+    err = "".join(lines) + err
+    assert proc.returncode == 130, err[-2000:]
+    db = tmp_path / "results.db"
+    assert err.strip().splitlines()[-1] == (
+        f"perfsweep: interrupted; the runs are stored; see them with: perfsweep report --sweep 1 --db {db}"
+    )
+    assert rows(db, "SELECT status FROM sweeps") == [{"status": "done"}]
+    runs = rows(db, "SELECT status, speedup_verdict FROM runs ORDER BY job_num")
+    assert [r["status"] for r in runs] == ["ok", "ok"] and all(r["speedup_verdict"] for r in runs), runs
