@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 STOPPING_NOTE = "perfsweep: stopping the running jobs and storing them first"
@@ -81,17 +81,26 @@ def held(note: str | None = None) -> Iterator[None]:
 
     outermost = not _holding
     _holding.append(hold)
-    previous = {sig: signal.signal(sig, hold) for sig in HELD_SIGNALS}
     try:
-        yield
+        with handled(HELD_SIGNALS, hold) as previous:
+            yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
         _holding.pop()
         if outermost:
             _noted.clear()
     if pending:
         _deliver(pending[0], previous[pending[0]])
+
+
+@contextlib.contextmanager
+def handled(signals: Iterable[int], handler: Callable[[int, Any], None]) -> Iterator[dict[int, Any]]:
+    """``handler`` for ``signals`` within the block; yields the handlers it replaced, put back after."""
+    previous = {sig: signal.signal(sig, handler) for sig in signals}
+    try:
+        yield previous
+    finally:
+        for sig, replaced in previous.items():
+            signal.signal(sig, replaced)
 
 
 _holding: list[Any] = []

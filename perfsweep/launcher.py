@@ -305,12 +305,8 @@ def scheduler_signals() -> Iterator[None]:
         name = signal.Signals(signum).name
         raise Stopped(f"stopped by {name} from the scheduler ({SCHEDULER_SIGNALS[signal.Signals(signum)]})")
 
-    previous = {sig: signal.signal(sig, stop) for sig in SCHEDULER_SIGNALS}
-    try:
+    with interrupts.handled(SCHEDULER_SIGNALS, stop):
         yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 CANCEL_GRACE_S = 2.0

@@ -23,7 +23,7 @@ from sqlalchemy import select
 
 from perfsweep import importer, store
 from perfsweep.names import HEARTBEAT_STALE_S
-from tests.util import TINY, new_db_url, run_perfsweep, run_row
+from tests.util import TINY, new_db_url, run_perfsweep, run_row, start_as_in_a_terminal
 from tests.util import sqlite_rows as rows
 
 pytest_plugins = ["tests.pg"]
@@ -230,44 +230,43 @@ def test_a_second_ctrl_c_keeps_what_the_first_one_said_to_do():
     assert _hint(KeyboardInterrupt()) is None
 
 
+def _tiny_job(tmp_path: Path, job_num: int = 0, **settings):
+    """A job of a few hundred milliseconds, stored in tmp_path/results.db unless ``settings`` say."""
+    from perfsweep import launcher
+    from perfsweep.config import DataConfig, DataKind, DbConfig, ModelConfig, PerfsweepConfig, ProfileConfig
+
+    cfg = PerfsweepConfig(
+        **{
+            "model": ModelConfig(name="tiny", args=dict(n_layers=1, n_heads=2, d_model=32, d_ff=64, max_seq_len=64)),
+            "data": DataConfig(name="syn", kind=DataKind.synthetic, synthetic_vocab=64, synthetic_tokens=5000),
+            "batch": 2,
+            "seq_len": 16,
+            "device": "cpu",
+            "profile": ProfileConfig(enabled=False),
+            "db": DbConfig(url=f"sqlite:///{tmp_path / 'results.db'}"),
+            **settings,
+        }
+    )
+    return launcher.JobSpec(cfg, tmp_path / "job", tmp_path, str(tmp_path), "s", ["batch=2"], job_num=job_num)
+
+
 def test_a_job_starting_while_the_database_is_down_runs_and_keeps_its_result(tmp_path: Path):
     """The server went away between two jobs of a sweep: the next job still trains, and its
     result waits in its folder for perfsweep import (it was an exception before any training:
     the grid point was silently missing)."""
     from perfsweep import launcher
-    from perfsweep.config import DataConfig, DataKind, DbConfig, ModelConfig, PerfsweepConfig, SweepContext
+    from perfsweep.config import DbConfig, SweepContext
 
-    cfg = PerfsweepConfig(
-        model=ModelConfig(name="tiny", args=dict(n_layers=1, n_heads=2, d_model=32, d_ff=64, max_seq_len=64)),
-        data=DataConfig(name="syn", kind=DataKind.synthetic, synthetic_vocab=64, synthetic_tokens=5000),
-        batch=2,
-        seq_len=16,
-        device="cpu",
+    spec = _tiny_job(
+        tmp_path,
+        job_num=1,
         db=DbConfig(url="postgresql+psycopg2://perfsweep@127.0.0.1:1/gone"),  # nothing listens on port 1
         sweep=SweepContext(n_jobs=2, id=7),
     )
-    spec = launcher.JobSpec(cfg, tmp_path / "job", tmp_path, str(tmp_path), "s", ["batch=2"], job_num=1)
     run_id, status = launcher.run_job(spec)
     assert (run_id, status) == (None, "ok")
     kept = json.loads((tmp_path / "job" / "result.json").read_text())
     assert kept["run"]["status"] == "ok" and kept["run"]["tokens_per_s"] > 0 and kept["run"]["job_num"] == 1
-
-
-def _tiny_job(tmp_path: Path):
-    """A job of a few hundred milliseconds, stored in tmp_path/results.db."""
-    from perfsweep import launcher
-    from perfsweep.config import DataConfig, DataKind, DbConfig, ModelConfig, PerfsweepConfig, ProfileConfig
-
-    cfg = PerfsweepConfig(
-        model=ModelConfig(name="tiny", args=dict(n_layers=1, n_heads=2, d_model=32, d_ff=64, max_seq_len=64)),
-        data=DataConfig(name="syn", kind=DataKind.synthetic, synthetic_vocab=64, synthetic_tokens=5000),
-        batch=2,
-        seq_len=16,
-        device="cpu",
-        profile=ProfileConfig(enabled=False),
-        db=DbConfig(url=f"sqlite:///{tmp_path / 'results.db'}"),
-    )
-    return launcher.JobSpec(cfg, tmp_path / "job", tmp_path, str(tmp_path), "s", ["batch=2"], job_num=0)
 
 
 @pytest.mark.parametrize("then", ["nothing", "ctrl-c while it ends"])
@@ -344,15 +343,7 @@ def test_ctrl_c_as_a_finished_sweep_closes_keeps_its_figures_and_names_the_repor
         "from perfsweep.__main__ import cli\n"
         "cli()\n"
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", driver, "-m", "device=cpu", "amp=true,false", *TINY],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal
-    )
+    proc = start_as_in_a_terminal([sys.executable, "-c", driver, "-m", "device=cpu", "amp=true,false", *TINY], tmp_path)
     assert proc.stderr is not None
     lines = []
     for line in proc.stderr:

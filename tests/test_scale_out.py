@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ import pytest
 from perfsweep import slots
 from perfsweep.config import ConfigError
 from perfsweep.names import INTERRUPTED_TAIL
-from tests.util import TINY, run_perfsweep
+from tests.util import TINY, run_perfsweep, start_as_in_a_terminal
 from tests.util import sqlite_rows as rows
 
 CPUS = slots.usable_cpus()
@@ -126,15 +125,10 @@ def test_stopping_the_sweep_stops_every_running_job_and_marks_it(how: str, tmp_p
     sweep; the two jobs not started are counted in the summary (which a second signal skips), the
     exit code is the first signal's, the last line names the resume command, and no process is left."""
     tiny = [o for o in TINY if not o.startswith("steps.measure")]
-    proc = subprocess.Popen(
+    proc = start_as_in_a_terminal(
         [sys.executable, "-m", "perfsweep", "-m", "launcher.parallel=2", "device=cpu", "amp=true,false"]
         + ["ckpt=true,false", "steps.measure=100000000", *tiny],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal
+        tmp_path,
     )
     db = tmp_path / "results.db"
     deadline = time.monotonic() + 120

@@ -12,7 +12,7 @@ import pytest
 
 from perfsweep import envinfo, metrics
 from perfsweep.names import INTERRUPTED_TAIL
-from tests.util import TINY, run_perfsweep
+from tests.util import TINY, run_perfsweep, start_as_in_a_terminal
 from tests.util import sqlite_rows as rows
 
 
@@ -240,20 +240,13 @@ def test_unreachable_database_stops_the_sweep_before_any_job(tmp_path: Path):
 def test_ctrl_c_keeps_finished_jobs_and_leaves_no_process(tmp_path: Path):
     import os
     import signal
-    import subprocess
     import sys
     import time
 
     tiny = [o for o in TINY if not o.startswith("steps.measure")]
-    proc = subprocess.Popen(
-        # DataLoader workers in the job: stopping it must release their semaphores (no warning)
-        [sys.executable, "-m", "perfsweep", "-m", "steps.measure=3,100000000", "workers=2", *tiny],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    # DataLoader workers in the job: stopping it must release their semaphores (no warning)
+    proc = start_as_in_a_terminal(
+        [sys.executable, "-m", "perfsweep", "-m", "steps.measure=3,100000000", "workers=2", *tiny], tmp_path
     )
     db = tmp_path / "results.db"
     deadline = time.monotonic() + 120

@@ -46,6 +46,22 @@ def run_perfsweep(
     )
 
 
+def start_as_in_a_terminal(argv: list[str], cwd: Path) -> subprocess.Popen:
+    """Start a command as a terminal would (its own process group, Ctrl-C not ignored), with its
+    output piped: ``os.killpg(proc.pid, SIGINT)`` is then a Ctrl-C to it and its jobs."""
+    import signal
+
+    return subprocess.Popen(
+        argv,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+
+
 def sqlite_rows(db: Path, sql: str) -> list[dict]:
     """Rows of ``sql`` on the SQLite file ``db`` as dicts, through the sqlite3 module, not perfsweep."""
     con = sqlite3.connect(db)
