@@ -362,7 +362,7 @@ Outcome = tuple[str, str | None, dict[str, Any], datetime]
 """(status, error, result fields, when it was known): a job's end as run_job stores it."""
 
 
-def _wait_for_exit(conn: Any, proc: Any, ended: Any, stopped: bool) -> tuple[Outcome | None, bool]:
+def _wait_for_exit(conn: Any, proc: Any, ended: Outcome | None, stopped: bool) -> tuple[Outcome | None, bool]:
     """Let the job process exit and return (its outcome if it reported one, whether perfsweep had
     to signal it). ``ended``: the outcome already received, if any (a job that reported is
     shutting down by itself: DataLoader workers, CUDA; a timed-out one is not). Otherwise the job
