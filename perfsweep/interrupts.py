@@ -62,6 +62,11 @@ def raise_if_lost() -> None:
         raise Terminated if _received[0] == signal.SIGTERM else KeyboardInterrupt
 
 
+def first_signal() -> str | None:
+    """``SIGINT`` or ``SIGTERM``: the first signal this process's handlers received, if any."""
+    return signal.Signals(_received[0]).name if _received else None
+
+
 @contextlib.contextmanager
 def held(note: str | None = None) -> Iterator[None]:
     """Ctrl-C and SIGTERM during this bookkeeping are held until it is done, then delivered as
@@ -129,3 +134,15 @@ def first_cause(exc: BaseException) -> BaseException:
             first = seen
         seen = seen.__context__
     return first
+
+
+def signal_name(exc: BaseException) -> str:
+    """What stopped a job, as its stored error says it: ``SIGTERM`` or ``SIGINT`` for the signal
+    that began the unwinding (:func:`first_cause`), else the exception's type (a cancel, a rank's
+    ``SignalException``)."""
+    first = first_cause(exc)
+    if isinstance(first, Terminated):
+        return "SIGTERM"
+    if type(first) is KeyboardInterrupt:
+        return "SIGINT"
+    return type(first).__name__

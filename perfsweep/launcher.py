@@ -39,8 +39,8 @@ from perfsweep.names import (
     GRID_AXES,
     HASHED_UNLESS_DEFAULT,
     HEARTBEAT_INTERVAL_S,
-    INTERRUPTED_TAIL,
     NOT_MEASURED,
+    interrupted_tail,
 )
 from perfsweep.slots import Placement, SlotPool
 from perfsweep.store import utcnow
@@ -231,7 +231,7 @@ def _run_in_child(
         while outcome is None:
             beat()
             if cancel is not None and cancel.is_set():
-                raise JobCancelled("the sweep was stopped")
+                raise JobCancelled.now()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 outcome = (
@@ -266,9 +266,9 @@ def _run_in_child(
     # Ctrl-C reaches the sweep and its jobs at once; a job may die of it (exit code 1 or -SIGINT,
     # while starting) before the sweep, unwinding, sets cancel: a short wait tells the two apart
     if cancel is not None and cancel.wait(timeout=CANCEL_GRACE_S):
-        raise JobCancelled("the sweep was stopped")
+        raise JobCancelled.now()
     if code == -signal.SIGINT and not signalled:  # Ctrl-C reached the job before it could report
-        outcome = ("interrupted", f"interrupted (SIGINT) {INTERRUPTED_TAIL}", {})
+        outcome = ("interrupted", "interrupted (SIGINT)", {})
     elif signalled:
         outcome = ("failed", "job process stopped reporting without a result and was stopped by perfsweep", {})
     elif code is not None and code < 0:
@@ -316,6 +316,12 @@ is stored ``failed``: what a hard crash pays so that Ctrl-C is never taken for o
 
 class JobCancelled(BaseException):
     """Raised in a concurrent job's thread when the sweep is interrupted: handled like Ctrl-C."""
+
+    @classmethod
+    def now(cls) -> JobCancelled:
+        """Saying which signal stopped the sweep (only its main thread receives them)."""
+        first = interrupts.first_signal()
+        return cls(f"the sweep was stopped by {first}" if first else "the sweep was stopped")
 
 
 _SPAWN_LOCK = threading.Lock()
@@ -527,7 +533,7 @@ def run_job(
             why = (
                 str(exc)
                 if isinstance(exc, Stopped)
-                else f"interrupted ({exc if isinstance(exc, JobCancelled) else type(exc).__name__})"
+                else f"interrupted ({exc if isinstance(exc, JobCancelled) else interrupts.signal_name(exc)})"
             )
             if run_id is not None:
                 try:
@@ -538,7 +544,7 @@ def run_job(
                                 **row,
                                 "status": status,
                                 "finished_at": utcnow(),
-                                "error": f"{why} {INTERRUPTED_TAIL}",
+                                "error": f"{why} {interrupted_tail(spec.cfg.sweep.id is not None)}",
                             },
                             run_id,
                         )
@@ -571,7 +577,11 @@ def _finish(
     fields: dict[str, Any],
     finished: datetime,
 ) -> int | None:
-    """Store the job's outcome and print it; returns the run's id (None: kept as result.json)."""
+    """Store the job's outcome and print it; returns the run's id (None: kept as result.json).
+    An ``interrupted`` job's error gets its last words here, where a multirun (which ``perfsweep
+    resume`` finishes) is told from a single run (only the sweeper sets ``sweep.id``)."""
+    if status == "interrupted" and error:
+        error = f"{error} {interrupted_tail(spec.cfg.sweep.id is not None)}"
     row.update(status=status, error=error, finished_at=finished, duration_s=(finished - started).total_seconds())
     row.update(fields)
     saved_id = _save(engine, row, run_id, spec, fields_of_sweep)

@@ -6,6 +6,8 @@ report can all share these names without paying for torch at import time.
 
 from __future__ import annotations
 
+import shlex
+
 GRID_AXES: tuple[str, ...] = ("amp", "ckpt", "batch", "seq_len", "compile", "workers")
 """The sweep axes: top-level keys of ``PerfsweepConfig`` and real columns of ``runs``."""
 
@@ -128,8 +130,24 @@ end; ``interrupted`` means the job's process went away without one (Ctrl-C, kill
 ``skipped``: not trained, because ``skip_predicted_oom=true`` and the memory ledger predicted
 more than the device had free."""
 
-INTERRUPTED_TAIL = "before the job finished; perfsweep resume reruns it"
-"""How an ``interrupted`` run's error ends, after what stopped it ("interrupted (SIGINT) ...")."""
+RERUN_HINTS: dict[bool, str] = {True: "perfsweep resume reruns it", False: "run its command again to measure it"}
+"""What an ``interrupted`` run's error tells the user to do, for a multirun (True) and a single
+run (False): ``perfsweep resume`` refuses single runs, which have no grid to finish."""
+
+
+def is_multirun(command: str | None) -> bool:
+    """Whether a stored ``sweeps.command`` was a multirun, the only kind ``perfsweep resume`` reruns."""
+    try:
+        words = shlex.split(command or "")
+    except ValueError:  # not written by perfsweep (which stores shlex.join's output)
+        words = (command or "").split()
+    return "-m" in words or "--multirun" in words
+
+
+def interrupted_tail(multirun: bool) -> str:
+    """How an ``interrupted`` run's error ends, after what stopped it ("interrupted (SIGINT) ...")."""
+    return f"before the job finished; {RERUN_HINTS[multirun]}"
+
 
 FINAL_STATUSES: tuple[str, ...] = ("ok", "failed", "oom", "timeout", "skipped")
 """Statuses of a job that ran to an outcome; ``perfsweep import`` never overwrites these."""

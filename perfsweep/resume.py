@@ -19,6 +19,7 @@ from sqlalchemy import select
 
 from perfsweep import store
 from perfsweep.cli import OneLineParser, UserError, first_line
+from perfsweep.names import is_multirun
 
 
 def _quoted(value: str) -> str:
@@ -32,7 +33,7 @@ def command_for(sweep: store.Sweep, db_url: str | None = None) -> list[str]:
     words = shlex.split(sweep.command or "")
     if not words or words[0] != "perfsweep":
         raise ValueError(f"sweep {sweep.id} has no stored perfsweep command; it cannot be resumed")
-    if "-m" not in words and "--multirun" not in words:
+    if not is_multirun(sweep.command):
         raise ValueError(f"sweep {sweep.id} was a single run ({sweep.command}); run that command again instead")
     drop = ("hydra.sweep.dir=", "resume=", *(("db.url=",) if db_url else ()))
     keep = [w for w in words[1:] if not w.startswith(drop)]

@@ -31,7 +31,7 @@ import torch
 
 from perfsweep import compile as compile_mod
 from perfsweep import data as data_mod
-from perfsweep import distributed, ledger, slots, task
+from perfsweep import distributed, interrupts, ledger, slots, task
 from perfsweep.cli import first_line
 from perfsweep.config import AmpDtype, Device, PerfsweepConfig, to_run_config
 from perfsweep.envinfo import compute_dtype, environment, peak_flops
@@ -47,7 +47,7 @@ from perfsweep.metrics import (
     summarize,
 )
 from perfsweep.model import padded_vocab
-from perfsweep.names import INTERRUPTED_TAIL, STAGES
+from perfsweep.names import STAGES
 from perfsweep.profiling import ProfiledWindow
 from perfsweep.profiling import stage as labelled_stage
 from perfsweep.timing import measure, resolve_timing, warm_up
@@ -613,8 +613,8 @@ def job_main(
         if isinstance(exc, PredictedOOM):  # a decision, not a crash: no traceback
             conn.send(("error", "skipped", str(exc), "", partial))
         elif (status := classify_error(exc)) == "interrupted":  # Ctrl-C: what stopped it, not where
-            what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__  # a rank's signal number
-            conn.send(("error", status, f"interrupted ({what}) {INTERRUPTED_TAIL}", "", partial))
+            what = f"{type(exc).__name__}: {exc}" if str(exc) else interrupts.signal_name(exc)  # a rank's signal
+            conn.send(("error", status, f"interrupted ({what})", "", partial))  # the launcher adds what to do
         else:
             tb = traceback.format_exc(limit=8)
             conn.send(("error", status, f"{type(exc).__name__}: {exc}", tb, partial))

@@ -46,7 +46,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
 
 from perfsweep.cli import UserError, first_line
-from perfsweep.names import FINAL_STATUSES, HEARTBEAT_STALE_S
+from perfsweep.names import FINAL_STATUSES, HEARTBEAT_STALE_S, RERUN_HINTS, is_multirun
 
 log = logging.getLogger(__name__)
 
@@ -758,6 +758,11 @@ def mark_interrupted(engine: Engine) -> int:
             select(Run.id, Run.sweep_id, Run.hostname, Run.pid, Run.heartbeat_at).where(Run.status == "running")
         ).all()
         gone_runs = [r for r in runs if dead(r.hostname, r.pid, r.heartbeat_at)]
+        commands = dict(
+            s.execute(
+                select(Sweep.id, Sweep.command).where(Sweep.id.in_(sorted({r.sweep_id for r in gone_runs})))
+            ).all()
+        )
         for r in gone_runs:
             s.execute(
                 update(Run)
@@ -766,7 +771,7 @@ def mark_interrupted(engine: Engine) -> int:
                     status="interrupted",
                     finished_at=r.heartbeat_at or now,
                     error="interrupted: the job's process went away before it reported (killed, Ctrl-C or lost host); "
-                    "perfsweep resume reruns it",
+                    + RERUN_HINTS[is_multirun(commands.get(r.sweep_id))],
                 )
             )
         sweeps = s.execute(

@@ -47,8 +47,10 @@ def test_the_first_signal_decides_how_the_sweep_stopped():
             raise KeyboardInterrupt from None  # `from None` hides the context from tracebacks, not __context__
     except KeyboardInterrupt as second:
         assert isinstance(interrupts.first_cause(second), interrupts.Terminated)
+        assert interrupts.signal_name(second) == "SIGTERM"  # what a stopped job's stored error says
     plain = KeyboardInterrupt()
-    assert interrupts.first_cause(plain) is plain
+    assert interrupts.first_cause(plain) is plain and interrupts.signal_name(plain) == "SIGINT"
+    assert interrupts.signal_name(RuntimeError()) == "RuntimeError"
 
 
 def test_nested_holds_say_their_note_once(capsys):

@@ -52,8 +52,8 @@ def dead_pid() -> int:
 
 def test_running_rows_of_gone_processes_become_interrupted(engine):
     here = socket.gethostname()
-    sweep_alive = store.start_sweep(engine, "/s/alive", "alive", hostname=here)
-    sweep_dead = store.start_sweep(engine, "/s/dead", "dead", hostname=here)
+    sweep_alive = store.start_sweep(engine, "/s/alive", "alive", hostname=here, command="perfsweep -m amp=true,false")
+    sweep_dead = store.start_sweep(engine, "/s/dead", "dead", hostname=here, command="perfsweep amp=true")
     store.begin_run(engine, base_row(sweep_alive, 0, hostname=here, pid=os.getpid()))
     store.begin_run(engine, base_row(sweep_alive, 1, hostname="elsewhere", pid=1))  # fresh heartbeat
     dead = store.begin_run(engine, base_row(sweep_dead, 0, hostname=here, pid=dead_pid()))
@@ -68,11 +68,12 @@ def test_running_rows_of_gone_processes_become_interrupted(engine):
     with store.session(engine) as s:
         status = dict(s.execute(select(store.Run.id, store.Run.status)).all())
         sweeps = dict(s.execute(select(store.Sweep.id, store.Sweep.status)).all())
-        stale_run = s.get(store.Run, stale)
+        stale_run, dead_run = s.get(store.Run, stale), s.get(store.Run, dead)
     assert status[dead] == "interrupted" and status[stale] == "interrupted"
     assert status[finished] == "ok"  # a finished row is never touched
     assert sorted(status.values()) == ["interrupted", "interrupted", "ok", "running", "running"]
-    assert "perfsweep resume" in stale_run.error and stale_run.finished_at is not None
+    assert stale_run.error.endswith("; perfsweep resume reruns it") and stale_run.finished_at is not None
+    assert dead_run.error.endswith("; run its command again to measure it")  # a single run cannot be resumed
     assert sweeps == {sweep_alive: "running", sweep_dead: "interrupted"}
     assert store.mark_interrupted(engine) == 0  # idempotent
 

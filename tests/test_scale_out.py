@@ -16,7 +16,7 @@ import pytest
 
 from perfsweep import slots
 from perfsweep.config import ConfigError
-from perfsweep.names import INTERRUPTED_TAIL
+from perfsweep.names import interrupted_tail
 from tests.util import TINY, run_perfsweep, start_as_in_a_terminal
 from tests.util import sqlite_rows as rows
 
@@ -155,8 +155,10 @@ def test_stopping_the_sweep_stops_every_running_job_and_marks_it(how: str, tmp_p
     assert proc.returncode == (143 if how == "sigterm" else 130), err[-2000:]  # never killed by the second
     runs = rows(db, "SELECT status, error FROM runs")
     assert [r["status"] for r in runs] == ["interrupted", "interrupted"], runs
-    for r in runs:  # what stopped the job, in one line: no traceback of where it was
-        assert "\n" not in r["error"] and r["error"].endswith(INTERRUPTED_TAIL), r["error"]
+    first, other = ("SIGTERM", "SIGINT") if how == "sigterm" else ("SIGINT", "SIGTERM")
+    for r in runs:  # what stopped the job first, in one line: no traceback of where it was
+        assert "\n" not in r["error"] and r["error"].endswith(interrupted_tail(multirun=True)), r["error"]
+        assert r["error"].startswith("interrupted (") and first in r["error"] and other not in r["error"], r["error"]
     assert [r["status"] for r in rows(db, "SELECT status FROM sweeps")] == ["interrupted"]
     if not how.startswith("ctrl-c-t"):
         assert "(2 runs, 0 ok; 2 of 4 jobs not started)" in out

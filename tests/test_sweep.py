@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from perfsweep import envinfo, metrics
-from perfsweep.names import INTERRUPTED_TAIL
+from perfsweep.names import interrupted_tail
 from tests.util import TINY, run_perfsweep, start_as_in_a_terminal
 from tests.util import sqlite_rows as rows
 
@@ -266,7 +266,7 @@ def test_ctrl_c_keeps_finished_jobs_and_leaves_no_process(tmp_path: Path):
     # the job that was running when Ctrl-C came is stored as such, and so is the sweep
     runs = rows(db, "SELECT status, error FROM runs ORDER BY job_num")
     assert [r["status"] for r in runs] == ["ok", "interrupted"]
-    assert runs[1]["error"] == f"interrupted (KeyboardInterrupt) {INTERRUPTED_TAIL}", runs  # one line, no traceback
+    assert runs[1]["error"] == f"interrupted (SIGINT) {interrupted_tail(multirun=True)}", runs  # one line
     assert [r["status"] for r in rows(db, "SELECT status FROM sweeps")] == ["interrupted"]
     assert f"interrupted; finished jobs are in the database; run the rest with: perfsweep resume 1 --db {db}" in err
 
@@ -281,6 +281,36 @@ def test_ctrl_c_keeps_finished_jobs_and_leaves_no_process(tmp_path: Path):
     while group_alive() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not group_alive(), "a process of the interrupted sweep is still running"
+
+
+def test_ctrl_c_in_a_single_run_says_to_run_it_again(tmp_path: Path):
+    """A single run (no -m) cannot be resumed: its stored error and last line both say to run the
+    command again (the stored error once said perfsweep resume, which refuses single runs)."""
+    import signal
+    import sys
+    import time
+
+    tiny = [o for o in TINY if not o.startswith("steps.measure")]
+    proc = start_as_in_a_terminal([sys.executable, "-m", "perfsweep", "steps.measure=100000000", *tiny], tmp_path)
+    db = tmp_path / "results.db"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # the run has its row: its process is starting
+        try:
+            if db.exists() and rows(db, "SELECT count(*) AS n FROM runs WHERE status = 'running'")[0]["n"] == 1:
+                break
+        except sqlite3.OperationalError:  # schema not created yet
+            pass
+        time.sleep(0.2)
+    time.sleep(3)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    (run,) = rows(db, "SELECT status, error FROM runs")
+    assert run == {"status": "interrupted", "error": f"interrupted (SIGINT) {interrupted_tail(multirun=False)}"}
+    assert [r["status"] for r in rows(db, "SELECT status FROM sweeps")] == ["interrupted"]
+    assert (
+        err.strip().splitlines()[-1].endswith("the run is stored as interrupted; run the command again to measure it")
+    )
 
 
 def test_cpu_out_of_memory_is_status_oom(tmp_path: Path):
