@@ -14,7 +14,6 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from sqlalchemy import select
 
 from perfsweep import importer, store
 from perfsweep.names import HEARTBEAT_STALE_S
-from tests.util import TINY, new_db_url, run_perfsweep, run_row, start_as_in_a_terminal
+from tests.util import TINY, new_db_url, run_perfsweep, run_row, start_as_in_a_terminal, wait_for
 from tests.util import sqlite_rows as rows
 
 pytest_plugins = ["tests.pg"]
@@ -89,18 +88,6 @@ def test_heartbeat_uses_the_database_clock(engine):
         assert abs((store._db_now(s) - beat).total_seconds()) < 30
 
 
-def _wait_for(predicate, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if predicate():
-                return
-        except sqlite3.OperationalError:  # schema not created yet
-            pass
-        time.sleep(0.3)
-    raise AssertionError("condition not reached in time")
-
-
 def test_sweep_killed_with_sigkill_then_resumed(tmp_path: Path):
     db = tmp_path / "results.db"
     proc = subprocess.Popen(
@@ -114,9 +101,7 @@ def test_sweep_killed_with_sigkill_then_resumed(tmp_path: Path):
     )
     try:
         # after the first job is stored and while the second one runs
-        _wait_for(
-            lambda: db.exists() and rows(db, "SELECT group_concat(status) AS s FROM runs")[0]["s"] == "ok,running"
-        )
+        wait_for(lambda: db.exists() and rows(db, "SELECT group_concat(status) AS s FROM runs")[0]["s"] == "ok,running")
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the sweep and its running job, with no chance to clean up
         proc.wait()

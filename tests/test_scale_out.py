@@ -17,7 +17,7 @@ import pytest
 from perfsweep import slots
 from perfsweep.config import ConfigError
 from perfsweep.names import interrupted_tail
-from tests.util import TINY, run_perfsweep, start_as_in_a_terminal
+from tests.util import TINY, run_perfsweep, start_as_in_a_terminal, wait_for
 from tests.util import sqlite_rows as rows
 
 CPUS = slots.usable_cpus()
@@ -131,14 +131,8 @@ def test_stopping_the_sweep_stops_every_running_job_and_marks_it(how: str, tmp_p
         tmp_path,
     )
     db = tmp_path / "results.db"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # both jobs have their rows: their processes are starting
-        try:
-            if db.exists() and rows(db, "SELECT count(*) AS n FROM runs WHERE status = 'running'")[0]["n"] == 2:
-                break
-        except Exception:  # noqa: BLE001 - schema not created yet
-            pass
-        time.sleep(0.2)
+    # both jobs have their rows: their processes are starting
+    wait_for(lambda: db.exists() and rows(db, "SELECT count(*) AS n FROM runs WHERE status = 'running'")[0]["n"] == 2)
     if how != "ctrl-c-while-starting":
         time.sleep(3)
     if how.startswith("ctrl-c"):

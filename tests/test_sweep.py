@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import pytest
 
 from perfsweep import envinfo, metrics
 from perfsweep.names import interrupted_tail
-from tests.util import TINY, run_perfsweep, start_as_in_a_terminal
+from tests.util import TINY, run_perfsweep, start_as_in_a_terminal, wait_for
 from tests.util import sqlite_rows as rows
 
 
@@ -249,14 +248,8 @@ def test_ctrl_c_keeps_finished_jobs_and_leaves_no_process(tmp_path: Path):
         [sys.executable, "-m", "perfsweep", "-m", "steps.measure=3,100000000", "workers=2", *tiny], tmp_path
     )
     db = tmp_path / "results.db"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # wait until the first job is stored and the second runs
-        try:
-            if db.exists() and rows(db, "SELECT count(*) AS n FROM runs WHERE status = 'ok'")[0]["n"] == 1:
-                break
-        except sqlite3.OperationalError:  # schema not created yet
-            pass
-        time.sleep(0.5)
+    # the first job is stored and the second runs
+    wait_for(lambda: db.exists() and rows(db, "SELECT count(*) AS n FROM runs WHERE status = 'ok'")[0]["n"] == 1)
     time.sleep(3)
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends: the whole process group
     out, err = proc.communicate(timeout=60)
@@ -293,14 +286,8 @@ def test_ctrl_c_in_a_single_run_says_to_run_it_again(tmp_path: Path):
     tiny = [o for o in TINY if not o.startswith("steps.measure")]
     proc = start_as_in_a_terminal([sys.executable, "-m", "perfsweep", "steps.measure=100000000", *tiny], tmp_path)
     db = tmp_path / "results.db"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # the run has its row: its process is starting
-        try:
-            if db.exists() and rows(db, "SELECT count(*) AS n FROM runs WHERE status = 'running'")[0]["n"] == 1:
-                break
-        except sqlite3.OperationalError:  # schema not created yet
-            pass
-        time.sleep(0.2)
+    # the run has its row: its process is starting
+    wait_for(lambda: db.exists() and rows(db, "SELECT count(*) AS n FROM runs WHERE status = 'running'")[0]["n"] == 1)
     time.sleep(3)
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=60)

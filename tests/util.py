@@ -8,6 +8,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,20 @@ def sqlite_rows(db: Path, sql: str) -> list[dict]:
         return [dict(r) for r in con.execute(sql)]
     finally:
         con.close()
+
+
+def wait_for(predicate: Any, timeout: float = 120.0) -> None:
+    """Poll ``predicate`` (a look at a sweep's SQLite file, typically) until it holds; a database
+    whose schema is not created yet reads as not yet. Fails the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return
+        except sqlite3.OperationalError:  # the file or its schema is not created yet
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"condition not reached in {timeout:g} s")
 
 
 def new_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
