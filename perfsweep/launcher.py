@@ -549,7 +549,7 @@ def run_job(
                             run_id,
                         )
                 except Exception as write_exc:  # noqa: BLE001 - the next command marks it from its pid
-                    log.warning("could not mark the run interrupted: %s", write_exc)
+                    log.warning("could not mark the run interrupted: %s", first_line(write_exc))
             if isinstance(exc, Stopped):
                 print(f"  {progress.tag}interrupted: {why}", file=sys.stderr, flush=True)
         engine.dispose()
@@ -666,7 +666,9 @@ def _begin(engine: Any, row: dict[str, Any]) -> int | None:
     try:
         return store.begin_run(engine, row)
     except Exception as exc:  # noqa: BLE001
-        log.warning("could not write the running row (%s); the job runs and its result is kept on disk", exc)
+        log.warning(
+            "could not write the running row (%s); the job runs and its result is kept on disk", first_line(exc)
+        )
         return None
 
 

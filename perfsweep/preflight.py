@@ -59,7 +59,7 @@ def error_line(exc: BaseException) -> str:
         hint = f"did you mean {group}={close[0]}? " if close else ""
         key = group or "config name (-cn)"
         return f"{key}={name}: no such preset; {hint}choices: {', '.join(choices)}"
-    unknown = re.search(r"Key '([\w.]+)' (?:not in|is not in) '(\w+)'", f"{exc} {exc.__cause__}")
+    unknown = re.search(r"Key '([\w.]+)' (?:not in|is not in) (?:'\w+'|struct)", f"{exc} {exc.__cause__}")
     override = re.search(r"override '([\w.]+)'", str(exc))
     typed = re.search(r"use \+(\S+)", str(exc))  # Hydra's own advice quotes key=value as typed
     if unknown is not None:

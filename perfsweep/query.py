@@ -71,7 +71,10 @@ def read_only_engine(db: str) -> Engine:
         raise QueryError(str(exc)) from None
     if not url.startswith(("sqlite:///", "postgresql")):  # only these two have a read-only session
         raise QueryError(f"--db {db}: use a SQLite file path or a postgresql:// URL")
-    return store.connect_read_only(url)
+    try:
+        return store.connect_read_only(url)
+    except Exception as exc:  # noqa: BLE001 - its driver is not installed, an unparsable URL...
+        raise QueryError(f"--db {db}: cannot open the database ({first_line(exc)})") from None
 
 
 def run_query(engine: Engine, sql: str) -> pd.DataFrame:

@@ -594,7 +594,7 @@ def connect(url: str) -> Engine:
     try:
         mark_interrupted(engine)
     except Exception as exc:  # noqa: BLE001 - housekeeping must not stop a sweep or an import
-        log.warning("could not mark the runs of dead jobs interrupted: %s", exc)
+        log.warning("could not mark the runs of dead jobs interrupted: %s", first_line(exc))
     return engine
 
 

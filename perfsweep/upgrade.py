@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Exception as exc:  # read-only file, server unreachable, not a database...
         print(f"perfsweep upgrade: --db {args.db}: cannot upgrade ({first_line(exc)})", file=sys.stderr)
-        return 1
+        return 2  # as every command answers a database it cannot use
     print(
         f"{args.db}: schema {before or '(new)'} -> {after}"
         if before != after

@@ -59,6 +59,9 @@ CASES = {
     "db_folder_read_only": (["db.url=sqlite:///{tmp}/ro/results.db"], "db.url='sqlite:///{tmp}/ro/results.db'"),
     "db_in_memory": (["db.url=sqlite:///"], "db.url='sqlite:///'"),
     "key_typo": (["bach=4"], "bach"),
+    # a preset's keys: Hydra's own answer was "use +model.n_layer=2", which only moved the mistake
+    "model_key_typo": (["model.n_layer=2"], "model.n_layer=2"),
+    "data_key_typo": (["data.vocab_limt=100"], "data.vocab_limt=100"),
 }
 HINTS = {  # what is allowed or what to do, beyond naming key and value
     "device_cuda_without_cuda": "device=cpu",
@@ -75,6 +78,8 @@ HINTS = {  # what is allowed or what to do, beyond naming key and value
     "db_file_read_only": "readonly",
     "db_folder_read_only": "writable",
     "key_typo": "did you mean batch?",
+    "model_key_typo": "did you mean model.n_layers?",
+    "data_key_typo": "did you mean data.vocab_limit?",
 }
 
 
@@ -111,6 +116,17 @@ def test_mistake_is_one_line_exit_2_and_writes_nothing(case: str, mode: str, tmp
     assert (counts(seeded_db), counts(tmp_path / "ro" / "results.db")) == before
     assert not list(tmp_path.glob("multirun/*/*/0_*")), "a job folder was created"
     assert not (tmp_path / "outputs").exists(), "a plain run's folder (or the outputs/ made for it) was left behind"
+
+
+def test_an_empty_grid_is_refused_in_one_line(tmp_path: Path):
+    """A range with no values (Hydra's range(4,0)) gives no grid point: it once ended in an IndexError."""
+    res = run_perfsweep(["-m", "batch=range(4,0)", *[o for o in TINY if not o.startswith("batch=")]], tmp_path)
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert res.stderr.strip() == (
+        f"perfsweep: the grid is empty: no grid point in batch=range(4,0) "
+        f"{' '.join(o for o in TINY if not o.startswith('batch='))}; check its ranges; no job was started"
+    )
+    assert not (tmp_path / "results.db").exists() and not (tmp_path / "multirun").exists()
 
 
 def test_resume_needs_a_multirun_and_a_sweep_folder(tmp_path: Path):

@@ -157,6 +157,31 @@ def test_bad_database_and_bad_sql(tmp_path: Path):
         run_query(None, "  ;  ")  # type: ignore[arg-type]
 
 
+def test_a_database_whose_driver_is_missing_is_one_line_exit_2(tmp_path: Path, capsys):
+    """A PostgreSQL URL naming a driver that is not installed (pg8000 here): one line, as report
+    and resume answer it; query printed a traceback, upgrade exited 1."""
+    from perfsweep.query import main as query_main
+    from perfsweep.upgrade import main as upgrade_main
+
+    try:
+        import pg8000  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("pg8000 is installed here: pick a driver that is not")
+    url = "postgresql+pg8000://me@dbhost/perfsweep"
+    assert query_main(["select 1", "--db", url]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"perfsweep query: --db {url}: cannot open the database (No module named 'pg8000')", err
+    assert upgrade_main(["--db", url]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"perfsweep upgrade: --db {url}: cannot upgrade (No module named 'pg8000')"
+    ]
+    (tmp_path / "notes.txt").write_text("not a database")
+    assert upgrade_main(["--db", str(tmp_path / "notes.txt")]) == 2
+    assert "cannot upgrade" in capsys.readouterr().err
+
+
 def _files(folder: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir() if p.is_file()}
 

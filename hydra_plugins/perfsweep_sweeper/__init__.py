@@ -49,6 +49,8 @@ class PerfsweepSweeper(BasicSweeper):
         params = self._parse_config() + list(arguments)
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         jobs = [job for batch in self.split_arguments(parser.parse_overrides(params), None) for job in batch]
+        if not jobs:  # e.g. batch='range(4,0)'
+            _refuse(f"the grid is empty: no grid point in {' '.join(arguments) or '(no overrides)'}; check its ranges")
         run_cfgs = []
         for i, job in enumerate(jobs):
             try:
