@@ -297,6 +297,8 @@ def reserve_sweep(url: str, sweep_dir: str, name: str, **fields: Any) -> int:
             "process; give a file, e.g. db.url=sqlite:///results.db"
         )
     hint = "; a SQLite file and its folder must be writable" if url.startswith("sqlite") else ""
+    if "://" not in url:  # a path, as --db takes: the config wants a URL
+        hint = f"; a SQLite file is given as a URL: db.url=sqlite:///{os.path.abspath(url)}"
     try:
         engine = store.connect(url)
     except ModuleNotFoundError as exc:

@@ -78,6 +78,7 @@ HINTS = {  # what is allowed or what to do, beyond naming key and value
     "db_file_read_only": "readonly",
     "db_folder_read_only": "writable",
     "key_typo": "did you mean batch?",
+    "db_url_unparsable": "db.url=sqlite:///",  # a path (--db's form) is shown as the URL it would be
     "model_key_typo": "did you mean model.n_layers?",
     "data_key_typo": "did you mean data.vocab_limit?",
 }
@@ -145,6 +146,7 @@ def test_help_lists_presets_only_and_cfg_with_multirun_is_one_line(tmp_path: Pat
         "data: custom, stdlib, synthetic, textfile",
         "model: custom, gpt2_small, minigpt_seed, small, tiny",
     ]
+    assert "perfsweep query SQL | report | trace FILE | resume SWEEP_ID | import FOLDER | upgrade" in res.stdout
     res = run_perfsweep(["-m", "--cfg", "job", "amp=true,false"], tmp_path)
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert res.stderr.strip().splitlines() == [res.stderr.strip()] and "--cfg" in res.stderr

@@ -31,9 +31,17 @@ def parser() -> argparse.ArgumentParser:
     add = p.add_argument
     add("--db", default=store.DEFAULT_DB_ARG, help="SQLAlchemy URL or SQLite file path (default: %(default)s)")
     add("--sweep", action="append", metavar="ID|NAME", help="sweep id or name; repeat for several (default: latest)")
-    add("--where", metavar="SQL", help="filter over runs columns, e.g. \"batch >= 8 AND status = 'ok'\"")
+    add("--where", metavar="FILTER", help="filter over runs columns, e.g. \"batch >= 8 AND status = 'ok'\"")
     add("--baseline", metavar="AXIS=VALUE,...", help="reference config for speedups, e.g. amp=false,ckpt=false")
-    add("--out", type=Path, metavar="DIR", help="output folder (default: report/ in the sweep's folder)")
+    add(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help=(
+            "output folder (default: report/ in the sweep's folder, or ./report_<ids>/ for several sweeps or "
+            "when that folder is gone; with --vs B: compare_vs_B/ there, or ./compare_<A>_vs_<B>/)"
+        ),
+    )
     add("--vs", metavar="ID|NAME", help="compare --sweep (A) with this reference sweep (B): compare.png/.md")
     add("--top", type=int, default=TOP_BARS, metavar="N", help="most configs per bar chart (default: %(default)s)")
     return p
