@@ -45,6 +45,20 @@ COMPOSE_ERRORS: tuple[type[BaseException], ...] = (ConfigError, HydraException, 
 NO_JOB = "no job was started"
 
 
+LAUNCHER_EXTRAS: dict[str, str] = {
+    "joblib": "joblib",
+    "submitit_local": "slurm",
+    "submitit_slurm": "slurm",
+    "perfsweep_slurm": "slurm",
+}
+"""Hydra launcher presets that come with a plugin package, and the perfsweep extra that installs it."""
+
+
+def _launcher_hint(name: str) -> str:
+    extra = LAUNCHER_EXTRAS.get(name)
+    return f"; its plugin is not installed: pip install 'perfsweep[{extra}]'" if extra else ""
+
+
 def error_line(exc: BaseException) -> str:
     """One line for a composition or validation error: key, value and what is allowed.
 
@@ -58,7 +72,14 @@ def error_line(exc: BaseException) -> str:
         close = difflib.get_close_matches(name, choices, n=1)
         hint = f"did you mean {group}={close[0]}? " if close else ""
         key = group or "config name (-cn)"
+        if group == "hydra/launcher" and name in LAUNCHER_EXTRAS and name not in choices:
+            return f"{key}={name}: no such preset{_launcher_hint(name)}"
         return f"{key}={name}: no such preset; {hint}choices: {', '.join(choices)}"
+    # perfsweep_slurm builds on submitit's preset, which its plugin brings
+    if (plugin := re.search(r"In 'hydra/launcher/(\w+)': Could not load 'hydra/launcher/(\w+)'", str(exc))) is not None:
+        return (
+            f"hydra/launcher={plugin.group(1)}: needs hydra/launcher/{plugin.group(2)}{_launcher_hint(plugin.group(2))}"
+        )
     unknown = re.search(r"Key '([\w.]+)' (?:not in|is not in) (?:'\w+'|struct)", f"{exc} {exc.__cause__}")
     override = re.search(r"override '([\w.]+)'", str(exc))
     typed = re.search(r"use \+(\S+)", str(exc))  # Hydra's own advice quotes key=value as typed

@@ -58,7 +58,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         url = store.existing_url(args.db)
-        engine = store.connect(url)  # marks runs of dead processes interrupted first
+        probe = store.connect_read_only(url)
+        try:  # an empty or foreign file is not given a schema only to be told it holds no sweep
+            if store.schema_revision(probe) is None:
+                raise UserError(f"--db {args.db}: not a perfsweep results database (no schema version)")
+        finally:
+            probe.dispose()
+        engine = store.connect(url)  # marks runs of dead processes interrupted first (an older schema is upgraded)
     except UserError as exc:
         print(f"perfsweep resume: {exc}", file=sys.stderr)
         return 2

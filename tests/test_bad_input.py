@@ -130,6 +130,19 @@ def test_an_empty_grid_is_refused_in_one_line(tmp_path: Path):
     assert not (tmp_path / "results.db").exists() and not (tmp_path / "multirun").exists()
 
 
+def test_resume_leaves_a_file_that_is_not_a_results_database_as_it_was(tmp_path: Path, capsys):
+    """An empty file was given perfsweep's schema (0 -> 114,688 bytes), then told it held no sweep."""
+    from perfsweep.resume import main as resume_main
+
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    assert resume_main(["1", "--db", str(empty)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"perfsweep resume: --db {empty}: not a perfsweep results database (no schema version)"
+    )
+    assert empty.stat().st_size == 0 and sorted(p.name for p in tmp_path.iterdir()) == ["empty.db"]
+
+
 def test_resume_needs_a_multirun_and_a_sweep_folder(tmp_path: Path):
     res = run_perfsweep([*TINY, "resume=true"], tmp_path)
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "resume=true" in res.stderr

@@ -128,3 +128,28 @@ def test_help_and_cfg_job(tmp_path: Path):
     assert res.returncode == 0 and "amp" in res.stdout and "model: " in res.stdout
     res = run_perfsweep(["--cfg", "job", "amp=true"], tmp_path)
     assert res.returncode == 0 and "amp: true" in res.stdout
+
+
+def test_a_launcher_whose_plugin_is_missing_names_the_extra_to_install():
+    """Hydra's answers when hydra-joblib-launcher or hydra-submitit-launcher is not installed (as a
+    new user's venv without the extras gave them): the preset is missing, or perfsweep_slurm cannot
+    load the submitit preset it builds on. Each becomes one line naming the pip extra."""
+    from hydra.errors import MissingConfigException
+
+    from perfsweep.preflight import error_line
+
+    joblib = MissingConfigException(
+        "Could not find 'hydra/launcher/joblib'", missing_cfg_file="hydra/launcher/joblib", options=["basic"]
+    )
+    assert error_line(joblib) == (
+        "hydra/launcher=joblib: no such preset; its plugin is not installed: pip install 'perfsweep[joblib]'"
+    )
+    slurm = ConfigCompositionException(
+        "In 'hydra/launcher/perfsweep_slurm': Could not load 'hydra/launcher/submitit_slurm'."
+    )
+    assert error_line(slurm) == (
+        "hydra/launcher=perfsweep_slurm: needs hydra/launcher/submitit_slurm; "
+        "its plugin is not installed: pip install 'perfsweep[slurm]'"
+    )
+    typo = MissingConfigException("", missing_cfg_file="hydra/launcher/joblb", options=["basic", "joblib"])
+    assert error_line(typo).startswith("hydra/launcher=joblb: no such preset; did you mean hydra/launcher=joblib?")
