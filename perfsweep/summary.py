@@ -200,6 +200,8 @@ def format_summary(runs: pd.DataFrame) -> str:
     unprofiled = runs["profile_error"].astype(object).groupby(key, sort=False).first()  # an ok run without stages
     first_error = first_error.astype(object).fillna(unprofiled)  # a config's own failure comes first
     out["error"] = per["config_hash"].fillna(per["id"].astype(str)).map(first_error).map(lambda e: first_line(e, 70))
+    if not out["error"].fillna("").astype(str).str.strip().astype(bool).any():  # all ok: no empty column
+        out = out.drop(columns="error")
     text = out.to_string(index=False)
     notes = []
     if per["noisy"].any():

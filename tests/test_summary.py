@@ -192,6 +192,25 @@ def test_a_samples_model_beside_token_models_says_why_it_shows_a_dash(tmp_path: 
     engine.dispose()
 
 
+def test_the_error_column_is_shown_only_when_a_run_has_one(tmp_path: Path):
+    """An all-ok sweep's table ended in an empty ``error`` column (trailing blanks on every line)."""
+    engine, sid = _sweep(tmp_path, [{"config_hash": "A", "tokens_per_s": 1000.0}])
+    header = summary.format_summary(summary.summary_frame(engine, sid)).splitlines()[0]
+    assert header.split()[-1] != "error", header
+    engine.dispose()
+    (tmp_path / "failed").mkdir()
+    engine, sid = _sweep(
+        tmp_path / "failed",
+        [
+            {"config_hash": "A", "tokens_per_s": 1000.0},
+            {"config_hash": "B", "amp": True, "status": "failed", "tokens_per_s": None, "error": "boom"},
+        ],
+    )
+    text = summary.format_summary(summary.summary_frame(engine, sid))
+    assert text.splitlines()[0].split()[-1] == "error" and text.splitlines()[2].endswith("boom"), text
+    engine.dispose()
+
+
 def test_a_config_shows_its_failure_before_a_repeats_missing_profile(tmp_path: Path):
     """Repeat 0 trained but lost its profile (runs.profile_error), repeat 1 ran out of memory: the
     error column shows the failure; a config whose runs all trained shows why it has no stages."""
