@@ -758,10 +758,14 @@ def mark_interrupted(engine: Engine) -> int:
             select(Run.id, Run.sweep_id, Run.hostname, Run.pid, Run.heartbeat_at).where(Run.status == "running")
         ).all()
         gone_runs = [r for r in runs if dead(r.hostname, r.pid, r.heartbeat_at)]
-        commands = dict(
-            s.execute(
-                select(Sweep.id, Sweep.command).where(Sweep.id.in_(sorted({r.sweep_id for r in gone_runs})))
-            ).all()
+        commands = (  # what each gone run's error says to do depends on its sweep's command
+            dict(
+                s.execute(
+                    select(Sweep.id, Sweep.command).where(Sweep.id.in_(sorted({r.sweep_id for r in gone_runs})))
+                ).all()
+            )
+            if gone_runs
+            else {}
         )
         for r in gone_runs:
             s.execute(
