@@ -154,12 +154,9 @@ def hydra_main(cfg: DictConfig) -> str:
             summary.close_sweep(url, sweep_dir, "done" if finished else "interrupted")
         summary.show_sweep(url, sweep_dir, make_report=False)
         raise
-    try:
+    with summary.hint_stored(url, sweep_id):  # the run is stored: only the summary (or report) is missing
         summary.close_sweep(url, sweep_dir, "done")
         summary.show_sweep(url, sweep_dir, make_report=run_cfg.report)
-    except KeyboardInterrupt as exc:  # the run is stored: only the summary (or report) is missing
-        exc.perfsweep_hint = getattr(exc, "perfsweep_hint", None) or summary.stored_hint(url, sweep_id)
-        raise
     if run_id is None:
         print(
             f"perfsweep: the result could not be written to {url} and is kept in "

@@ -69,6 +69,11 @@ class JobSpec:
     later in a thread of its own (``launcher.parallel``) must still get it."""
 
     @property
+    def multirun(self) -> bool:
+        """Part of a multirun, which ``perfsweep resume`` finishes (only the sweeper sets ``sweep.id``)."""
+        return self.cfg.sweep.id is not None
+
+    @property
     def label(self) -> str:
         """File-name-safe name of the job from its overrides, e.g. ``amp=true,ckpt=false``."""
         text = ",".join(self.overrides) or "default"
@@ -544,7 +549,7 @@ def run_job(
                                 **row,
                                 "status": status,
                                 "finished_at": utcnow(),
-                                "error": f"{why} {interrupted_tail(spec.cfg.sweep.id is not None)}",
+                                "error": f"{why} {interrupted_tail(spec.multirun)}",
                             },
                             run_id,
                         )
@@ -578,10 +583,9 @@ def _finish(
     finished: datetime,
 ) -> int | None:
     """Store the job's outcome and print it; returns the run's id (None: kept as result.json).
-    An ``interrupted`` job's error gets its last words here, where a multirun (which ``perfsweep
-    resume`` finishes) is told from a single run (only the sweeper sets ``sweep.id``)."""
+    An ``interrupted`` job's error gets its last words here: how to rerun it (JobSpec.multirun)."""
     if status == "interrupted" and error:
-        error = f"{error} {interrupted_tail(spec.cfg.sweep.id is not None)}"
+        error = f"{error} {interrupted_tail(spec.multirun)}"
     row.update(status=status, error=error, finished_at=finished, duration_s=(finished - started).total_seconds())
     row.update(fields)
     saved_id = _save(engine, row, run_id, spec, fields_of_sweep)

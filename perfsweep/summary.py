@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shlex
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -276,10 +278,18 @@ def close_sweep(url: str, sweep_dir: str, status: str) -> None:
             print(f"perfsweep: could not mark the sweep {status} in {url}: {first_line(exc)}", file=sys.stderr)
 
 
-def stored_hint(url: str, sweep_id: int) -> str:
-    """The last line's advice when a signal came once the runs were stored: only the summary (or
-    the report) is missing, and the report command shows it."""
-    return f"the runs are stored; see them with: {report_command(url, sweep_id)}"
+@contextlib.contextmanager
+def hint_stored(url: str, sweep_id: int) -> Iterator[None]:
+    """Ctrl-C or SIGTERM here came once the runs were stored: only the summary (or the report) is
+    missing, so the last line names the report command, unless an earlier hint said more."""
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        exc.perfsweep_hint = (
+            getattr(exc, "perfsweep_hint", None)
+            or f"the runs are stored; see them with: {report_command(url, sweep_id)}"
+        )
+        raise
 
 
 CLOSING_NOTE = "perfsweep: storing the sweep's closing figures first"

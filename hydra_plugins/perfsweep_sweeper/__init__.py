@@ -205,13 +205,11 @@ class PerfsweepSweeper(BasicSweeper):
             # after Ctrl-C or SIGTERM: the jobs still running are stopped and stored, and the sweep is
             # closed with its figures, even if a second one comes (it is held, then skips the summary)
             try:
-                with interrupts.held(interrupts.STOPPING_NOTE if end != "done" else None):
-                    launcher.end_concurrent()
-                    summary.close_sweep(url, str(sweep_dir), end)
-                summary.show_sweep(url, str(sweep_dir), make_report=first.report)
-            except KeyboardInterrupt as exc:  # all is stored: only the summary (or report) is missing
-                exc.perfsweep_hint = getattr(exc, "perfsweep_hint", None) or summary.stored_hint(url, sweep_id)
-                raise
+                with summary.hint_stored(url, sweep_id):  # all is stored: only the summary (or report) is missing
+                    with interrupts.held(interrupts.STOPPING_NOTE if end != "done" else None):
+                        launcher.end_concurrent()
+                        summary.close_sweep(url, str(sweep_dir), end)
+                    summary.show_sweep(url, str(sweep_dir), make_report=first.report)
             except Exception as exc:  # noqa: BLE001 - never hide the jobs' own outcome
                 print(f"perfsweep: could not print the summary from {url}: {exc}", file=sys.stderr)
         statuses = [_status(r) for batch in returns for r in batch] + search_statuses
