@@ -740,6 +740,29 @@ def test_default_out_dir(engine: Any, tmp_path: Path, monkeypatch: pytest.Monkey
     assert build_report(engine, [gone]) == tmp_path / f"report_{gone}"
 
 
+def test_filtered_report_keeps_the_full_one(engine: Any, tmp_path: Path) -> None:
+    """A --where or --baseline report without --out gets a folder of its own next to report/
+    (which every sweep writes at its end), one per filter, and names its filter; so does compare."""
+    sid, ref = new_sweep(engine, tmp_path / "sw"), new_sweep(engine, tmp_path / "ref")
+    for s in (sid, ref):
+        store.save_run(engine, run_row(s, 0))
+        store.save_run(engine, run_row(s, 1, amp=True))
+    full = build_report(engine, [sid])
+    assert full == tmp_path / "sw" / "report"
+    before = (full / "report.md").read_text()
+    amp_only = build_report(engine, [sid], where="amp = true")
+    fp32_base = build_report(engine, [sid], baseline={"amp": True})
+    again = build_report(engine, [sid], where="amp = true")
+    assert len({full, amp_only, fp32_base}) == 3 and again == amp_only
+    assert amp_only.parent == full.parent and amp_only.name.startswith("report_")
+    assert (full / "report.md").read_text() == before
+    assert "- Filter (`--where`): `amp = true`" in (amp_only / "report.md").read_text()
+    plain, filtered = build_compare(engine, sid, ref), build_compare(engine, sid, ref, where="amp = true")
+    assert plain == tmp_path / "sw" / f"compare_vs_{ref}" and filtered.parent == plain.parent and filtered != plain
+    assert "Filter (`--where`): `amp = true`" in (filtered / "compare.md").read_text()
+    assert "Filter" not in (plain / "compare.md").read_text()
+
+
 def test_stale_charts_are_removed_when_skipped(engine: Any, tmp_path: Path) -> None:
     sid = new_sweep(engine, tmp_path / "sw")
     store.save_run(engine, run_row(sid, 0))

@@ -39,7 +39,8 @@ def parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help=(
             "output folder (default: report/ in the sweep's folder, or ./report_<ids>/ for several sweeps or "
-            "when that folder is gone; with --vs B: compare_vs_B/ there, or ./compare_<A>_vs_<B>/)"
+            "when that folder is gone; with --vs B: compare_vs_B/ there, or ./compare_<A>_vs_<B>/; with --where or "
+            "--baseline, the same name plus _<hash of them>, so the full report stays)"
         ),
     )
     add("--vs", metavar="ID|NAME", help="compare --sweep (A) with this reference sweep (B): compare.png/.md")

@@ -11,6 +11,7 @@ lists the charts it left out and why, so a missing picture is never a silent fai
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -379,8 +380,19 @@ def write_report(report: Report, out_dir: Path) -> Path:
     return out_dir
 
 
-def default_out_dir(sweeps: pd.DataFrame, sweep_id: int | None, sub: str, elsewhere: str) -> Path:
-    """``<sweep_dir>/<sub>`` of ``sweep_id`` when its folder exists, else ``./<elsewhere>``."""
+def default_out_dir(
+    sweeps: pd.DataFrame, sweep_id: int | None, sub: str, elsewhere: str, *, variant: object = None
+) -> Path:
+    """``<sweep_dir>/<sub>`` of ``sweep_id`` when its folder exists, else ``./<elsewhere>``.
+
+    ``variant`` is what makes this output differ from the plain one (a ``--where`` filter, a
+    ``--baseline``): when given, both names get a short hash of it, so a filtered report never
+    overwrites the full one every sweep writes at its end, and two different filters keep two
+    folders (the filter itself is written in report.md).
+    """
+    if variant is not None:
+        tag = hashlib.sha1(repr(variant).encode()).hexdigest()[:8]
+        sub, elsewhere = f"{sub}_{tag}", f"{elsewhere}_{tag}"
     folder = sweeps.loc[sweeps["id"] == sweep_id, "sweep_dir"]
     if len(folder) and isinstance(folder.iloc[0], str) and Path(folder.iloc[0]).is_dir():
         return Path(folder.iloc[0]) / sub
@@ -396,8 +408,13 @@ def build_report(engine: Engine, sweep_ids: list[int], out_dir: Path | None = No
     """
     ids = list(sweep_ids)
     report = make_report(engine, ids, **options)
+    variant = {k: options[k] for k in ("where", "baseline") if options.get(k) is not None} or None
     default = default_out_dir(
-        report.sweeps, ids[0] if len(ids) == 1 else None, "report", f"report_{'_'.join(map(str, ids))}"
+        report.sweeps,
+        ids[0] if len(ids) == 1 else None,
+        "report",
+        f"report_{'_'.join(map(str, ids))}",
+        variant=variant,
     )
     return write_report(report, Path(out_dir) if out_dir is not None else default)
 

@@ -121,7 +121,11 @@ def build_compare(engine: Engine, a: int, b: int, out_dir: Path | None = None, w
     steps = load_child(engine, "steps", [i for c in configs for ids in c["ok_run_ids"] for i in ids])
     cmp = compare_frame(*configs, runs, steps)
     rate = fmt.RATES[metrics.rate_unit(runs["tokens_per_s"], runs["samples_per_s"])]
-    out = Path(out_dir) if out_dir is not None else default_out_dir(sweeps, a, f"compare_vs_{b}", f"compare_{a}_vs_{b}")
+    out = (
+        Path(out_dir)
+        if out_dir is not None
+        else default_out_dir(sweeps, a, f"compare_vs_{b}", f"compare_{a}_vs_{b}", variant=where or None)
+    )
     out.mkdir(parents=True, exist_ok=True)
     names = {s: f"sweep {s} ({sweeps.loc[sweeps['id'] == s, 'name'].iloc[0]})" for s in (a, b)}
     shown, note = cmp[~cmp["verdict"].isin(["only in A", "only in B"])], f"A: {names[a]}, B: {names[b]}"
@@ -133,16 +137,25 @@ def build_compare(engine: Engine, a: int, b: int, out_dir: Path | None = None, w
         charts.save(
             charts.draw(charts.for_rate(COMPARE, rate), shown.reset_index(drop=True), note), out / "compare.png"
         )
-    md = compare_md(cmp, sides[a], sides[b], names[a], names[b], not shown.empty)
+    md = compare_md(cmp, sides[a], sides[b], names[a], names[b], not shown.empty, where)
     (out / "compare.md").write_text(fmt.for_rate(md, rate))  # its texts say tokens/s
     cmp.to_csv(out / "compare.csv", index=False)
     log.info("compare of sweep %s vs %s: %s", a, b, out)
     return out
 
 
-def compare_md(cmp: pd.DataFrame, runs_a: pd.DataFrame, runs_b: pd.DataFrame, a: str, b: str, chart: bool) -> str:
+def compare_md(
+    cmp: pd.DataFrame,
+    runs_a: pd.DataFrame,
+    runs_b: pd.DataFrame,
+    a: str,
+    b: str,
+    chart: bool,
+    where: str | None = None,
+) -> str:
     """compare.md: every matched config with both sweeps' figures and the verdict, then the
-    environment of each sweep, since a change there can explain a change in speed."""
+    environment of each sweep, since a change there can explain a change in speed; the
+    ``--where`` filter, when one was given, so a filtered comparison says it is one."""
     table = pd.DataFrame({"config": cmp["label"]})
     for s in "ab":
         table[f"tokens/s {s.upper()}"] = cmp[f"throughput_per_s_{s}"].map(fmt.num)
@@ -157,6 +170,7 @@ def compare_md(cmp: pd.DataFrame, runs_a: pd.DataFrame, runs_b: pd.DataFrame, a:
     )
     counts = ", ".join(f"{c} {v}" for v, c in cmp["verdict"].value_counts().items())
     image = "![compare](compare.png)\n\n" if chart else ""
+    scope = f"\n\nFilter (`--where`): `{where}`" if where else ""
     return f"""# perfsweep compare: {a} vs {b}
 
 A = {a} is compared with the reference B = {b}. Configs are matched on {", ".join(CONFIG_AXES)}. \
@@ -165,7 +179,7 @@ them, else over measured steps resampled in blocks. A change whose interval cont
 Runs with no stored steps have no interval: there the throughput ranges decide (range: over a config's repeats, or \
 for one run the throughput at its p90 and p10 step time).
 
-**{len(cmp)} configs:** {counts}.
+**{len(cmp)} configs:** {counts}.{scope}
 
 {image}{fmt.table(table, right=[c for c in table.columns if c not in ("config", "verdict")])}
 
