@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import json
 import sys
 
 import pandas as pd
@@ -122,6 +123,24 @@ def as_table(df: pd.DataFrame) -> str:
     return shown.set_axis(df.columns, axis=1).to_string(index=False, na_rep="NULL")
 
 
+def as_json(df: pd.DataFrame) -> str:
+    """The rows as a JSON array of objects. Floats keep every digit (Python's shortest repr, as
+    the CSV does; pandas' ``to_json`` rounds to 10 significant digits), NULL and NaN are null,
+    timestamps ISO 8601 text (as SQLite stores them), a JSON column from PostgreSQL its object."""
+
+    def plain(value: object) -> object:
+        if isinstance(value, (datetime.datetime, datetime.date)):  # pd.Timestamp is a datetime
+            return value.isoformat()
+        if hasattr(value, "item"):  # a numpy scalar (int64, bool_, float64) as its Python value
+            value = value.item()
+        if isinstance(value, decimal.Decimal):
+            value = float(value)
+        return None if value is None or value is pd.NA or value is pd.NaT or value != value else value
+
+    rows = [dict(zip(df.columns, map(plain, row), strict=True)) for row in df.itertuples(index=False, name=None)]
+    return json.dumps(rows, indent=2, default=str)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(
         prog="perfsweep query",
@@ -150,8 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
-        # timestamps as ISO 8601 text, as SQLite stores them (pandas' default is epoch milliseconds)
-        print(df.to_json(orient="records", indent=2, date_format="iso", date_unit="us"))
+        print(as_json(df))
     else:
         print(as_table(df) if len(df) else f"(no rows; columns: {', '.join(df.columns)})")
     return 0

@@ -115,6 +115,17 @@ def test_null_stays_null_and_integers_stay_integers(db, fmt, capsys):
         ]
 
 
+def test_json_keeps_every_digit_of_a_float(db, capsys):
+    """--format json prints a float as CSV does, all its digits (pandas' to_json kept 10)."""
+    sql = "SELECT 1.0 / 3 AS third, 123456.78901234567 AS big FROM runs WHERE batch = 4"
+    assert main([sql, "--db", db, "--format", "json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert main([sql, "--db", db, "--format", "csv"]) == 0
+    csv_row = dict(zip(*[line.split(",") for line in capsys.readouterr().out.splitlines()], strict=True))
+    assert {k: float(v) for k, v in csv_row.items()} == row
+    assert row == {"third": 1 / 3, "big": 123456.78901234567}  # 10 digits would give 0.3333333333, 123456.789
+
+
 def test_timestamps_print_as_iso_text_from_either_database(db, capsys):
     """SQLite hands back its stored text, PostgreSQL a datetime: --format json prints both as ISO
     8601 (pandas' default wrote PostgreSQL's as epoch milliseconds)."""
