@@ -145,12 +145,22 @@ def axis_text(axis: str, value: Any) -> str:
 
 
 def config_labels(df: pd.DataFrame, axes: Sequence[str], unique: bool = True) -> pd.Series:
-    """``amp=on ckpt=off`` from the differing axes; with ``unique``, run ids break ties (``#7``)."""
+    """``amp=on ckpt=off`` from the differing axes; with ``unique``, run ids break ties (``#7``).
+
+    With no differing axis (one config) the label names the model and shape, plus each technique
+    that is on (``tiny batch=8 seq_len=256 amp=on compile=on``): a headline that hid a compiled or
+    AMP run would read as a plain eager one."""
     if axes:
         labels = [" ".join(parts) for parts in zip(*([axis_text(a, v) for v in df[a]] for a in axes), strict=True)]
     else:
-        rows = df[["model_name", "batch", "seq_len"]].itertuples(False)
-        labels = [f"{m} batch={b}" + ("" if pd.isna(s) else f" seq_len={s}") for m, b, s in rows]
+        techniques = [a for a in ON_OFF_AXES if a in df.columns]
+        rows = df[["model_name", "batch", "seq_len", *techniques]].itertuples(False)
+        labels = [
+            f"{m} batch={b}"
+            + ("" if pd.isna(s) else f" seq_len={s}")
+            + "".join(f" {a}=on" for a, on in zip(techniques, flags, strict=True) if pd.notna(on) and bool(on))
+            for m, b, s, *flags in rows
+        ]
     out = pd.Series(labels, index=df.index, dtype=object)
     dup = out.duplicated(keep=False) & unique
     out[dup] = out[dup] + " #" + df.loc[dup, "id"].astype(str)

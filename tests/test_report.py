@@ -694,6 +694,14 @@ def test_labels_name_only_differing_axes() -> None:
     ]
 
 
+def test_one_config_label_names_the_techniques_that_are_on() -> None:
+    """A single compiled AMP run (nothing differs) is not labelled like a plain eager one."""
+    df = pd.DataFrame({"id": [1], **{a: [0] for a in CONFIG_AXES}}).assign(model_name="tiny", batch=8, seq_len=256)
+    assert config_labels(df, label_axes(df)).tolist() == ["tiny batch=8 seq_len=256"]
+    df = df.assign(amp=True, compile=True)
+    assert config_labels(df, label_axes(df)).tolist() == ["tiny batch=8 seq_len=256 amp=on compile=on"]
+
+
 def test_parse_baseline_spec() -> None:
     assert parse_config_spec("amp=false, ckpt=on,batch=8,model=tiny") == {
         "amp": False,
