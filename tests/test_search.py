@@ -87,6 +87,7 @@ def test_batch_max_sweep_end_to_end(tmp_path: Path) -> None:
         tmp_path,
     )
     assert res.returncode == 0, res.stderr[-3000:]
+    assert "perfsweep: 1 batch=max search (a job per batch tried), one process each;" in res.stderr
     db = tmp_path / "results.db"
     (found,) = rows(db, "SELECT * FROM batch_searches")
     assert found["status"] == "done" and found["max_batch"] >= 2 and found["first_oom_batch"] == found["max_batch"] + 1

@@ -141,12 +141,10 @@ class PerfsweepSweeper(BasicSweeper):
         if hasattr(self.launcher, "params") and "timeout_min" in self.launcher.params:  # submitit's launchers
             _fit_time_limit(self.launcher.params, run_cfgs, list(self.config.hydra.overrides.hydra))
         at_once = f", {len(placements)} at a time" if len(placements) > 1 else ""
-        print(
-            f"perfsweep: {_jobs(len(todo))}, one process each{at_once}; job folders under {sweep_dir}", file=sys.stderr
-        )
+        searches = [p for p in todo if search.is_search(run_cfgs[order[p][0]])]
+        print(f"perfsweep: {_plan(len(todo), len(searches))}{at_once}; job folders under {sweep_dir}", file=sys.stderr)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         returns: list[Any] = []
-        searches = [p for p in todo if search.is_search(run_cfgs[order[p][0]])]
         search_statuses: list[str] = []
         next_num = [len(order)]  # a search's first try keeps its place in the plan; later tries come after
 
@@ -323,6 +321,15 @@ def _at_batch_1(cfg: Any) -> Any:
 
 def _jobs(n: int) -> str:
     return f"{n} job{'s' if n != 1 else ''}"
+
+
+def _plan(todo: int, searches: int) -> str:
+    """``4 jobs, one process each``; a ``batch=max`` search is counted as what it is, since the
+    number of jobs it runs (one per batch it tries) is known only as it goes."""
+    parts = [_jobs(todo - searches)] if todo > searches else []
+    if searches:
+        parts.append(f"{searches} batch=max search{'es' if searches > 1 else ''} (a job per batch tried)")
+    return f"{' and '.join(parts)}, one process each"
 
 
 def _refuse(message: str) -> None:
