@@ -136,6 +136,11 @@ class _Parser:
         if not self.peek("word"):
             raise WhereError(f"expected a runs column but found {self.found()}")
         name = self.take("word")
+        if self.peek("punct", "("):  # lower(name), abs(x): the filter compares columns as stored
+            raise WhereError(
+                f"function calls are not allowed ({name}(...)); compare a runs column as stored, "
+                "e.g. name LIKE 'x%', or use perfsweep query for full SQL"
+            )
         if name not in self.columns:
             close = difflib.get_close_matches(name, self.columns, n=3)
             hint = f"did you mean {', '.join(close)}?" if close else "see the runs table in the README"

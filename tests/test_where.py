@@ -94,6 +94,8 @@ def test_filters_stay_inside_the_sweep(two_sweeps, where, batches):
         ("batch > 4 AND", "expected a runs column but found the end"),
         ("(batch > 4", "expected ) but found the end"),
         ("batch > 4;", "unexpected ';' (one filter, no statements)"),
+        ("lower(model_name) = 'x'", "function calls are not allowed (lower(...)); compare a runs column as stored"),
+        ("batch > 4 OR abs(batch) = 3", "function calls are not allowed (abs(...))"),
     ],
 )
 def test_bad_filters_get_one_line(where, message):
