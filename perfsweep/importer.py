@@ -144,7 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         engine = store.connect(url)
     except Exception as exc:  # noqa: BLE001 - the driver's first line says what
-        print(f"perfsweep import: cannot open --db {url}: {first_line(exc)}", file=sys.stderr)
+        print(
+            f"perfsweep import: cannot open --db {url}: {first_line(exc)}{store.write_hint(url, exc)}", file=sys.stderr
+        )
         return 2
     counts: dict[str, int] = {}
     try:
@@ -156,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             except Exception as exc:  # noqa: BLE001 - the database refused; the file stays for a retry
                 print(
-                    f"perfsweep import: {f}: the database refused the write ({first_line(exc)}); the file is kept",
+                    f"perfsweep import: {f}: the database refused the write ({first_line(exc)}"
+                    f"{store.write_hint(url, exc)}); the file is kept",
                     file=sys.stderr,
                 )
                 outcome = "not stored"

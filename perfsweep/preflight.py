@@ -317,9 +317,12 @@ def reserve_sweep(url: str, sweep_dir: str, name: str, **fields: Any) -> int:
             f"invalid config: db.url={url!r}: an in-memory SQLite database dies with each job's "
             "process; give a file, e.g. db.url=sqlite:///results.db"
         )
-    hint = "; a SQLite file and its folder must be writable" if url.startswith("sqlite") else ""
-    if "://" not in url:  # a path, as --db takes: the config wants a URL
-        hint = f"; a SQLite file is given as a URL: db.url=sqlite:///{os.path.abspath(url)}"
+
+    def hint(exc: Exception) -> str:
+        if "://" not in url:  # a path, as --db takes: the config wants a URL
+            return f"; a SQLite file is given as a URL: db.url=sqlite:///{os.path.abspath(url)}"
+        return store.write_hint(url, exc)
+
     try:
         engine = store.connect(url)
     except ModuleNotFoundError as exc:
@@ -328,11 +331,11 @@ def reserve_sweep(url: str, sweep_dir: str, name: str, **fields: Any) -> int:
             "an installed one in the URL, e.g. postgresql+psycopg2://..."
         ) from None
     except Exception as exc:  # noqa: BLE001 - any driver error; its first line says what
-        raise ConfigError(f"cannot open db.url={url!r}: {first_line(exc)}{hint}") from None
+        raise ConfigError(f"cannot open db.url={url!r}: {first_line(exc)}{hint(exc)}") from None
     try:
         sweep_id = store.start_sweep(engine, sweep_dir, name, **fields)
     except Exception as exc:  # noqa: BLE001
-        raise ConfigError(f"cannot write to db.url={url!r}: {first_line(exc)}{hint}") from None
+        raise ConfigError(f"cannot write to db.url={url!r}: {first_line(exc)}{hint(exc)}") from None
     finally:
         engine.dispose()
     return sweep_id

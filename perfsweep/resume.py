@@ -69,7 +69,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"perfsweep resume: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # noqa: BLE001 - the driver's first line says what
-        print(f"perfsweep resume: cannot open --db {args.db}: {first_line(exc)}", file=sys.stderr)
+        print(
+            f"perfsweep resume: cannot open --db {args.db}: {first_line(exc)}{store.write_hint(url, exc)}",
+            file=sys.stderr,
+        )
         return 2
     try:
         with store.session(engine) as s:

@@ -467,6 +467,18 @@ def url_from_arg(db: str) -> str:
     return f"sqlite:///{Path(db).expanduser().resolve()}"
 
 
+_SQLITE_PERMISSION_ERRORS = ("readonly", "read-only", "unable to open database file")
+
+
+def write_hint(url: str, exc: BaseException) -> str:
+    """``"; a SQLite file and its folder must be writable"`` when ``exc`` is SQLite refusing a
+    write for want of permission (the file, or the folder where it keeps its journal), else "".
+    SQLite's own words ("unable to open database file") do not say that a folder is the cause."""
+    if url.startswith("sqlite") and any(e in str(exc).lower() for e in _SQLITE_PERMISSION_ERRORS):
+        return "; a SQLite file and its folder must be writable"
+    return ""
+
+
 def existing_url(db: str) -> str:
     """:func:`url_from_arg` of ``db``; a missing SQLite file is an error, not a new empty file."""
     url = url_from_arg(db)

@@ -22,7 +22,7 @@ from sqlalchemy import select
 
 from perfsweep import importer, store
 from perfsweep.names import HEARTBEAT_STALE_S
-from tests.util import TINY, new_db_url, run_perfsweep, run_row, start_as_in_a_terminal, wait_for
+from tests.util import TINY, new_db_url, read_only, run_perfsweep, run_row, start_as_in_a_terminal, wait_for
 from tests.util import sqlite_rows as rows
 
 pytest_plugins = ["tests.pg"]
@@ -144,7 +144,7 @@ BEGIN SELECT RAISE(ABORT, 'disk I/O error (test trigger)'); END;
 """
 
 
-def test_failed_database_write_is_kept_and_imported_once(tmp_path: Path):
+def test_failed_database_write_is_kept_and_imported_once(tmp_path: Path, capsys: pytest.CaptureFixture):
     db = tmp_path / "results.db"
     store.connect(f"sqlite:///{db}").dispose()
     con = sqlite3.connect(db)
@@ -170,6 +170,16 @@ def test_failed_database_write_is_kept_and_imported_once(tmp_path: Path):
     con.execute("DROP TRIGGER refuse_outcomes")
     con.commit()
     con.close()
+
+    (tmp_path / "ro").mkdir()  # a copy in a folder nobody may write to: said, with what to check
+    shutil.copy(db, tmp_path / "ro" / "results.db")
+    with read_only(tmp_path / "ro"):
+        assert importer.main([str(sweep_dir), "--db", str(tmp_path / "ro" / "results.db")]) == 2
+    (refused,) = capsys.readouterr().err.strip().splitlines()
+    assert refused.startswith("perfsweep import: cannot open --db sqlite:///") and refused.endswith(
+        "; a SQLite file and its folder must be writable"
+    ), refused
+    assert all(f.exists() for f in files)
 
     res = run_perfsweep(["import", str(sweep_dir), "--db", str(db)], tmp_path)
     assert res.returncode == 0, res.stderr
