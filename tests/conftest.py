@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,3 +19,16 @@ def token_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = Path(os.environ.get("PERFSWEEP_TEST_CACHE") or tmp_path_factory.mktemp("token-cache"))
     os.environ["PERFSWEEP_CACHE_DIR"] = str(path)
     return path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def sigint_as_in_a_terminal() -> Iterator[None]:
+    """Ctrl-C tests raise a real SIGINT in this process and expect KeyboardInterrupt. A suite
+    started in the background (``pytest &``, ``nohup``) inherits SIGINT ignored, and those tests
+    failed for that alone; Python's own handler is put back for the session, as in a terminal."""
+    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    if ignored:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
