@@ -95,17 +95,16 @@ def run_query(engine: Engine, sql: str) -> pd.DataFrame:
 
 def typed_column(values: pd.Series) -> pd.Series:
     """Integers stay integers next to a NULL (``nproc`` of a plain run: pandas alone would make it
-    2.0 and NaN), booleans stay booleans, other numbers become floats (NULL and a stored NaN both
-    print as NULL), timestamps datetimes; anything else
+    2.0 and NaN), booleans are 1 and 0 (as SQLite stores them, so a query prints the same from
+    either database: PostgreSQL's True/False broke scripts written against SQLite's output), other
+    numbers become floats (NULL and a stored NaN both print as NULL), timestamps datetimes; anything else
     (text, JSON a PostgreSQL driver returns as dicts) keeps the driver's Python values."""
     present = values[values.notna()]
     kinds = {type(v) for v in present}
     if not kinds:
         return values
-    if kinds <= {int}:
+    if kinds <= {int, bool}:
         return values.astype("Int64")
-    if kinds <= {bool}:
-        return values.astype("boolean")
     if kinds <= {int, float, decimal.Decimal}:  # PostgreSQL's numeric (a literal 0.5, AVG) comes as Decimal
         return values.astype("float64")
     if all(isinstance(v, (datetime.datetime, datetime.date)) for v in present):

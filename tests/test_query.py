@@ -43,7 +43,10 @@ def db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     sid = store.get_or_create_sweep(engine, "/sweeps/q", "q")
     for batch in (4, 8):
         store.save_run(
-            engine, run_row(sid, batch=batch, model_name="it's; fine", config_json={"batch": batch, "amp": True})
+            engine,
+            run_row(
+                sid, batch=batch, amp=batch == 8, model_name="it's; fine", config_json={"batch": batch, "amp": True}
+            ),
         )
     engine.dispose()
     return url.removeprefix("sqlite:///")
@@ -112,6 +115,24 @@ def test_null_stays_null_and_integers_stay_integers(db, fmt, capsys):
             ["batch", "nproc", "gpu_busy_fraction"],
             ["4", "NULL", "0.5"],
             ["8", "2", "NULL"],
+        ]
+
+
+@pytest.mark.parametrize("fmt", ["table", "csv", "json"])
+def test_booleans_print_as_1_and_0_from_either_database(db, fmt, capsys):
+    """PostgreSQL hands back True/False, SQLite its stored 1/0: both print 1 and 0."""
+    assert main(["SELECT batch, amp, ckpt FROM runs ORDER BY batch", "--db", db, "--format", fmt]) == 0
+    out = capsys.readouterr().out
+    if fmt == "json":
+        assert json.loads(out) == [{"batch": 4, "amp": 0, "ckpt": 0}, {"batch": 8, "amp": 1, "ckpt": 0}]
+        assert "true" not in out and "false" not in out  # json's true == 1 in Python: look at the text
+    elif fmt == "csv":
+        assert out.splitlines() == ["batch,amp,ckpt", "4,0,0", "8,1,0"]
+    else:
+        assert [line.split() for line in out.splitlines()] == [
+            ["batch", "amp", "ckpt"],
+            ["4", "0", "0"],
+            ["8", "1", "0"],
         ]
 
 
