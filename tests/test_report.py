@@ -890,6 +890,13 @@ def test_cli_compare_by_name(engine: Any, tmp_path: Path, capsys: pytest.Capture
         (["--vs", "1"], "--vs 1: is the same sweep as --sweep (1)"),
         (["--vs", "1", "--top", "3"], "--top does not apply with --vs (each config is compared with its own twin)"),
         (["--vs", "1", "--baseline", "amp=false"], "--baseline does not apply with --vs"),
+        (["--where", " "], "--where is empty: give a filter or leave the option out"),
+        (["--baseline", ""], "--baseline is empty"),
+        (["--out", "{tmp}/afile.txt"], "--out {tmp}/afile.txt: is a file; give a folder"),
+        (
+            ["--out", "{tmp}/afile.txt/sub"],
+            "--out {tmp}/afile.txt/sub: cannot write {tmp}/afile.txt/sub (Not a directory)",
+        ),
     ],
 )
 def test_cli_errors(engine: Any, tmp_path: Path, capsys: pytest.CaptureFixture, args: list[str], message: str) -> None:
@@ -897,6 +904,7 @@ def test_cli_errors(engine: Any, tmp_path: Path, capsys: pytest.CaptureFixture, 
     assert sid == 1
     store.save_run(engine, run_row(sid, 0))
     store.save_run(engine, run_row(sid, 1, amp=True))
+    (tmp_path / "afile.txt").write_text("notes")
     argv = [a.format(tmp=tmp_path) for a in args]
     if "--db" not in argv:
         argv = ["--db", str(tmp_path / "results.db"), *argv]
@@ -904,6 +912,18 @@ def test_cli_errors(engine: Any, tmp_path: Path, capsys: pytest.CaptureFixture, 
     err = capsys.readouterr().err.strip()
     assert err.startswith("perfsweep report: " + message.format(tmp=tmp_path)), err
     assert "\n" not in err
+
+
+def test_compare_of_sweeps_with_no_config_in_common_is_refused(engine: Any, tmp_path: Path, capsys) -> None:
+    """seq_len 64 against seq_len 32: every config is 'only in A' or 'only in B', so there is
+    nothing to compare; said in one line instead of an empty comparison and exit 0."""
+    a, b = new_sweep(engine, tmp_path / "a"), new_sweep(engine, tmp_path / "b")
+    store.save_run(engine, run_row(a, 0, seq_len=64))
+    store.save_run(engine, run_row(b, 0, seq_len=32))
+    assert main(["--db", str(tmp_path / "results.db"), "--sweep", str(a), "--vs", str(b)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"perfsweep report: sweeps {a} and {b} have no config in common") and "\n" not in err
+    assert not (tmp_path / "a" / f"compare_vs_{b}").exists()
 
 
 def test_sweep_where_nothing_finished_still_gets_a_report(engine: Any, tmp_path: Path) -> None:

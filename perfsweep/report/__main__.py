@@ -54,6 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.top < 1:
             raise UserError(f"--top {args.top}: must be at least 1")
+        for option, value in (("--where", args.where), ("--baseline", args.baseline)):
+            if value is not None and not value.strip():
+                raise UserError(f"{option} is empty: give a filter or leave the option out")
+        if args.out is not None and args.out.exists() and not args.out.is_dir():
+            raise UserError(f"--out {args.out}: is a file; give a folder (it is created if missing)")
         try:
             baseline = parse_config_spec(args.baseline) if args.baseline else None
         except ValueError as exc:
@@ -61,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
         engine = store.open_existing(args.db)
         try:
             print(_run(engine, args, baseline))
+        except OSError as exc:  # a folder that cannot be made or written (a file on its path, no permission)
+            where = f"--out {args.out}" if args.out is not None else "the report folder"
+            raise UserError(f"{where}: cannot write {exc.filename or ''} ({exc.strerror or exc})") from None
         finally:
             engine.dispose()
     except UserError as exc:

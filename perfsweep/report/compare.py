@@ -120,6 +120,11 @@ def build_compare(engine: Engine, a: int, b: int, out_dir: Path | None = None, w
     configs = [per_config(r) for r in sides.values()]
     steps = load_child(engine, "steps", [i for c in configs for ids in c["ok_run_ids"] for i in ids])
     cmp = compare_frame(*configs, runs, steps)
+    if cmp["verdict"].isin(["only in A", "only in B"]).all():
+        raise UserError(
+            f"sweeps {a} and {b} have no config in common (configs are matched on {', '.join(CONFIG_AXES)}); "
+            "compare sweeps that ran the same grid points, or use perfsweep report --sweep A --sweep B"
+        )
     rate = fmt.RATES[metrics.rate_unit(runs["tokens_per_s"], runs["samples_per_s"])]
     out = (
         Path(out_dir)
