@@ -22,7 +22,7 @@ from omegaconf import DictConfig
 
 from perfsweep import interrupts, preflight
 from perfsweep.config import MAX_BATCH, ConfigError, register_configs, to_run_config
-from perfsweep.names import EXIT_0_STATUSES
+from perfsweep.names import EXIT_0_STATUSES, SWEEP_MARKER
 
 # torch, pandas and SQLAlchemy are imported inside hydra_main: a typo, --help or a subcommand
 # answers in about a second instead of paying for torch first.
@@ -75,7 +75,7 @@ def hydra_main(cfg: DictConfig) -> str:
         if not multirun:  # the sweeper has checked every grid point of a multirun already
             if run_cfg.resume:
                 raise ConfigError(
-                    "invalid config: resume=true: only a multirun sweep can be resumed; use perfsweep resume SWEEP_ID"
+                    "invalid config: resume=true: only a multirun sweep can be resumed; use perfsweep resume SWEEP"
                 )
             if run_cfg.order.value != "grid":
                 raise ConfigError(
@@ -116,8 +116,8 @@ def hydra_main(cfg: DictConfig) -> str:
             if notice := preflight.cpu_notice(cpu):
                 print(notice, file=sys.stderr)
     except ConfigError as exc:
-        if not multirun and (claimed or not (Path(sweep_dir) / preflight.MARKER).exists()):
-            (Path(sweep_dir) / preflight.MARKER).unlink(missing_ok=True)
+        if not multirun and (claimed or not (Path(sweep_dir) / SWEEP_MARKER).exists()):
+            (Path(sweep_dir) / SWEEP_MARKER).unlink(missing_ok=True)
             preflight.remove_refused_run_folder(Path(sweep_dir))  # only Hydra's own files: no trace left
         print(f"perfsweep: {exc}; {preflight.NO_JOB}", file=sys.stderr)
         sys.exit(2)

@@ -530,7 +530,7 @@ class PerfsweepConfig:
     """Order of the grid points within each round of repeats."""
     resume: bool = False
     """Multirun only: run just the grid points of the sweep in ``hydra.sweep.dir`` that have no
-    ``ok`` run yet, into the same sweep (``perfsweep resume SWEEP_ID`` sets both for you)."""
+    ``ok`` run yet, into the same sweep (``perfsweep resume SWEEP`` sets both for you)."""
     allow_failures: bool = False
     """Exit 0 even when some jobs failed, ran out of memory or timed out (default: exit 1, after
     the summary, so scripts notice); their rows are stored either way."""

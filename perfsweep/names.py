@@ -186,3 +186,7 @@ a larger one is checked by its first job."""
 PROFILED_STEP_WARN_RATIO = 1.5
 """The profiled steps' CPU stage time over the measured median step above which the report's
 breakdown chart says that the profiler's own cost is in its bars."""
+
+SWEEP_MARKER = ".perfsweep-sweep"
+"""The file that makes a folder one sweep's (or one plain run's) own (perfsweep.preflight.claim_folder);
+``perfsweep resume`` looks for it before sending jobs back into the folder."""

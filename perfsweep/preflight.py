@@ -37,7 +37,7 @@ from perfsweep.config import (
     Timing,
     to_plain_dict,
 )
-from perfsweep.names import MULTI_HOST_LAUNCHERS, NETWORK_FILESYSTEMS
+from perfsweep.names import MULTI_HOST_LAUNCHERS, NETWORK_FILESYSTEMS, SWEEP_MARKER
 
 COMPOSE_ERRORS: tuple[type[BaseException], ...] = (ConfigError, HydraException, OmegaConfBaseException)
 """What composing and validating a grid point can raise for bad input (anything else is a bug)."""
@@ -469,10 +469,6 @@ def done_grid_points(url: str, sweep_dir: str) -> set[tuple[int, str]]:
     return {(int(j), h) for j, h in rows if j is not None}
 
 
-MARKER = ".perfsweep-sweep"
-"""The file that makes a folder one sweep's (or one plain run's) own."""
-
-
 def claim_folder(folder: Path, key: str, resume: bool = False) -> list[Path]:
     """Make ``folder`` this sweep's own, atomically, or raise before any job starts.
 
@@ -482,12 +478,12 @@ def claim_folder(folder: Path, key: str, resume: bool = False) -> list[Path]:
     another sweep already used is refused rather than shared, unless ``resume=true`` asks to
     continue the sweep in it. Returns the folders it created, for :func:`unclaim_folder`.
     """
-    marker = folder / MARKER
+    marker = folder / SWEEP_MARKER
     if resume:
         if not marker.is_file():
             raise ConfigError(
-                f"resume=true: {key}={folder} holds no perfsweep sweep ({MARKER} not found); "
-                "name the folder of the sweep to resume, or use: perfsweep resume SWEEP_ID"
+                f"resume=true: {key}={folder} holds no perfsweep sweep ({SWEEP_MARKER} not found); "
+                "name the folder of the sweep to resume, or use: perfsweep resume SWEEP"
             )
         return []
     created = [p for p in (folder, *folder.parents) if not p.exists()]
@@ -496,7 +492,7 @@ def claim_folder(folder: Path, key: str, resume: bool = False) -> list[Path]:
         fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
         raise ConfigError(
-            f"{key}={folder} already holds another sweep ({MARKER} exists); give each sweep its "
+            f"{key}={folder} already holds another sweep ({SWEEP_MARKER} exists); give each sweep its "
             "own folder (the default one is unique), or with -m add resume=true to continue it"
         ) from None
     with os.fdopen(fd, "w") as fh:
@@ -506,7 +502,7 @@ def claim_folder(folder: Path, key: str, resume: bool = False) -> list[Path]:
 
 def unclaim_folder(folder: Path, created: list[Path]) -> None:
     """Undo :func:`claim_folder` when the sweep is refused before any job: no marker, no empty folders."""
-    (folder / MARKER).unlink(missing_ok=True)
+    (folder / SWEEP_MARKER).unlink(missing_ok=True)
     for p in created:  # deepest first
         try:
             p.rmdir()

@@ -1,4 +1,4 @@
-"""``perfsweep resume SWEEP_ID [--db URL]``: finish a sweep that was interrupted or had failures.
+"""``perfsweep resume SWEEP [--db URL]`` (an id or a name): finish a sweep that was interrupted or had failures.
 
 Reruns, into the same sweep id and the same job folders, only the grid points that have no
 ``ok`` run: failed, out of memory, timed out, interrupted or never started. It runs the sweep's
@@ -19,7 +19,8 @@ from sqlalchemy import select
 
 from perfsweep import store
 from perfsweep.cli import OneLineParser, UserError, first_line
-from perfsweep.names import is_multirun
+from perfsweep.names import SWEEP_MARKER, is_multirun
+from perfsweep.results import resolve_sweep
 
 
 def _quoted(value: str) -> str:
@@ -51,7 +52,9 @@ def command_for(sweep: store.Sweep, db_url: str | None = None) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="perfsweep resume", description=__doc__.splitlines()[0])
-    parser.add_argument("sweep_id", type=int, metavar="SWEEP_ID", help="the sweep's id (sweeps.id)")
+    parser.add_argument(
+        "sweep", metavar="SWEEP", help="the sweep's id (sweeps.id) or name (sweeps.name; the latest with that name)"
+    )
     parser.add_argument(
         "--db", default=store.DEFAULT_DB_ARG, help="SQLAlchemy URL or SQLite file (default: ./results.db)"
     )
@@ -75,21 +78,29 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     try:
+        sweep_id = resolve_sweep(engine, args.sweep, "SWEEP")
         with store.session(engine) as s:
-            sweep = s.scalar(select(store.Sweep).where(store.Sweep.id == args.sweep_id))
-    finally:
-        engine.dispose()
-    if sweep is None:
+            sweep = s.scalar(select(store.Sweep).where(store.Sweep.id == sweep_id))
+    except UserError as exc:
         print(
-            f"perfsweep resume: no sweep {args.sweep_id} in {url}; list them with: "
+            f"perfsweep resume: {exc}; list them with: "
             f"perfsweep query 'select id, name, status, created_at from sweeps' --db {args.db}",
             file=sys.stderr,
         )
         return 2
+    finally:
+        engine.dispose()
     if sweep.status == "running":
         print(
             f"perfsweep resume: sweep {sweep.id} is still running (pid {sweep.pid} on {sweep.hostname}); "
             "wait for it or stop it first",
+            file=sys.stderr,
+        )
+        return 2
+    if sweep.sweep_dir and not os.path.isfile(os.path.join(sweep.sweep_dir, SWEEP_MARKER)):
+        print(
+            f"perfsweep resume: sweep {sweep.id}'s folder {sweep.sweep_dir} is gone (moved or deleted), and its "
+            "jobs go back into it; move it back, or run the sweep's command again for a new sweep",
             file=sys.stderr,
         )
         return 2

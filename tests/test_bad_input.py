@@ -143,6 +143,30 @@ def test_resume_leaves_a_file_that_is_not_a_results_database_as_it_was(tmp_path:
     assert empty.stat().st_size == 0 and sorted(p.name for p in tmp_path.iterdir()) == ["empty.db"]
 
 
+def test_resume_names_the_sweeps_there_are(tmp_path: Path, capsys):
+    """SWEEP is an id or a name, as report's --sweep; an unknown one lists what the database holds."""
+    from perfsweep import store
+    from perfsweep.resume import main as resume_main
+
+    db = tmp_path / "results.db"
+    engine = store.connect(f"sqlite:///{db}")
+    store.end_sweep(engine, store.get_or_create_sweep(engine, str(tmp_path / "s"), "grid"), "interrupted")
+    engine.dispose()
+    for spec, said in (
+        ("7", "SWEEP 7: no sweep with id 7 (latest ids: 1)"),
+        ("gird", "SWEEP gird: no sweep with that id or name (names: grid)"),
+    ):
+        assert resume_main([spec, "--db", str(db)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"perfsweep resume: {said}; list them with: perfsweep query") and "\n" not in err
+    # found by name; its folder was moved away: said before anything runs (Hydra's refusal named this command)
+    assert resume_main(["grid", "--db", str(db)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"perfsweep resume: sweep 1's folder {tmp_path / 's'} is gone (moved or deleted), and its jobs go back "
+        "into it; move it back, or run the sweep's command again for a new sweep"
+    )
+
+
 def test_resume_needs_a_multirun_and_a_sweep_folder(tmp_path: Path):
     res = run_perfsweep([*TINY, "resume=true"], tmp_path)
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "resume=true" in res.stderr
@@ -159,7 +183,7 @@ def test_help_lists_presets_only_and_cfg_with_multirun_is_one_line(tmp_path: Pat
         "data: custom, stdlib, synthetic, textfile",
         "model: custom, gpt2_small, minigpt_seed, small, tiny",
     ]
-    assert "perfsweep query SQL | report | trace FILE | resume SWEEP_ID | import FOLDER | upgrade" in res.stdout
+    assert "perfsweep query SQL | report | trace FILE | resume SWEEP | import FOLDER | upgrade" in res.stdout
     res = run_perfsweep(["-m", "--cfg", "job", "amp=true,false"], tmp_path)
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert res.stderr.strip().splitlines() == [res.stderr.strip()] and "--cfg" in res.stderr

@@ -130,7 +130,7 @@ def test_sweep_killed_with_sigkill_then_resumed(tmp_path: Path):
     assert not any("resume" in d for d in dirs)
 
     ended = rows(db, "SELECT finished_at FROM sweeps")
-    res = run_perfsweep(["resume", "1"], tmp_path)  # nothing left: no job, no new row, nothing rewritten
+    res = run_perfsweep(["resume", "config"], tmp_path)  # by name; nothing left: no job, no row, nothing rewritten
     assert res.returncode == 0 and "0 to run" in res.stderr
     assert len(rows(db, "SELECT id FROM runs")) == len(runs)
     assert rows(db, "SELECT finished_at FROM sweeps") == ended
