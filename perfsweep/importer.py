@@ -62,8 +62,8 @@ def read_result(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return doc["sweep"], doc["run"]
 
 
-def import_file(engine: Engine, path: Path) -> str:
-    """Write one result file; returns 'imported', 'completed' or 'already stored'."""
+def import_file(engine: Engine, path: Path) -> tuple[str, int]:
+    """Write one result file; returns 'imported', 'completed' or 'already stored', and its sweep's id."""
     sweep, run = read_result(path)
     run = dict(run)
     run.pop("id", None)
@@ -82,10 +82,10 @@ def import_file(engine: Engine, path: Path) -> str:
     with store.session(engine) as s:
         existing = s.scalar(select(store.Run).where(store.Run.run_uid == run["run_uid"]))
         if existing is not None and existing.status in FINAL_STATUSES:
-            return "already stored"
+            return "already stored", run["sweep_id"]
         run_id = existing.id if existing is not None else None
     store.save_run(engine, run, run_id=run_id)
-    return "completed" if run_id is not None else "imported"
+    return "completed" if run_id is not None else "imported", run["sweep_id"]
 
 
 def _when(value: Any) -> datetime | None:
@@ -126,6 +126,24 @@ def pending_files(url: str, sweep_dir: str) -> list[Path]:
     return [f for uid, f in uids.items() if uid not in stored]
 
 
+def _redraw(engine: Engine, sweep_ids: set[int]) -> None:
+    """The closing figures (speedups, numerics audit, ...) of the sweeps imported into: drawn at
+    the sweep's end without the runs imported now, they would leave SQL reading stale speedups."""
+    if not sweep_ids:
+        return
+    from perfsweep.summary import fill_sweep_figures  # pandas, only when something was stored
+
+    for sweep_id in sorted(sweep_ids):
+        try:
+            fill_sweep_figures(engine, sweep_id)
+        except Exception as exc:  # noqa: BLE001 - the runs are stored; only the derived figures are missing
+            print(
+                f"perfsweep import: sweep {sweep_id}: the runs are stored, but its speedups and numerics could "
+                f"not be redrawn ({first_line(exc)}); run the import again to redraw them",
+                file=sys.stderr,
+            )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="perfsweep import", description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="+", metavar="PATH", help="result.json files, job folders or sweep folders")
@@ -149,10 +167,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     counts: dict[str, int] = {}
+    touched: set[int] = set()  # their closing figures are drawn again (also when nothing was new: a retry)
     try:
         for f in files:
             try:
-                outcome = import_file(engine, f)
+                outcome, sweep_id = import_file(engine, f)
+                touched.add(sweep_id)
             except ValueError as exc:
                 print(f"perfsweep import: {exc}", file=sys.stderr)
                 return 2
@@ -166,7 +186,10 @@ def main(argv: list[str] | None = None) -> int:
             counts[outcome] = counts.get(outcome, 0) + 1
             log.info("%s: %s", f, outcome)
     finally:
-        engine.dispose()
+        try:
+            _redraw(engine, touched)
+        finally:
+            engine.dispose()
     summary = ", ".join(f"{n} {what}" for what, n in counts.items())
     print(f"{len(files)} result file{'s' if len(files) != 1 else ''}: {summary} ({url})")
     return 1 if "not stored" in counts else 0

@@ -256,6 +256,16 @@ def concurrency_note(engine: Engine, sweep_id: int) -> str:
         return configs.concurrency_note(sweep.parallel, sweep.hydra_launcher) if sweep is not None else ""
 
 
+def fill_sweep_figures(engine: Engine, sweep_id: int) -> None:
+    """The figures drawn from all of a sweep's runs together: compile payback, speedups over the
+    baseline, CPU utilisation, the numerics audit. Written again whenever the runs change (the end
+    of a sweep or a resume, ``perfsweep import``), so SQL never reads figures of an older set."""
+    fill_compile_payback(engine, sweep_id)
+    fill_speedups(engine, sweep_id)
+    fill_cpu_utilisation(engine, sweep_id)
+    audit.audit_sweep(engine, sweep_id)
+
+
 def close_sweep(url: str, sweep_dir: str, status: str) -> None:
     """Store the sweep's end (done or interrupted) and the figures drawn from all its runs
     (compile payback, speedups, CPU utilisation, the numerics audit), with Ctrl-C and SIGTERM held
@@ -268,10 +278,7 @@ def close_sweep(url: str, sweep_dir: str, status: str) -> None:
             try:
                 if (sweep_id := sweep_id_for(engine, sweep_dir)) is not None:
                     store.end_sweep(engine, sweep_id, status)
-                    fill_compile_payback(engine, sweep_id)
-                    fill_speedups(engine, sweep_id)
-                    fill_cpu_utilisation(engine, sweep_id)
-                    audit.audit_sweep(engine, sweep_id)
+                    fill_sweep_figures(engine, sweep_id)
             finally:
                 engine.dispose()
         except Exception as exc:  # noqa: BLE001

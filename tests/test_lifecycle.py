@@ -186,6 +186,10 @@ def test_failed_database_write_is_kept_and_imported_once(tmp_path: Path, capsys:
     assert "2 completed" in res.stdout
     runs = rows(db, "SELECT status, tokens_per_s, run_uid FROM runs ORDER BY job_num")
     assert [r["status"] for r in runs] == ["ok", "ok"] and all(r["tokens_per_s"] > 0 for r in runs)
+    # the sweep's closing figures were drawn when neither run was stored: the import draws them again
+    speedups = rows(db, "SELECT amp, speedup, speedup_verdict FROM runs ORDER BY amp")
+    assert speedups[0]["speedup_verdict"] == "baseline" and speedups[0]["speedup"] == 1.0, speedups
+    assert speedups[1]["speedup"] > 0 and speedups[1]["speedup_verdict"] not in (None, "baseline"), speedups
     n_steps = rows(db, "SELECT count(*) AS n FROM steps")[0]["n"]
     assert n_steps == sum(len(json.loads(f.read_text())["run"]["steps"]) for f in files)
 
