@@ -928,13 +928,14 @@ def test_compare_of_sweeps_with_no_config_in_common_is_refused(engine: Any, tmp_
 
 def test_sweep_where_nothing_finished_still_gets_a_report(engine: Any, tmp_path: Path) -> None:
     sid = new_sweep(engine, tmp_path / "sw")
-    store.save_run(engine, run_row(sid, 0, status="oom", peak_mem_bytes=None))
-    store.save_run(engine, run_row(sid, 1, amp=True, status="timeout", peak_mem_bytes=None))
+    store.save_run(engine, run_row(sid, 0, status="oom", peak_mem_bytes=None, batch=256))
+    store.save_run(engine, run_row(sid, 1, amp=True, status="timeout", peak_mem_bytes=None, batch=512))
     out = build_report(engine, [sid], out_dir=tmp_path / "out")
-    assert not list(out.glob("*.png"))
+    assert not list(out.glob("*.png"))  # scaling.png too: x marks on axes whose ticks read as figures
     md = (out / "report.md").read_text()
+    assert "- `scaling.png` (Scaling with batch / seq_len): no run finished ok." in md
     assert "- `throughput.png` (Throughput): no run finished ok." in md
-    assert "| off | oom |" in md and "| on | timeout |" in md
+    assert "| off | 256 | oom |" in md and "| on | 512 | timeout |" in md
 
 
 def test_numerics_table_names_a_twin_by_its_config_whichever_repeat_it_is(engine: Any, tmp_path: Path) -> None:

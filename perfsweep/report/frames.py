@@ -176,8 +176,11 @@ def _groups(df: pd.DataFrame, axes: Sequence[str], keep: int, noun: str) -> tupl
 
 def scaling(r: Any, max_lines: int = 10) -> tuple[pd.DataFrame, str]:
     """Runs against each of batch and seq_len that varies (``axis``, ``x``), one ``line`` per
-    combination of the other differing axes."""
+    combination of the other differing axes. Not drawn when no run finished ok: the failed ones
+    alone are x marks on empty axes whose ticks read as figures."""
     _batch_and_seq(r, both=False)
+    if not r.configs["ok"].any():
+        raise Skip("no run finished ok")
     parts, notes = [], []
     for axis in (a for a in ("batch", "seq_len") if r.configs[a].nunique() > 1):
         line, note = _groups(r.configs, [a for a in label_axes(r.configs) if a != axis], max_lines, "lines")
