@@ -914,6 +914,21 @@ def test_cli_errors(engine: Any, tmp_path: Path, capsys: pytest.CaptureFixture, 
     assert "\n" not in err
 
 
+def test_compare_names_the_noisy_side(engine: Any, tmp_path: Path) -> None:
+    """report.md flags noisy configs; compare.md said faster/slower for them with no caveat."""
+    a, b = new_sweep(engine, tmp_path / "a"), new_sweep(engine, tmp_path / "b")
+    store.save_run(engine, run_row(a, 0, [100.0, 150.0, 300.0]))  # IQR far over 10% of the median
+    store.save_run(engine, run_row(b, 0, [200.0, 201.0, 202.0]))
+    md = (build_compare(engine, a, b, out_dir=tmp_path / "cmp") / "compare.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| tiny batch=8 seq_len=128"))
+    assert row.rstrip(" |").endswith("| A"), row
+    assert "**noisy**: that side's step times spread by more than 10% of their median" in md
+    c = new_sweep(engine, tmp_path / "c")
+    store.save_run(engine, run_row(c, 0, [100.0, 101.0, 102.0]))
+    quiet = (build_compare(engine, c, b, out_dir=tmp_path / "quiet") / "compare.md").read_text()
+    assert "**noisy**" not in quiet
+
+
 def test_compare_of_sweeps_with_no_config_in_common_is_refused(engine: Any, tmp_path: Path, capsys) -> None:
     """seq_len 64 against seq_len 32: every config is 'only in A' or 'only in B', so there is
     nothing to compare; said in one line instead of an empty comparison and exit 0."""

@@ -21,6 +21,7 @@ from sqlalchemy.engine import Engine
 from perfsweep import metrics
 from perfsweep.cli import UserError
 from perfsweep.configs import CONFIG_AXES, config_labels, label_axes, per_config, setting_columns, throughputs
+from perfsweep.names import NOISY_IQR_FRACTION
 from perfsweep.report import charts, fmt
 from perfsweep.report.build import default_out_dir
 from perfsweep.report.charts import ChartSpec, Panel
@@ -38,6 +39,7 @@ VALUES = (
     "throughput_per_s_hi",
     "peak_mem_bytes",
     "step_time_ms_median",
+    "noisy",
 )
 CHANGE = ("change_pct", "change_pct_ci_lo", "change_pct_ci_hi", "change_basis")
 VERDICT_COLORS = {"faster": charts.GOOD, "slower": charts.BAD, metrics.NO_DIFFERENCE: charts.LIGHT}
@@ -170,10 +172,18 @@ def compare_md(
     table["change (95% CI)"] = [
         fmt.num(v, "{:+.1f}%") + ("" if fmt.missing(lo) else f" ({lo:+.1f} to {hi:+.1f})") for v, lo, hi in change
     ]
+    flags = pd.DataFrame({s.upper(): cmp[f"noisy_{s}"].eq(True) for s in "ab"})  # NaN: that side has no run
     table = table.assign(
-        verdict=cmp["verdict"], **{f"peak mem {s.upper()}": cmp[f"peak_mem_bytes_{s}"].map(fmt.mem) for s in "ab"}
+        verdict=cmp["verdict"],
+        **{f"peak mem {s.upper()}": cmp[f"peak_mem_bytes_{s}"].map(fmt.mem) for s in "ab"},
+        noisy=[", ".join(flags.columns[row]) for row in flags.to_numpy()],
     )
     counts = ", ".join(f"{c} {v}" for v, c in cmp["verdict"].value_counts().items())
+    if flags.any(axis=None):
+        counts += (
+            f". **noisy**: that side's step times spread by more than {NOISY_IQR_FRACTION:.0%} of their median "
+            "(IQR), or its repeats disagree as much; its verdict may not hold on a quieter machine"
+        )
     image = "![compare](compare.png)\n\n" if chart else ""
     scope = f"\n\nFilter (`--where`): `{where}`" if where else ""
     return f"""# perfsweep compare: {a} vs {b}
@@ -184,9 +194,9 @@ them, else over measured steps resampled in blocks. A change whose interval cont
 Runs with no stored steps have no interval: there the throughput ranges decide (range: over a config's repeats, or \
 for one run the throughput at its p90 and p10 step time).
 
-**{len(cmp)} configs:** {counts}.{scope}
+**{len(cmp)} config{"s" if len(cmp) != 1 else ""}:** {counts}.{scope}
 
-{image}{fmt.table(table, right=[c for c in table.columns if c not in ("config", "verdict")])}
+{image}{fmt.table(table, right=[c for c in table.columns if c not in ("config", "verdict", "noisy")])}
 
 ## Environment
 
