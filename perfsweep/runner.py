@@ -568,7 +568,7 @@ def rank_main(
         result = train(cfg, token_data, distributed.rank_folder(job_dir, r), label, launch_dir, progress, partial)
         return result if r == 0 else None
     except BaseException as exc:
-        message = f"{type(exc).__name__}: {exc}"
+        message = task.error_text(exc)
         distributed.write_failure(job_dir, r, classify_error(exc), message, traceback.format_exc(limit=8), partial)
         raise
     finally:
@@ -617,6 +617,6 @@ def job_main(
             conn.send(("error", status, f"interrupted ({what})", "", partial))  # the launcher adds what to do
         else:
             tb = traceback.format_exc(limit=8)
-            conn.send(("error", status, f"{type(exc).__name__}: {exc}", tb, partial))
+            conn.send(("error", status, task.error_text(exc), tb, partial))
     finally:
         conn.close()

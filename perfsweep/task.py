@@ -31,6 +31,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+import re
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
@@ -81,6 +82,20 @@ def is_oom(exc: BaseException) -> bool:
 
         return resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY
     return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+
+
+_CPU_ALLOCATOR_CHECK = re.compile(r"^\[enforce fail at [^\]]*\] err == 0\.\s*")
+
+
+def error_text(exc: BaseException) -> str:
+    """``Type: message`` as a run stores it, with the words that say what happened first: the
+    CPU allocator's C++ check (``[enforce fail at alloc_cpu.cpp:127] err == 0.``) goes, so a cut
+    line keeps "can't allocate memory: you tried to allocate N bytes", and a bare MemoryError
+    (Python's, with no message) says what it means."""
+    text = _CPU_ALLOCATOR_CHECK.sub("", str(exc).strip())
+    if not text and isinstance(exc, MemoryError):
+        text = "an allocation failed: the process ran out of memory (or hit job_memory_limit_mib)"
+    return f"{type(exc).__name__}: {text}"
 
 
 def call_factory(node: str, target: str, args: dict[str, Any], offered: dict[str, Any]) -> Any:
