@@ -59,6 +59,12 @@ def unranked_samples(df: pd.DataFrame) -> pd.Series:
     return (df["status"] == "ok") & ~df["ok"] & df["samples_per_s"].notna()
 
 
+def config_key(df: pd.DataFrame) -> pd.Series:
+    """Which config a row (a run, or a config of :func:`per_config`) is: its sweep and
+    ``config_hash``; a row without a hash (an old import) is a config of its own."""
+    return df["sweep_id"].astype(str) + " " + df["config_hash"].fillna("run " + df["id"].astype(str))
+
+
 def per_config(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per config (the runs of a sweep that share ``config_hash``), in order of first run.
 
@@ -71,7 +77,7 @@ def per_config(runs: pd.DataFrame) -> pd.DataFrame:
     Config-level columns besides: ``statuses`` ("ok", or "2 ok, 1 failed"), ``first_job_num``,
     ``unsettled`` (an ok run never reached steady state) and ``ok_run_ids`` (a tuple, for resampling).
     """
-    key = runs["sweep_id"].astype(str) + " " + runs["config_hash"].fillna("run " + runs["id"].astype(str))
+    key = config_key(runs)
     ok = runs["throughput_per_s"].where(runs["ok"])
     by = ok.groupby(key, sort=False)
     c = pd.DataFrame({"median": by.median(), "lo": by.min(), "hi": by.max(), "runs": by.size(), "ok_runs": by.count()})
@@ -230,6 +236,7 @@ def baseline(
     out = configs.assign(is_baseline=configs.index == base.name, speedup=configs["speedup"].where(stored, point))
     for c in ("speedup_ci_lo", "speedup_ci_hi", "speedup_basis", "speedup_verdict"):
         out[c] = configs[c].where(stored).astype(float if c.startswith("speedup_ci") else object)
+    out.loc[out["is_baseline"], "speedup_verdict"] = "baseline"  # as fill_speedups stores it for its own
     if throughput is not None and base.name is not None:
         fastest = configs["throughput_per_s"].where(configs["ok"]).rank(ascending=False, method="first")
         shown = fastest <= (intervals_for or len(configs))

@@ -401,6 +401,14 @@ def test_interval_verdicts_and_a_baseline_of_your_own(engine: Any, tmp_path: Pat
     )
     assert own["speedup_verdict"].iloc[:2].tolist() == ["slower", "slower"] and own["speedup_basis"].iloc[0] == "steps"
     assert INTERVALS in md and f"| {expected.value:.2f}x ({expected.lo:.2f}-{expected.hi:.2f}) slower |" in md
+    # runs.csv carries the same figures (it carried the stored ones, over the default baseline)
+    csv = pd.read_csv(out / "runs.csv").sort_values("id")
+    assert csv["speedup"].tolist() == pytest.approx(own["speedup"].tolist())
+    assert csv["speedup_verdict"].tolist() == ["slower", "slower", "baseline"] and csv["is_baseline"].tolist() == [
+        False,
+        False,
+        True,
+    ]
 
 
 def test_noise_is_the_stored_flag(engine: Any, tmp_path: Path) -> None:

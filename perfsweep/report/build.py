@@ -26,9 +26,11 @@ from perfsweep import metrics, store
 from perfsweep.cli import UserError, first_line
 from perfsweep.configs import (
     SAMPLES_ONLY_WHERE,
+    SPEEDUP,
     axis_name,
     axis_text,
     concurrency_note,
+    config_key,
     label_axes,
     per_config,
     throughputs,
@@ -343,7 +345,14 @@ def make_report(
         raise UserError(f"--baseline {','.join(f'{k}={v}' for k, v in (baseline or {}).items())}: {exc}") from None
     base = configs[configs["is_baseline"]]
     base_runs = runs["sweep_id"].isin(base["sweep_id"]) & runs["config_hash"].isin(base["config_hash"])
-    report = Report(engine, sweeps, runs.assign(is_baseline=base_runs), configs, throughput, how, where, top)
+    # runs.csv carries the speedups this report shows (over --baseline), not the stored ones over the default
+    shown, key = configs.set_index(config_key(configs)), config_key(runs)
+    speedups = {c: key.map(shown[c]) for c in SPEEDUP}
+    base_hash = base["config_hash"].iloc[0] if len(base) else None
+    runs = runs.assign(
+        **speedups, is_baseline=base_runs, baseline_config_hash=speedups["speedup"].notna().map({True: base_hash})
+    )
+    report = Report(engine, sweeps, runs, configs, throughput, how, where, top)
     report.rate = fmt.RATES[metrics.rate_unit(runs["tokens_per_s"], runs["samples_per_s"])]
     report.searches = load_batch_searches(engine, sweep_ids)
     for spec in (charts.for_rate(spec, report.rate) for spec in CHARTS.values()):
