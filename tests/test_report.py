@@ -474,6 +474,27 @@ def test_factor_effects_of_a_known_2x2(engine: Any, tmp_path: Path) -> None:
     np.testing.assert_allclose(sorted(seg[0][0] for seg in whiskers), sorted(lo))
     ckpt = f"| ckpt | +0 (+0.0%, 95% CI {lo['ckpt']:+.1f} to {hi['ckpt']:+.1f}%) {metrics.NO_DIFFERENCE} |"
     assert ckpt in chart.extra_md and "| amp x ckpt | +20 (+16.0%, 95% CI" in chart.extra_md
+    assert_labels_fit(chart.figure)  # the memory panel's labels sit left of negative bars, past their whiskers
+
+
+def assert_labels_fit(fig: Any) -> None:
+    """Every value label at a bar's end lies inside its axes and clear of its own whisker (a label
+    once ran over the y tick labels, and a negative bar's label covered its whisker)."""
+    fig.draw_without_rendering()
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        box = ax.get_window_extent(renderer)
+        whiskers = [seg for c in ax.collections for seg in c.get_segments()]
+        for t in ax.texts:
+            if t.get_horizontalalignment() not in ("left", "right") or not t.get_text().strip():
+                continue
+            ext = t.get_window_extent(renderer)
+            assert box.x0 - 1 <= ext.x0 and ext.x1 <= box.x1 + 1, (t.get_text(), ext, box)
+            y = t.get_position()[1]
+            for seg in whiskers:
+                if abs(seg[0][1] - y) < 1e-9:  # its own whisker: the text starts where the whisker ends
+                    ends = ax.transData.transform([(min(seg[0][0], seg[1][0]), y), (max(seg[0][0], seg[1][0]), y)])
+                    assert ext.x1 <= ends[0][0] + 1 or ext.x0 >= ends[1][0] - 1, (t.get_text(), ext, ends)
 
 
 def test_factor_effects_use_only_complete_blocks(engine: Any, tmp_path: Path) -> None:
@@ -596,6 +617,13 @@ def test_scaling_lines_are_the_stored_runs(engine: Any, tmp_path: Path) -> None:
     assert {"OOM", "FAILED"} <= texts  # the runs that did not finish are marked, not dropped
     frame = chart.frame[chart.frame["axis"] == "batch"].set_index("id")
     assert set(frame["status"]) == {"ok", "oom", "failed"}
+    # one legend for both columns: a colour never means one line on the left and another on the right
+    colours = [
+        {line.get_color() for line in ax.lines if not line.get_label().startswith("did not")}
+        for ax in (ax_tps, ax_tps_seq)
+    ]
+    assert colours[0] and colours[1] and not colours[0] & colours[1], colours
+    assert ax_mem.get_xlabel().startswith("batch")
 
 
 def test_heatmap_cells_are_the_stored_tokens_per_s(engine: Any, tmp_path: Path) -> None:

@@ -112,7 +112,7 @@ class Report:
 def _effects(metric: str, name: str, better: int) -> Panel:
     """Factor effects on ``metric`` in % of its mean, green where they help (``better``: the
     helpful sign), faded for interactions, grey where the 95% interval contains 0; the absolute
-    effect is written on each bar."""
+    effect and its % are written on each bar (the interval is its whisker, and in report.md's table)."""
     pct, ci = f"effect_pct_{metric}", tuple(f"effect_pct_ci_{end}_{metric}" for end in ("lo", "hi"))
 
     def colors(f: pd.DataFrame) -> list[Any]:
@@ -129,7 +129,7 @@ def _effects(metric: str, name: str, better: int) -> Panel:
         (pct,),
         title=name,
         color=colors,
-        text=lambda f: f[f"{name} effect"],
+        text=lambda f: f[f"{name} bar label"],
         label=label,
         ref=0,
         err=err,

@@ -74,7 +74,8 @@ class Panel:
     label: str = ""  # value-axis label (default by unit, fmt.LABELS); the unit is added
     x: str = "x"  # lines, scatter, heatmap: the x column (bars: a bar per row, named by its ``label``)
     group: str = "line"  # lines: one line per value; heatmap: the rows
-    colors: dict[str, str] | None = None  # legend name: colour of each y column (default: one unnamed, BAR)
+    colors: dict[str, str] | None = None  # legend name: colour of each y column (default: one unnamed, BAR);
+    # lines: of each group (set by draw, so that facets never give one colour two meanings)
     err: tuple[tuple[str, str], ...] = ()  # bars: (low, high) whisker columns of each y column
     err_label: str = "whisker: range over repeats (one run: p90..p10 step)"
     ref: float | None = None  # a fixed line on the value axis (0 for bars of either sign)
@@ -162,11 +163,16 @@ def draw(spec: ChartSpec, frame: pd.DataFrame, note: str = "") -> Figure:
             shown = values[np.isfinite(values)] / div
             scale = Scale(div, unit, *((shown.min(), shown.max()) if shown.size else (0.0, 1.0)))
             label = f"{p.label or fmt.LABELS.get(p.unit, '')} ({unit})" if unit else p.label
+            drawn = p
+            if p.kind == "lines":  # one colour per line across every facet: the legend is shared
+                groups = dict.fromkeys(frame[p.group])
+                drawn = replace(p, colors={g: DEEP[k % len(DEEP)] for k, g in enumerate(groups)})
             for ax, facet in zip(row, facets, strict=False):
                 sub = frame if facet is None else frame[frame[spec.facet] == facet].reset_index(drop=True)
-                image = KINDS[p.kind](ax, sub, p, scale)
+                image = KINDS[p.kind](ax, sub, drawn, scale)
                 heading = spec.facet_title.format(facet) if facet is not None and p is panels[0] else ""
-                ax.set_title(_wrap("\n".join(t for t in (heading, p.title) if t), 12 * width / ncol))
+                title = "\n".join(t for t in (heading, p.title) if t)
+                ax.set_title(_wrap(title, 9 * width / ncol))  # about the axes' width, not the figure's
                 if p.kind != "heatmap":
                     (ax.set_xlabel if p.kind in ("bars", "stacked") else ax.set_ylabel)(label)
                 if p.kind == "lines" and (p is panels[-1] or spec.side_by_side):
@@ -183,7 +189,37 @@ def draw(spec: ChartSpec, frame: pd.DataFrame, note: str = "") -> Figure:
         if handles:
             ncols = max(1, min(len(handles), int(width // 3.6)))
             fig.legend(handles.values(), handles.keys(), loc="outside lower center", ncols=ncols, frameon=False)
+        if panels[0].kind in ("bars", "stacked"):
+            fig.draw_without_rendering()  # lays the axes out: their width in pixels is known from here
+            for ax in grid.flat:
+                if ax.get_visible():
+                    _fit_texts(ax)
     return fig
+
+
+def _fit_texts(ax: Axes, pad_px: float = 8.0) -> None:
+    """Widen the x range until every value label written at a bar's end fits inside the axes.
+    A fixed share of the range was kept for labels before, so a long label ("-31 (-8.3%, 95% CI
+    -9.4 to -7.1%)") ran over the axis and its tick labels, and a lopsided range (+5,900% beside
+    -98%) kept room for neither. The room a label needs is its width in pixels, a share of the
+    axes' width; as the range grows the same label covers more of it, hence the few rounds."""
+    renderer = ax.figure.canvas.get_renderer()
+    width_px = ax.get_window_extent(renderer).width
+    texts = [t for t in ax.texts if not t.get_in_layout() and t.get_text()]  # those of _write
+    ends = [
+        (t.get_position()[0], t.get_window_extent(renderer).width + pad_px, t.get_horizontalalignment()) for t in texts
+    ]
+    if not ends or width_px <= 0:
+        return
+    lo, hi = ax.get_xlim()
+    share = sum(max((w for _, w, ha in ends if ha == side), default=0.0) for side in ("left", "right")) / width_px
+    if share > 0.7:  # labels about as wide as the axes: the bars keep 30% of it, the labels run past its edge
+        ends = [(x, w * 0.7 / share, ha) for x, w, ha in ends]
+    for _ in range(12):
+        span = (hi - lo) / width_px  # data units per pixel
+        hi = max(hi, *(x + w * span for x, w, ha in ends if ha == "left"), hi)
+        lo = min(lo, *(x - w * span for x, w, ha in ends if ha == "right"), lo)
+    ax.set_xlim(lo, hi)
 
 
 def _wrap(text: str, width: float) -> str:
@@ -200,7 +236,8 @@ def _categories(ax: Axes, labels: pd.Series) -> np.ndarray:
 
 def _write(ax: Axes, at: float, x: float, text: str, **kw: Any) -> None:
     """``text`` at the end of the bar of value ``x`` at position ``at``."""
-    ax.text(x, at, f" {text} ", ha="left" if x >= 0 else "right", va="center", fontsize=9, **kw)
+    # out of the layout: the axes get their full width, then _fit_texts widens the range for the text
+    ax.text(x, at, f" {text} ", ha="left" if x >= 0 else "right", va="center", fontsize=9, in_layout=False, **kw)
 
 
 def _limits(ax: Axes, lo: float, hi: float, room: float) -> None:
@@ -226,7 +263,8 @@ def bars(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale) -> None:
         ax.barh(at, np.nan_to_num(v), width * 0.85, color=p.color(df) if p.color else color, label=name, zorder=2)
         if n < len(p.err):
             lo, hi = (df[c].to_numpy(dtype=float) / s.div for c in p.err[n])
-            ok, end = np.isfinite(v) & np.isfinite(lo) & np.isfinite(hi), np.fmax(v, hi)
+            ok = np.isfinite(v) & np.isfinite(lo) & np.isfinite(hi)
+            end = np.where(v < 0, np.fmin(v, lo), np.fmax(v, hi))  # the text goes past the whisker, either way
             err = np.vstack([v - lo, hi - v]).clip(0)[:, ok]
             ax.errorbar(v[ok], at[ok], xerr=err, fmt="none", ecolor="#222222", capsize=4, zorder=3, label=p.err_label)
         texts = p.text(df) if p.text else [fmt.si(x) if np.isfinite(x) else st for x, st in zip(v, status, strict=True)]
@@ -240,7 +278,7 @@ def bars(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale) -> None:
             ax.axvline(v[base][0], color="#555555", ls=line, zorder=1, label=f"{what}: {fmt.si(v[base][0])} {s.unit}")
     if p.ref is not None:
         ax.axvline(p.ref / s.div, color="#444444", ls="--" if p.ref else "-", lw=1)
-    _limits(ax, s.lo, s.hi, 0.4)
+    _limits(ax, s.lo, s.hi, 0.05)  # a margin; _fit_texts makes room for the labels
     if p.unit == p.rate:
         ax.xaxis.set_major_formatter(EngFormatter(sep=""))
 
@@ -264,7 +302,7 @@ def stacked(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale) -> None:
     for at, total, m in zip(pos, end, mark, strict=True):
         text = f"{total:.3g}" + (f" of {m:.3g}" if np.isfinite(m) else "") + f" {s.unit}"
         _write(ax, at, max(total, np.nan_to_num(m)), text)
-    _limits(ax, 0.0, top, 0.5)
+    _limits(ax, 0.0, top, 0.05)
 
 
 def lines(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale) -> None:
@@ -274,7 +312,8 @@ def lines(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale) -> None:
     groups, placed = list(dict.fromkeys(df[p.group])), {}
     edge = blended_transform_factory(ax.transData, ax.transAxes)
     for k, group in enumerate(groups):
-        color, wide = DEEP[k % len(DEEP)], (len(groups) - 1 - k) / max(len(groups) - 1, 1)
+        color = (p.colors or {}).get(group, DEEP[k % len(DEEP)])
+        wide = (len(groups) - 1 - k) / max(len(groups) - 1, 1)
         good, bad = df[(df[p.group] == group) & ok], df[(df[p.group] == group) & ~ok]
         ax.plot(
             good[p.x], good[y] / s.div, "o-", lw=1.5 + 4 * wide, ms=4 + 5 * wide, color=color, alpha=0.85, label=group

@@ -239,6 +239,7 @@ def factorial_effects(df: pd.DataFrame, throughput: Sequence[Any] | None = None)
         out[f"effect_{metric}"], out[f"effect_pct_{metric}"] = effect, pct
         absolute = [fmt.mem(v, signed=True) if metric == "peak_mem_bytes" else f"{v:+,.0f}" for v in effect]
         out[f"{name} effect"] = [f"{a} ({p:+.1f}%)" for a, p in zip(absolute, pct, strict=True)]
+        out[f"{name} bar label"] = out[f"{name} effect"]  # the chart's: the whisker and colour say the rest
     if throughput is not None:
         ivs = metrics.effect_intervals(cells["_t"].tolist(), list(terms.values()))
         out = out.assign(
@@ -251,6 +252,9 @@ def factorial_effects(df: pd.DataFrame, throughput: Sequence[Any] | None = None)
         ]
         out["throughput effect"] = [
             t + (f" {v}" if v else "") for t, v in zip(text, out["effect_verdict"], strict=True)
+        ]
+        out["throughput bar label"] = [  # a bar near 0 shows no colour: the words say it
+            t + (f" {v}" if v else "") for t, v in zip(out["throughput bar label"], out["effect_verdict"], strict=True)
         ]
     if not blocks:
         return out, ""
