@@ -14,6 +14,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 from datetime import timedelta
 from pathlib import Path
 
@@ -86,6 +87,37 @@ def test_heartbeat_uses_the_database_clock(engine):
     with store.session(engine) as s:
         beat = s.get(store.Run, rid).heartbeat_at
         assert abs((store._db_now(s) - beat).total_seconds()) < 30
+
+
+def test_a_heartbeat_never_holds_the_job_while_the_database_is_locked(tmp_path: Path):
+    """Another process holds SQLite's write lock: the stamp waits in its own thread, and the loop
+    that drains the job's progress goes on (it waited up to 30 s, and the job's tokens/s with it)."""
+    import time
+
+    from perfsweep.launcher import Heartbeat
+
+    url = f"sqlite:///{tmp_path / 'results.db'}"
+    engine = store.connect(url)
+    sid = store.start_sweep(engine, "/s/locked", "locked")
+    rid = store.begin_run(engine, base_row(sid, 0, hostname=socket.gethostname(), pid=os.getpid()))
+    other = sqlite3.connect(tmp_path / "results.db", isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")
+    try:
+        beat = Heartbeat(engine, rid)
+        beat.last -= 3600  # due
+        started = time.monotonic()
+        beat()
+        assert time.monotonic() - started < 0.5
+        assert beat._writing is not None and beat._writing.is_alive()  # the stamp waits for the lock, not the job
+        beat.last -= 3600
+        beat()  # due again while the first stamp waits: not a second thread
+        assert [t.name for t in threading.enumerate()].count("perfsweep-run-heartbeat") == 1
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    beat._writing.join(timeout=30)
+    assert not beat._writing.is_alive()
+    engine.dispose()
 
 
 def test_sweep_killed_with_sigkill_then_resumed(tmp_path: Path):
