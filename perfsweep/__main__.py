@@ -158,11 +158,13 @@ def hydra_main(cfg: DictConfig) -> str:
         summary.close_sweep(url, sweep_dir, "done")
         summary.show_sweep(url, sweep_dir, make_report=run_cfg.report)
     if run_id is None:
-        print(
-            f"perfsweep: the result could not be written to {url} and is kept in "
-            f"{spec.job_dir / importer.RESULT_FILE}; import with: perfsweep import {spec.job_dir} --db {url}",
-            file=sys.stderr,
+        kept = importer.pending_files(url, sweep_dir)
+        where = (
+            f"is kept in {kept[0]}; import with: {importer.import_command(url, sweep_dir, kept)}"
+            if kept
+            else ("could not be kept on disk either (see above)")
         )
+        print(f"perfsweep: the result could not be written to {url} and {where}", file=sys.stderr)
         sys.exit(1)
     if status not in EXIT_0_STATUSES and not run_cfg.allow_failures:
         print(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import tempfile
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -92,12 +93,26 @@ def _when(value: Any) -> datetime | None:
     return datetime.fromisoformat(value) if isinstance(value, str) else value
 
 
+def spare_folder(sweep_dir: str | Path) -> Path:
+    """Where a sweep's results go when the database refused them and a job's own folder could not
+    take the file either (deleted, or its disk full): under the system's temporary folder."""
+    return Path(tempfile.gettempdir()) / "perfsweep-unsaved" / Path(sweep_dir).name
+
+
+def import_command(url: str, sweep_dir: str | Path, files: list[Path]) -> str:
+    """The command that stores ``files`` (kept in ``sweep_dir`` or its :func:`spare_folder`)."""
+    spare = spare_folder(sweep_dir)
+    places = [str(sweep_dir)] + ([str(spare)] if any(spare in f.parents for f in files) else [])
+    return f"perfsweep import {' '.join(places)} --db {url}"
+
+
 def pending_files(url: str, sweep_dir: str) -> list[Path]:
-    """Result files under ``sweep_dir`` whose run is not stored with a final status in ``url``.
+    """Result files under ``sweep_dir`` (or its :func:`spare_folder`) whose run is not stored with
+    a final status in ``url``.
 
     Every file counts as pending when the database cannot even be read.
     """
-    files = sorted(Path(sweep_dir).rglob(RESULT_FILE))
+    files = sorted(f for folder in (Path(sweep_dir), spare_folder(sweep_dir)) for f in folder.rglob(RESULT_FILE))
     if not files:
         return []
     try:

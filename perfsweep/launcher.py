@@ -692,13 +692,38 @@ def _begin(engine: Any, row: dict[str, Any]) -> int | None:
 def _save(
     engine: Any, row: dict[str, Any], run_id: int | None, spec: JobSpec, fields_of_sweep: dict[str, Any]
 ) -> int | None:
-    """Store the run; if the database refuses, keep the whole result as result.json for `perfsweep import`."""
+    """Store the run; if the database refuses (or its file was deleted or replaced while the job
+    ran), keep the whole result as result.json for `perfsweep import`: in the job's folder, or
+    where a file can still be written when that folder is gone or its disk full."""
     try:
+        if why := store.file_replaced(engine):
+            raise OSError(why)
         return store.save_run(engine, row, run_id=run_id)
     except Exception as exc:
-        path = spec.job_dir / importer.RESULT_FILE
-        sweep = {"sweep_dir": spec.sweep_dir, "name": spec.sweep_name, **fields_of_sweep}
-        importer.write_result_file(path, sweep, row)
         log.debug("database write failed", exc_info=True)  # the whole driver message, for --verbose
-        print(f"  database write failed ({first_line(exc)}); result kept in {path}", file=sys.stderr)
+        sweep = {"sweep_dir": spec.sweep_dir, "name": spec.sweep_name, **fields_of_sweep}
+        kept, failures = None, []
+        for folder in _result_folders(spec):
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                importer.write_result_file(folder / importer.RESULT_FILE, sweep, row)
+            except OSError as write_exc:
+                failures.append(f"{folder}: {write_exc.strerror or write_exc}")
+                continue
+            kept = folder / importer.RESULT_FILE
+            break
+        if kept is not None:
+            print(f"  database write failed ({first_line(exc)}); result kept in {kept}", file=sys.stderr)
+        else:
+            print(
+                f"  database write failed ({first_line(exc)}) and the result could not be kept on disk either "
+                f"({'; '.join(failures)}): this run's figures are lost; rerun it",
+                file=sys.stderr,
+            )
         return None
+
+
+def _result_folders(spec: JobSpec) -> list[Path]:
+    """Where a result the database refused is kept, in order: the job's folder, then (that folder
+    deleted, or its disk full) the sweep's importer.spare_folder; the sweep's last line names both."""
+    return [spec.job_dir, importer.spare_folder(spec.sweep_dir) / spec.job_dir.name]

@@ -16,6 +16,7 @@ import os
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
@@ -595,6 +596,26 @@ def head_revision() -> str:
     return head
 
 
+_opened_files: weakref.WeakKeyDictionary[Engine, tuple[str, tuple[int, int]]] = weakref.WeakKeyDictionary()
+"""The SQLite file each writing engine opened, by device and inode (see :func:`file_replaced`)."""
+
+
+def file_replaced(engine: Engine) -> str | None:
+    """Why a write through ``engine`` would not reach the results file people read, or None.
+
+    A pooled SQLite connection keeps the file it opened: deleted or replaced by another file
+    while a job ran, the job's row went into a file nobody can open any more, and the finished
+    result was lost without a word. The launcher asks before it stores a run."""
+    if (opened := _opened_files.get(engine)) is None:
+        return None
+    path, identity = opened
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return f"the database file {path} was deleted while the job ran"
+    return None if (st.st_dev, st.st_ino) == identity else f"the database file {path} was replaced while the job ran"
+
+
 def connect(url: str) -> Engine:
     """Open the database at ``url`` for writing: bring its schema to the current revision and
     mark the runs of jobs whose process is gone ``interrupted`` (see :func:`mark_interrupted`)."""
@@ -603,6 +624,9 @@ def connect(url: str) -> Engine:
     engine = make_engine(url)
     with _migrate_lock:
         upgrade(engine)
+    if engine.dialect.name == "sqlite" and engine.url.database and ":memory:" not in engine.url.database:
+        st = os.stat(engine.url.database)  # upgrade() has created it
+        _opened_files[engine] = (engine.url.database, (st.st_dev, st.st_ino))
     try:
         mark_interrupted(engine)
     except Exception as exc:  # noqa: BLE001 - housekeeping must not stop a sweep or an import

@@ -239,6 +239,40 @@ def test_failed_database_write_is_kept_and_imported_once(tmp_path: Path, capsys:
     assert [(r["sweep_dir"], r["status"]) for r in swept] == [(str(sweep_dir), "done")] and swept[0]["finished_at"]
 
 
+def test_a_result_outlives_its_database_file_and_job_folder_deleted_while_it_ran(tmp_path: Path):
+    """Fault injection: results.db and the job's folder are deleted while the job trains. The
+    pooled connection kept writing into the deleted file and the result.json fallback raised into
+    the void: a finished result was lost without a word. It is now kept where a file can still be
+    written, named in the last line, and imported from there (the job itself reports a failure:
+    it could not write its artifacts into the folder it lost)."""
+    tiny = [o for o in TINY if not o.startswith(("steps.measure", "profile."))]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "perfsweep", "-m", "steps.measure=1500", "profile.enabled=false", *tiny],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp_path / "tmp"), "PYTHONUNBUFFERED": "1"},
+    )
+    (tmp_path / "tmp").mkdir()
+    db = tmp_path / "results.db"
+    wait_for(lambda: db.exists() and rows(db, "SELECT count(*) AS n FROM runs WHERE status = 'running'")[0]["n"] == 1)
+    (job_dir,) = [p for p in (tmp_path / "multirun").glob("*/*/0_*")]
+    db.unlink()  # another connection may create an empty one in its place: 'replaced' then
+    shutil.rmtree(job_dir)
+    with read_only(job_dir.parent):  # nor can the job's folder be made again (a full disk does the same)
+        out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1, err[-3000:]
+    assert "database write failed (the database file " in err and " while the job ran)" in err, err[-3000:]
+    (kept,) = list((tmp_path / "tmp" / "perfsweep-unsaved").rglob("result.json"))
+    last = err.strip().splitlines()[-1]
+    assert "1 result could not be written" in last and f"perfsweep import {job_dir.parent} {kept.parents[1]}" in last
+    fresh = tmp_path / "fresh.db"
+    assert importer.main([str(kept.parents[1]), "--db", str(fresh)]) == 0
+    (run,) = rows(fresh, "SELECT status, error FROM runs")  # what the job reported: its folder could not be made
+    assert run["status"] == "failed" and job_dir.name[:40] in run["error"], run
+
+
 def test_import_refuses_what_is_not_a_result(tmp_path: Path):
     (tmp_path / "result.json").write_text("{}")
     assert importer.main([str(tmp_path / "nothing")]) == 2

@@ -216,8 +216,8 @@ class PerfsweepSweeper(BasicSweeper):
         if unsaved:
             print(
                 f"perfsweep: {len(unsaved)} result{'s' if len(unsaved) != 1 else ''} could not be written to "
-                f"{url} and {'are' if len(unsaved) != 1 else 'is'} kept as result.json in the job folder; "
-                f"import with: perfsweep import {sweep_dir} --db {url}",
+                f"{url} and {'are' if len(unsaved) != 1 else 'is'} kept as result.json; "
+                f"import with: {importer.import_command(url, sweep_dir, unsaved)}",
                 file=sys.stderr,
             )
             sys.exit(1)
