@@ -188,9 +188,9 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 outcome, sweep_id = import_file(engine, f)
                 touched.add(sweep_id)
-            except ValueError as exc:
+            except ValueError as exc:  # not a result (truncated, foreign): said; the others are still imported
                 print(f"perfsweep import: {exc}", file=sys.stderr)
-                return 2
+                outcome = "unreadable"
             except Exception as exc:  # noqa: BLE001 - the database refused; the file stays for a retry
                 print(
                     f"perfsweep import: {f}: the database refused the write ({first_line(exc)}"
@@ -207,7 +207,9 @@ def main(argv: list[str] | None = None) -> int:
             engine.dispose()
     summary = ", ".join(f"{n} {what}" for what, n in counts.items())
     print(f"{len(files)} result file{'s' if len(files) != 1 else ''}: {summary} ({url})")
-    return 1 if "not stored" in counts else 0
+    if counts.get("unreadable") == len(files):
+        return 2
+    return 1 if "not stored" in counts or "unreadable" in counts else 0
 
 
 if __name__ == "__main__":

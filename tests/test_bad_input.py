@@ -167,6 +167,15 @@ def test_resume_names_the_sweeps_there_are(tmp_path: Path, capsys):
     )
 
 
+def test_a_sweep_folder_that_cannot_be_made_is_one_line(tmp_path: Path):
+    """A launch directory nobody may write to (a full disk says the same): it was a traceback."""
+    (tmp_path / "ro").mkdir()
+    with read_only(tmp_path / "ro"):
+        res = run_perfsweep(["-m", "steps.measure=2,3", *TINY, f"db.url=sqlite:///{tmp_path}/r.db"], tmp_path / "ro")
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr[-2000:]
+    assert res.stderr.startswith("perfsweep: cannot create the sweep's folder ") and "no job was started" in res.stderr
+
+
 def test_resume_needs_a_multirun_and_a_sweep_folder(tmp_path: Path):
     res = run_perfsweep([*TINY, "resume=true"], tmp_path)
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "resume=true" in res.stderr

@@ -273,10 +273,18 @@ def test_a_result_outlives_its_database_file_and_job_folder_deleted_while_it_ran
     assert run["status"] == "failed" and job_dir.name[:40] in run["error"], run
 
 
-def test_import_refuses_what_is_not_a_result(tmp_path: Path):
+def test_import_refuses_what_is_not_a_result(tmp_path: Path, capsys: pytest.CaptureFixture):
     (tmp_path / "result.json").write_text("{}")
     assert importer.main([str(tmp_path / "nothing")]) == 2
     assert importer.main([str(tmp_path), "--db", str(tmp_path / "r.db")]) == 2
+    # one truncated file among good ones: said, and the good ones are still imported (exit 1)
+    good = tmp_path / "job" / "result.json"
+    good.parent.mkdir()
+    importer.write_result_file(good, {"sweep_dir": str(tmp_path / "s"), "name": "s"}, run_row(0, run_uid="u1"))
+    capsys.readouterr()
+    assert importer.main([str(tmp_path), "--db", str(tmp_path / "r.db")]) == 1
+    out, err = capsys.readouterr()
+    assert "not a perfsweep result" in err and "2 result files: 1 imported, 1 unreadable" in out, (out, err)
 
 
 def test_a_second_ctrl_c_keeps_what_the_first_one_said_to_do():
