@@ -480,6 +480,7 @@ def test_factor_effects_of_a_known_2x2(engine: Any, tmp_path: Path) -> None:
 def assert_labels_fit(fig: Any) -> None:
     """Every value label at a bar's end lies inside its axes and clear of its own whisker (a label
     once ran over the y tick labels, and a negative bar's label covered its whisker)."""
+    charts.fit_labels(fig)  # as charts.save does
     fig.draw_without_rendering()
     renderer = fig.canvas.get_renderer()
     for ax in fig.axes:

@@ -135,6 +135,7 @@ class Scale(NamedTuple):
 
 
 def save(fig: Figure, path: Path) -> Path:
+    fit_labels(fig)
     with rc_context(STYLE):
         fig.savefig(path, dpi=DPI)
     return path
@@ -189,12 +190,18 @@ def draw(spec: ChartSpec, frame: pd.DataFrame, note: str = "") -> Figure:
         if handles:
             ncols = max(1, min(len(handles), int(width // 3.6)))
             fig.legend(handles.values(), handles.keys(), loc="outside lower center", ncols=ncols, frameon=False)
-        if panels[0].kind in ("bars", "stacked"):
-            fig.draw_without_rendering()  # lays the axes out: their width in pixels is known from here
-            for ax in grid.flat:
-                if ax.get_visible():
-                    _fit_texts(ax)
     return fig
+
+
+def fit_labels(fig: Figure) -> None:
+    """Widen each bar panel's x range until its value labels fit (:func:`_fit_texts`). It needs the
+    laid-out axes, a draw of its own, so it runs when a figure is saved, not for one only looked at."""
+    axes = [ax for ax in fig.axes if ax.get_visible() and any(not t.get_in_layout() for t in ax.texts)]
+    if axes:
+        with rc_context(STYLE):
+            fig.draw_without_rendering()  # lays the axes out: their width in pixels is known from here
+            for ax in axes:
+                _fit_texts(ax)
 
 
 def _fit_texts(ax: Axes, pad_px: float = 8.0) -> None:
