@@ -162,7 +162,7 @@ def hydra_main(cfg: DictConfig) -> str:
         where = (
             f"is kept in {kept[0]}; import with: {importer.import_command(url, sweep_dir, kept)}"
             if kept
-            else ("could not be kept on disk either (see above)")
+            else "could not be kept on disk either (see above)"
         )
         print(f"perfsweep: the result could not be written to {url} and {where}", file=sys.stderr)
         sys.exit(1)

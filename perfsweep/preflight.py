@@ -489,25 +489,18 @@ def claim_folder(folder: Path, key: str, resume: bool = False) -> list[Path]:
     created = [p for p in (folder, *folder.parents) if not p.exists()]
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        raise ConfigError(
-            f"{key}={folder} already holds another sweep ({SWEEP_MARKER} exists); give each sweep its "
-            "own folder (the default one is unique), or with -m add resume=true to continue it"
-        ) from None
-    except OSError as exc:  # a full disk, no permission: before any job, in one line
-        unclaim_folder(folder, created)
+        with os.fdopen(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY), "w") as fh:
+            fh.write(f"pid={os.getpid()} host={socket.gethostname()} started={time.time():.0f}\n")
+    except OSError as exc:
+        if isinstance(exc, FileExistsError) and marker.is_file():
+            raise ConfigError(
+                f"{key}={folder} already holds another sweep ({SWEEP_MARKER} exists); give each sweep its "
+                "own folder (the default one is unique), or with -m add resume=true to continue it"
+            ) from None
+        unclaim_folder(folder, created)  # a full disk, no permission: before any job, in one line
         raise ConfigError(
             f"cannot create the sweep's folder {folder} ({exc.strerror or exc}); free space or "
             "permission there, or set hydra.sweep.dir (hydra.run.dir) to another place"
-        ) from None
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(f"pid={os.getpid()} host={socket.gethostname()} started={time.time():.0f}\n")
-    except OSError as exc:
-        unclaim_folder(folder, created)
-        raise ConfigError(
-            f"cannot write to the sweep's folder {folder} ({exc.strerror or exc}); free space there"
         ) from None
     return created
 

@@ -128,13 +128,15 @@ def as_json(df: pd.DataFrame) -> str:
     timestamps ISO 8601 text (as SQLite stores them), a JSON column from PostgreSQL its object."""
 
     def plain(value: object) -> object:
+        if value is None or value is pd.NA or value is pd.NaT:  # NaT first: it is a datetime too
+            return None
         if isinstance(value, (datetime.datetime, datetime.date)):  # pd.Timestamp is a datetime
             return value.isoformat()
         if hasattr(value, "item"):  # a numpy scalar (int64, bool_, float64) as its Python value
             value = value.item()
         if isinstance(value, decimal.Decimal):
             value = float(value)
-        return None if value is None or value is pd.NA or value is pd.NaT or value != value else value
+        return None if value != value else value  # NaN
 
     rows = [dict(zip(df.columns, map(plain, row), strict=True)) for row in df.itertuples(index=False, name=None)]
     return json.dumps(rows, indent=2, default=str)

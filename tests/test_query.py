@@ -156,6 +156,17 @@ def test_timestamps_print_as_iso_text_from_either_database(db, capsys):
     assert abs(when.replace(tzinfo=None) - datetime.now(timezone.utc).replace(tzinfo=None)) < timedelta(minutes=5)
 
 
+def test_a_null_timestamp_is_null_in_json(db, capsys):
+    """A timestamp column with a NULL (PostgreSQL's datetimes become NaT, which is a datetime too)."""
+    sql = (
+        "SELECT r.batch, CASE WHEN r.batch = 4 THEN s.created_at END AS t "
+        "FROM runs r JOIN sweeps s ON s.id = r.sweep_id ORDER BY r.batch"
+    )
+    assert main([sql, "--db", db, "--format", "json"]) == 0
+    first, second = json.loads(capsys.readouterr().out)
+    assert isinstance(first["t"], str) and second == {"batch": 8, "t": None}
+
+
 def test_json_columns_stay_json(db, capsys):
     """runs.config_json comes back as a dict from PostgreSQL and as JSON text from SQLite; --format
     json prints the same object either way (not Python's repr of it)."""

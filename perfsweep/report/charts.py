@@ -224,8 +224,8 @@ def _fit_texts(ax: Axes, pad_px: float = 8.0) -> None:
         ends = [(x, w * 0.7 / share, ha) for x, w, ha in ends]
     for _ in range(12):
         span = (hi - lo) / width_px  # data units per pixel
-        hi = max(hi, *(x + w * span for x, w, ha in ends if ha == "left"), hi)
-        lo = min(lo, *(x - w * span for x, w, ha in ends if ha == "right"), lo)
+        hi = max([hi, *(x + w * span for x, w, ha in ends if ha == "left")])  # a list: one side may have none
+        lo = min([lo, *(x - w * span for x, w, ha in ends if ha == "right")])
     ax.set_xlim(lo, hi)
 
 
@@ -247,12 +247,13 @@ def _write(ax: Axes, at: float, x: float, text: str, **kw: Any) -> None:
     ax.text(x, at, f" {text} ", ha="left" if x >= 0 else "right", va="center", fontsize=9, in_layout=False, **kw)
 
 
-def _limits(ax: Axes, lo: float, hi: float, room: float) -> None:
-    """From 0 (or below, for negative values) to past the largest value, with ``room`` for labels;
-    an axis shared with another panel keeps covering that panel's values too."""
+def _limits(ax: Axes, lo: float, hi: float, margin: float = 0.05) -> None:
+    """From 0 (or below, for negative values) to a ``margin`` past the largest value (room for
+    labels is :func:`_fit_texts`'s); an axis shared with another panel keeps covering that
+    panel's values too."""
     lo, hi = min(0.0, lo), max(0.0, hi)
     span, now = (hi - lo) or 1.0, ax.get_xlim()
-    ax.set_xlim(min(now[0], lo - room * span if lo < 0 else 0.0), max(now[1], hi + (room if hi > 0 else 0.05) * span))
+    ax.set_xlim(min(now[0], lo - margin * span if lo < 0 else 0.0), max(now[1], hi + margin * span))
 
 
 def bars(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale) -> None:
@@ -285,7 +286,7 @@ def bars(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale) -> None:
             ax.axvline(v[base][0], color="#555555", ls=line, zorder=1, label=f"{what}: {fmt.si(v[base][0])} {s.unit}")
     if p.ref is not None:
         ax.axvline(p.ref / s.div, color="#444444", ls="--" if p.ref else "-", lw=1)
-    _limits(ax, s.lo, s.hi, 0.05)  # a margin; _fit_texts makes room for the labels
+    _limits(ax, s.lo, s.hi)
     if p.unit == p.rate:
         ax.xaxis.set_major_formatter(EngFormatter(sep=""))
 
@@ -309,7 +310,7 @@ def stacked(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale) -> None:
     for at, total, m in zip(pos, end, mark, strict=True):
         text = f"{total:.3g}" + (f" of {m:.3g}" if np.isfinite(m) else "") + f" {s.unit}"
         _write(ax, at, max(total, np.nan_to_num(m)), text)
-    _limits(ax, 0.0, top, 0.05)
+    _limits(ax, 0.0, top)
 
 
 def lines(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale) -> None:

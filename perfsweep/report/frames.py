@@ -250,12 +250,9 @@ def factorial_effects(df: pd.DataFrame, throughput: Sequence[Any] | None = None)
             f"{t[:-1]}, 95% CI {i.lo:+.1f} to {i.hi:+.1f}%)" if np.isfinite(i.lo) else t
             for t, i in zip(out["throughput effect"], ivs, strict=True)
         ]
-        out["throughput effect"] = [
-            t + (f" {v}" if v else "") for t, v in zip(text, out["effect_verdict"], strict=True)
-        ]
-        out["throughput bar label"] = [  # a bar near 0 shows no colour: the words say it
-            t + (f" {v}" if v else "") for t, v in zip(out["throughput bar label"], out["effect_verdict"], strict=True)
-        ]
+        verdict = [f" {v}" if v else "" for v in out["effect_verdict"]]  # on the bar too: one near 0 shows no colour
+        out["throughput effect"] = [t + v for t, v in zip(text, verdict, strict=True)]
+        out["throughput bar label"] = [t + v for t, v in zip(out["throughput bar label"], verdict, strict=True)]
     if not blocks:
         return out, ""
     used, total = cells.groupby(blocks, dropna=False).ngroups, df.groupby(blocks, dropna=False).ngroups
