@@ -23,9 +23,27 @@ def redirect_output(job_dir: str) -> None:
         os.dup2(log_file.fileno(), 2)
 
 
+def unwritable_folder(job_dir: str, exc: OSError) -> str:
+    """What to tell the user when the job's folder cannot take its log."""
+    return (
+        f"the job's folder {job_dir} could not be written ({exc.strerror or exc}); "
+        "free disk space or fix its permissions, then resume the sweep"
+    )
+
+
 def main(job_dir: str, conn: Any, payload: bytes) -> None:
-    """Run :func:`perfsweep.runner.job_main` with the arguments pickled in ``payload``."""
-    redirect_output(job_dir)
+    """Run :func:`perfsweep.runner.job_main` with the arguments pickled in ``payload``.
+
+    A job folder that cannot be written (deleted under a read-only parent, a full disk) is this
+    job's failure, reported through ``conn`` like any other: unreported, the sweep could only say
+    that the process exited without a result.
+    """
+    try:
+        redirect_output(job_dir)
+    except OSError as exc:
+        conn.send(("error", "failed", unwritable_folder(job_dir, exc), "", {}))
+        conn.close()
+        return
     cfg_dict, token_data, label, launch_dir, cpus = pickle.loads(payload)  # imports torch
     from perfsweep import runner
 

@@ -7,6 +7,7 @@ Real databases (a SQLite file, the test PostgreSQL server), real sweeps killed w
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import shutil
 import signal
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from perfsweep import importer, store
+from perfsweep import importer, job_entry, store
 from perfsweep.names import HEARTBEAT_STALE_S
 from tests.util import TINY, new_db_url, read_only, run_perfsweep, run_row, start_as_in_a_terminal, wait_for
 from tests.util import sqlite_rows as rows
@@ -271,6 +272,22 @@ def test_a_result_outlives_its_database_file_and_job_folder_deleted_while_it_ran
     assert importer.main([str(kept.parents[1]), "--db", str(fresh)]) == 0
     (run,) = rows(fresh, "SELECT status, error FROM runs")  # what the job reported: its folder could not be made
     assert run["status"] == "failed" and job_dir.name[:40] in run["error"], run
+
+
+def test_a_job_whose_folder_cannot_be_made_reports_so(tmp_path: Path):
+    """The same fault when it lands before the job has started: its folder goes before the spawned
+    process opens its job.log there. The process exited with code 1, and the sweep could only
+    say that it had reported nothing (a race the test above lost on a slower machine)."""
+    parent = tmp_path / "sweep"
+    parent.mkdir()
+    job_dir = parent / "0_amp=false"
+    receiver, sender = multiprocessing.Pipe(duplex=False)
+    with read_only(parent):
+        job_entry.main(str(job_dir), sender, b"not reached")
+    kind, status, message, tb, partial = receiver.recv()
+    assert (kind, status, tb, partial) == ("error", "failed", "", {})
+    assert str(job_dir) in message and "resume the sweep" in message, message
+    assert not job_dir.exists()
 
 
 def test_import_refuses_what_is_not_a_result(tmp_path: Path, capsys: pytest.CaptureFixture):
