@@ -15,8 +15,12 @@ pytest_plugins = ["tests.pg"]
 
 @pytest.fixture(scope="session", autouse=True)
 def token_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One token cache for the whole session, so the stdlib corpus is tokenized at most once."""
-    path = Path(os.environ.get("PERFSWEEP_TEST_CACHE") or tmp_path_factory.mktemp("token-cache"))
+    """One token cache for the whole session, so the stdlib corpus is tokenized at most once.
+    pytest-xdist's workers share it: their base folders sit side by side in one parent, and the
+    cache is written by rename (perfsweep.data), as for two sweeps started at once."""
+    shared = tmp_path_factory.getbasetemp().parent / "token-cache" if os.environ.get("PYTEST_XDIST_WORKER") else None
+    path = Path(os.environ.get("PERFSWEEP_TEST_CACHE") or shared or tmp_path_factory.mktemp("token-cache"))
+    path.mkdir(parents=True, exist_ok=True)
     os.environ["PERFSWEEP_CACHE_DIR"] = str(path)
     return path
 
