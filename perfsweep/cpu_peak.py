@@ -1,10 +1,11 @@
-"""The CPU's achievable matmul FLOP/s, measured once per sweep: the denominator of CPU utilisation.
+"""The CPU's achievable matmul FLOP/s, the denominator of CPU utilisation: measured per sweep and per job.
 
 A CPU has no published dense peak the way a GPU has, and what it can reach depends on its
 vector units, its clock under load and the threads torch uses. So before a CPU sweep's jobs
 start, perfsweep times square matmuls in fp32 and bf16 with the jobs' thread count and keeps
 the best rate; runs then report ``cpu_flops_utilisation`` as their model FLOP/s over it,
-labelled "of measured matmul peak", never as MFU.
+labelled "of measured matmul peak", never as MFU. Each CPU job also times them after its measured
+steps, in its compute dtype, and the higher of the two rates is the denominator.
 """
 
 from __future__ import annotations
@@ -18,6 +19,11 @@ CALL_BUDGET_S = 0.02
 is measured at a size it finishes quickly. Not smaller: on this VM bf16 reached 12 GFLOP/s at side
 512 and 19 at 1024, the size of the model's own products (batch x seq_len = 1024 rows)."""
 
+
+RUN_SECONDS = 0.1
+"""How long a CPU job times matmuls after its measured steps (``runs.cpu_matmul_flops``): taken at
+the load its steps met, that rate keeps a run's utilisation at or under 1 when other work slowed
+the sweep's own measurement before the jobs (1.26 was stored so, beside another test run)."""
 
 MIN_CALLS = 5
 """Fewest timed products the best is taken from, however long they take: the best of one or two

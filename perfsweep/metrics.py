@@ -269,12 +269,20 @@ def flops_per_unit(
 
 
 def cpu_flops_utilisation(
-    model_tflops_per_s: float | None, compute_dtype: str | None, fp32_flops: float | None, bf16_flops: float | None
+    model_tflops_per_s: float | None,
+    compute_dtype: str | None,
+    fp32_flops: float | None,
+    bf16_flops: float | None,
+    run_flops: float | None = None,
 ) -> float | None:
-    """A CPU run's model FLOP/s over the sweep's measured matmul peak in its compute dtype (bf16
-    under bf16 autocast, else fp32); None without a measured peak."""
-    peak = bf16_flops if compute_dtype == "bf16" else fp32_flops
-    if model_tflops_per_s is None or not peak:
+    """A CPU run's model FLOP/s over the best matmul rate measured in its compute dtype (bf16
+    under bf16 autocast, else fp32): the sweep's, before the jobs (``fp32_flops``, ``bf16_flops``),
+    or the run's own, after its measured steps (``run_flops``), whichever is higher. Other load on
+    the machine can only lower a measured rate, and the peak is what the CPU can do. None without
+    a measured rate."""
+    sweep_flops = bf16_flops if compute_dtype == "bf16" else fp32_flops
+    peak = max((f for f in (sweep_flops, run_flops) if f), default=None)
+    if model_tflops_per_s is None or peak is None:
         return None
     return model_tflops_per_s * 1e12 / peak
 

@@ -30,8 +30,8 @@ from typing import Any
 import torch
 
 from perfsweep import compile as compile_mod
+from perfsweep import cpu_peak, distributed, interrupts, ledger, slots, task
 from perfsweep import data as data_mod
-from perfsweep import distributed, interrupts, ledger, slots, task
 from perfsweep.cli import first_line
 from perfsweep.config import AmpDtype, Device, PerfsweepConfig, to_run_config
 from perfsweep.envinfo import compute_dtype, environment, peak_flops
@@ -369,10 +369,14 @@ def _train(
     if snapshot is not None:
         snapshot.resume()
     result.update(probe.result())  # before any profiler adds its own memory
+    dtype = compute_dtype(cfg.amp, cfg.amp_dtype.value)
     if device.type == "cpu":
         step_peak = step_alloc_peak_bytes(lambda: run_step("memory"))
         result["peak_allocated_bytes"] = persistent_bytes(raw, trainer.optimizer) + step_peak
         result["peak_mem_bytes"] = result["peak_allocated_bytes"]
+        if not distributed.active():  # a utilisation's denominator (perfsweep.summary), after the memory figures
+            matmul_dtype = "bf16" if dtype == "bf16" else "fp32"
+            result["cpu_matmul_flops"] = cpu_peak.matmul_flops(matmul_dtype, seconds=cpu_peak.RUN_SECONDS)
 
     result["predicted_peak_error"] = prediction_error(
         result.get("predicted_peak_bytes"), result["peak_allocated_bytes"]
@@ -382,7 +386,6 @@ def _train(
     result.update(summary.row())
     if distributed.active():
         result.update(rank_figures(summary, per_rank).row())
-    dtype = compute_dtype(cfg.amp, cfg.amp_dtype.value)
     peak = peak_flops(result["device_name"], dtype) if device.type == "cuda" else None
     if result["flops_per_sample"] is not None:
         peak_all = peak * nproc if peak is not None else None  # every rank's GPU

@@ -95,11 +95,12 @@ class Sweep(Base):
     heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # CPU sweeps: the machine's achievable matmul FLOP/s, measured once before the jobs with the
-    # jobs' thread count (perfsweep.cpu_peak); the denominator of runs.cpu_flops_utilisation
+    # jobs' thread count (perfsweep.cpu_peak); with runs.cpu_matmul_flops, the denominator of
+    # runs.cpu_flops_utilisation (the higher of the two)
     cpu_matmul_fp32_flops: Mapped[float | None] = mapped_column(Float)
     cpu_matmul_bf16_flops: Mapped[float | None] = mapped_column(Float)
     cpu_matmul_threads: Mapped[int | None] = mapped_column(Integer)
-    """torch threads the peaks were measured with; only runs with as many get a utilisation."""
+    """torch threads the peaks were measured with; only runs with as many are set against them."""
     parallel: Mapped[int | None] = mapped_column(Integer)
     """Jobs run at once by perfsweep's launcher (``launcher.parallel``, as slots allowed); above 1
     the jobs shared memory bandwidth, PCIe and the host, and the summary says so."""
@@ -246,8 +247,13 @@ class Run(Base):
     model_tflops_per_s: Mapped[float | None] = mapped_column(Float)
     mfu: Mapped[float | None] = mapped_column(Float)
     cpu_flops_utilisation: Mapped[float | None] = mapped_column(Float)
-    """CPU runs: model FLOP/s over the sweep's measured matmul peak in the run's compute dtype
-    (sweeps.cpu_matmul_*_flops), not a published peak."""
+    """CPU runs: model FLOP/s over the best matmul rate measured in the run's compute dtype, the
+    sweep's (sweeps.cpu_matmul_*_flops) or the run's own (cpu_matmul_flops), not a published peak."""
+    cpu_matmul_flops: Mapped[float | None] = mapped_column(Float)
+    """CPU runs: the best matmul FLOP/s in the run's compute dtype, measured by the job right after
+    its measured steps with its threads (perfsweep.cpu_peak). Load on the machine while the sweep
+    measured its own peak lowered that one, and utilisation read above 1; this one sees the load
+    the steps saw."""
     # speedup against the sweep's baseline config, written at the end of the sweep
     speedup: Mapped[float | None] = mapped_column(Float)
     """tokens/s of this run's config over the baseline config's (medians over repeats or steps)."""

@@ -47,20 +47,26 @@ def fill_compile_payback(engine: Engine, sweep_id: int) -> None:
 
 
 def fill_cpu_utilisation(engine: Engine, sweep_id: int) -> None:
-    """``cpu_flops_utilisation`` of the sweep's CPU runs against its measured matmul peaks."""
+    """``cpu_flops_utilisation`` of the sweep's CPU runs against the measured matmul peaks: the
+    sweep's and each run's own (runs.cpu_matmul_flops)."""
     Run = store.Run
     with store.session(engine) as s:
         sweep = s.get(store.Sweep, sweep_id)
-        if sweep is None or not (sweep.cpu_matmul_fp32_flops or sweep.cpu_matmul_bf16_flops):
+        if sweep is None:
             return
         runs = s.scalars(select(Run).where(Run.sweep_id == sweep_id, Run.device_type == "cpu")).all()
         for r in runs:
-            if sweep.cpu_matmul_threads is not None and r.torch_threads != sweep.cpu_matmul_threads:
-                continue  # the peak was measured with another thread count: no figure, not a wrong one
             if r.nproc is not None:
                 continue  # its FLOP/s are all ranks' together, against one process's peak: no figure
+            # the sweep's peaks were measured with its thread count: against a run with another,
+            # only the run's own (none: no figure, not a wrong one)
+            same_threads = sweep.cpu_matmul_threads is None or r.torch_threads == sweep.cpu_matmul_threads
             r.cpu_flops_utilisation = metrics.cpu_flops_utilisation(
-                r.model_tflops_per_s, r.mfu_compute_dtype, sweep.cpu_matmul_fp32_flops, sweep.cpu_matmul_bf16_flops
+                r.model_tflops_per_s,
+                r.mfu_compute_dtype,
+                sweep.cpu_matmul_fp32_flops if same_threads else None,
+                sweep.cpu_matmul_bf16_flops if same_threads else None,
+                r.cpu_matmul_flops,
             )
 
 

@@ -167,6 +167,7 @@ def full_result(sweep_id: int, job_num: int = 3) -> dict[str, Any]:
         "noisy": False,
         "measure_wall_ms": 2025.0001,
         "cpu_flops_utilisation": 0.4375,
+        "cpu_matmul_flops": 3.2e11,
         "speedup": 1.0625,
         "speedup_ci_lo": 0.998,
         "speedup_ci_hi": 1.125,
