@@ -156,7 +156,8 @@ def hydra_main(cfg: DictConfig) -> str:
         raise
     with summary.hint_stored(url, sweep_id):  # the run is stored: only the summary (or report) is missing
         summary.close_sweep(url, sweep_dir, "done")
-        summary.show_sweep(url, sweep_dir, make_report=run_cfg.report)
+        kept = importer.run_uids(importer.pending_files(url, sweep_dir)) if run_id is None else set()
+        summary.show_sweep(url, sweep_dir, make_report=run_cfg.report, unsaved=kept)
     if run_id is None:
         kept = importer.pending_files(url, sweep_dir)
         where = (

@@ -16,14 +16,15 @@ import numpy as np
 import pandas as pd
 
 from perfsweep import metrics
-from perfsweep.names import GRID_AXES, ON_OFF_AXES, RUN_STATUSES, SETTING_PREFIX
+from perfsweep.names import GRID_AXES, ON_OFF_AXES, RUN_STATUSES, SETTING_PREFIX, UNSAVED_STATUS
 
 CONFIG_AXES: tuple[str, ...] = (*GRID_AXES, "amp_dtype", "model_name", "data_name")
 """What identifies a measured configuration: the grid axes plus what they do not cover."""
 SHORT_NAMES: dict[str, str] = {"model_name": "model", "data_name": "data", "sweep_id": "sweep"}
-STATUS_ORDER: tuple[str, ...] = ("ok", "oom", "skipped", "failed", "timeout", "interrupted", "running")
-"""Which run stands for a config, or a heatmap cell, whose runs' statuses differ: the most telling first."""
-assert set(STATUS_ORDER) == set(RUN_STATUSES)
+STATUS_ORDER: tuple[str, ...] = ("ok", UNSAVED_STATUS, "oom", "skipped", "failed", "timeout", "interrupted", "running")
+"""Which run stands for a config, or a heatmap cell, whose runs' statuses differ: the most telling
+first (``unsaved``: only in a sweep's summary, see perfsweep.names)."""
+assert set(STATUS_ORDER) == {*RUN_STATUSES, UNSAVED_STATUS}
 
 
 def prepare_runs(runs: pd.DataFrame) -> pd.DataFrame:

@@ -10,6 +10,7 @@ completed in place, so importing twice adds nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
@@ -139,6 +140,15 @@ def pending_files(url: str, sweep_dir: str) -> list[Path]:
     finally:
         engine.dispose()
     return [f for uid, f in uids.items() if uid not in stored]
+
+
+def run_uids(files: list[Path]) -> set[str]:
+    """The ``run_uid`` of each readable result file among ``files``."""
+    uids = set()
+    for f in files:
+        with contextlib.suppress(ValueError, KeyError):
+            uids.add(read_result(f)[1]["run_uid"])
+    return uids
 
 
 def _redraw(engine: Engine, sweep_ids: set[int]) -> None:

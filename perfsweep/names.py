@@ -152,6 +152,10 @@ def interrupted_tail(multirun: bool) -> str:
 FINAL_STATUSES: tuple[str, ...] = ("ok", "failed", "oom", "timeout", "skipped")
 """Statuses of a job that ran to an outcome; ``perfsweep import`` never overwrites these."""
 
+UNSAVED_STATUS = "unsaved"
+"""Shown in a sweep's summary, never stored: the job finished but the database refused its
+result, which is kept as result.json until ``perfsweep import`` stores it (its row says ``running``)."""
+
 EXIT_0_STATUSES: tuple[str, ...] = ("ok", "skipped")
 """Outcomes that leave the exit code 0 without ``allow_failures``: a skip is what the user asked for."""
 

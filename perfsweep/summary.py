@@ -6,7 +6,7 @@ import contextlib
 import logging
 import shlex
 import sys
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ from sqlalchemy.engine import Engine, make_url
 from perfsweep import audit, configs, interrupts, metrics, store
 from perfsweep.cli import first_line
 from perfsweep.configs import per_config, prepare_runs, value_text
-from perfsweep.names import DATA_BOUND_WAIT_FRACTION, NOISY_IQR_FRACTION, ON_OFF_AXES, SETTING_PREFIX
+from perfsweep.names import DATA_BOUND_WAIT_FRACTION, NOISY_IQR_FRACTION, ON_OFF_AXES, SETTING_PREFIX, UNSAVED_STATUS
 from perfsweep.results import load_batch_searches, load_runs, search_label
 
 log = logging.getLogger(__name__)
@@ -321,28 +321,35 @@ def run_statuses(url: str, sweep_id: int) -> list[str]:
         engine.dispose()
 
 
-def show_sweep(url: str, sweep_dir: str, make_report: bool = True) -> None:
+def show_sweep(url: str, sweep_dir: str, make_report: bool = True, unsaved: Collection[str] = ()) -> None:
     """Print the summary of the sweep at ``sweep_dir`` from the database (closed by
-    :func:`close_sweep`), then build its report. Writes nothing to the database."""
+    :func:`close_sweep`), then build its report. Writes nothing to the database. ``unsaved``: the
+    run_uids of results kept as result.json (perfsweep.importer.pending_files), shown so."""
     engine = store.connect(url)
     try:
         sweep_id = sweep_id_for(engine, sweep_dir)
         if sweep_id is None:
             print(f"perfsweep: no sweep {sweep_dir} in {url}", file=sys.stderr)
             return
-        _print_summary(engine, sweep_id, make_report)
+        _print_summary(engine, sweep_id, make_report, unsaved)
     finally:
         engine.dispose()
 
 
-def _print_summary(engine: Engine, sweep_id: int, make_report: bool) -> None:
+def _print_summary(engine: Engine, sweep_id: int, make_report: bool, unsaved: Collection[str] = ()) -> None:
     """The summary table, the query to type and (``make_report``) the report, from the database."""
     df = summary_frame(engine, sweep_id)
+    # a finished job whose result the database refused still reads 'running' there: it is not
+    # running, and its result is not lost (the line after the summary says how to import it)
+    kept = df["run_uid"].isin(list(unsaved)) & df["status"].eq("running")
+    df.loc[kept, "status"] = UNSAVED_STATUS
     n_ok = int((df["status"] == "ok").sum())
     print(
         f"\nSweep {sweep_id} ({len(df)} run{'s' if len(df) != 1 else ''}, {n_ok} ok{_not_started(engine, sweep_id, df)})"
     )
     print(format_summary(df))
+    if kept.any():
+        print(f"{UNSAVED_STATUS}: the job finished but the database refused its result, kept as result.json")
     if text := format_searches(load_batch_searches(engine, [sweep_id])):
         print(text)
     if text := concurrency_note(engine, sweep_id):

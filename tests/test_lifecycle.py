@@ -189,6 +189,10 @@ def test_failed_database_write_is_kept_and_imported_once(tmp_path: Path, capsys:
     last = res.stderr.strip().splitlines()[-1]
     assert "2 results could not be written" in last and "perfsweep import" in last, last
     assert "[SQL:" not in res.stdout + res.stderr  # the driver's first line, not SQLAlchemy's dump
+    # the summary says the runs finished and where they are, not that they are still 'running'
+    table = res.stdout[res.stdout.index("Sweep 1 (2 runs, 0 ok)") :].splitlines()
+    assert [line.split()[2] for line in table[2:4]] == ["unsaved", "unsaved"], table
+    assert table[4] == "unsaved: the job finished but the database refused its result, kept as result.json"
     files = sorted(tmp_path.glob("multirun/*/*/*/result.json"))
     assert len(files) == 2
     kept = json.loads(files[0].read_text())
@@ -288,6 +292,22 @@ def test_a_job_whose_folder_cannot_be_made_reports_so(tmp_path: Path):
     assert (kind, status, tb, partial) == ("error", "failed", "", {})
     assert str(job_dir) in message and "resume the sweep" in message, message
     assert not job_dir.exists()
+
+
+def test_a_single_run_whose_result_the_database_refused_is_shown_unsaved(tmp_path: Path):
+    db = tmp_path / "results.db"
+    store.connect(f"sqlite:///{db}").dispose()
+    con = sqlite3.connect(db)
+    con.executescript(REFUSE_OUTCOMES)
+    con.close()
+    res = run_perfsweep([*TINY], tmp_path)  # no -m: perfsweep.__main__'s own path
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert "Sweep 1 (1 run, 0 ok)" in res.stdout and " unsaved " in res.stdout, res.stdout
+    (kept,) = tmp_path.glob("outputs/**/result.json")
+    assert (
+        res.stderr.strip().splitlines()[-1].startswith(f"perfsweep: the result could not be written to sqlite:///{db}")
+    )
+    assert str(kept) in res.stderr.strip().splitlines()[-1]
 
 
 def test_import_refuses_what_is_not_a_result(tmp_path: Path, capsys: pytest.CaptureFixture):

@@ -207,7 +207,8 @@ class PerfsweepSweeper(BasicSweeper):
                     with interrupts.held(interrupts.STOPPING_NOTE if end != "done" else None):
                         launcher.end_concurrent()
                         summary.close_sweep(url, str(sweep_dir), end)
-                    summary.show_sweep(url, str(sweep_dir), make_report=first.report)
+                    kept = importer.run_uids(importer.pending_files(url, str(sweep_dir)))
+                    summary.show_sweep(url, str(sweep_dir), make_report=first.report, unsaved=kept)
             except Exception as exc:  # noqa: BLE001 - never hide the jobs' own outcome
                 print(f"perfsweep: could not print the summary from {url}: {exc}", file=sys.stderr)
         statuses = [_status(r) for batch in returns for r in batch] + search_statuses
