@@ -17,7 +17,14 @@ from sqlalchemy.engine import Engine, make_url
 from perfsweep import audit, configs, interrupts, metrics, store
 from perfsweep.cli import first_line
 from perfsweep.configs import per_config, prepare_runs, value_text
-from perfsweep.names import DATA_BOUND_WAIT_FRACTION, NOISY_IQR_FRACTION, ON_OFF_AXES, SETTING_PREFIX, UNSAVED_STATUS
+from perfsweep.names import (
+    DATA_BOUND_WAIT_FRACTION,
+    FINAL_STATUSES,
+    NOISY_IQR_FRACTION,
+    ON_OFF_AXES,
+    SETTING_PREFIX,
+    UNSAVED_STATUS,
+)
 from perfsweep.results import load_batch_searches, load_runs, search_label
 
 log = logging.getLogger(__name__)
@@ -339,9 +346,9 @@ def show_sweep(url: str, sweep_dir: str, make_report: bool = True, unsaved: Coll
 def _print_summary(engine: Engine, sweep_id: int, make_report: bool, unsaved: Collection[str] = ()) -> None:
     """The summary table, the query to type and (``make_report``) the report, from the database."""
     df = summary_frame(engine, sweep_id)
-    # a finished job whose result the database refused still reads 'running' there: it is not
-    # running, and its result is not lost (the line after the summary says how to import it)
-    kept = df["run_uid"].isin(list(unsaved)) & df["status"].eq("running")
+    # a finished job whose result the database refused still reads 'running' (or 'interrupted')
+    # there: its result is not lost (the line after the summary says how to import it)
+    kept = df["run_uid"].isin(list(unsaved)) & ~df["status"].isin(FINAL_STATUSES)
     df.loc[kept, "status"] = UNSAVED_STATUS
     n_ok = int((df["status"] == "ok").sum())
     print(
