@@ -11,6 +11,7 @@ after. Torch-free: the sweeper and the entry point use it before torch is import
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -95,6 +96,20 @@ def held(note: str | None = None) -> Iterator[None]:
             _noted.clear()
     if pending:
         _deliver(pending[0], previous[pending[0]])
+
+
+def release_logging_lock() -> None:
+    """Release logging's module lock if this thread holds it; call where it cannot hold it rightly.
+
+    CPython checks for signals between a logging call taking that lock and the ``try`` that
+    releases it, so a Ctrl-C landing there leaves the main thread owning it for good (Hydra's
+    logging setup, run for each job the main thread starts, takes it often). Every other
+    thread's next log call then waits forever: the sweep, joining its job threads to store
+    them, hung (1 Ctrl-C in about 15 while jobs started, on a loaded 2-core machine)."""
+    lock = getattr(logging, "_lock", None)
+    owned = getattr(lock, "_is_owned", None)  # CPython's RLock
+    while owned is not None and owned():
+        lock.release()
 
 
 @contextlib.contextmanager

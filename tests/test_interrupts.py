@@ -3,7 +3,9 @@ as it would have been. Real signals to this process; the main thread receives th
 
 from __future__ import annotations
 
+import logging
 import signal
+import threading
 
 import pytest
 
@@ -83,3 +85,27 @@ def test_a_swallowed_signal_stops_the_next_job_from_starting():
     finally:
         signal.signal(signal.SIGTERM, previous)
         interrupts._received.clear()
+
+
+def test_a_logging_lock_left_by_an_interrupt_is_released():
+    """A Ctrl-C between a logging call taking the module lock and its ``try`` left the main thread
+    owning it: a job thread's next log call waited forever and the sweep hung stopping them."""
+    logging._lock.acquire()  # what the interrupted call left behind (twice: the RLock is reentrant)
+    logging._lock.acquire()
+    logged = threading.Event()
+
+    def job_thread() -> None:
+        logging.getLogger("perfsweep.test").info("stored")
+        logged.set()
+
+    thread = threading.Thread(target=job_thread, daemon=True)
+    thread.start()
+    try:
+        assert not logged.wait(0.5)  # blocked on the lock the main thread holds
+        interrupts.release_logging_lock()
+        assert logged.wait(5)
+    finally:
+        while logging._lock._is_owned():
+            logging._lock.release()
+    interrupts.release_logging_lock()  # nothing held: nothing to do
+    thread.join(5)
