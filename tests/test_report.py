@@ -26,7 +26,7 @@ from perfsweep.metrics import StepRecord, summarize
 from perfsweep.names import STAGES
 from perfsweep.report import charts, frames
 from perfsweep.report.__main__ import main
-from perfsweep.report.build import INTERVALS, build_report, make_report, results_table
+from perfsweep.report.build import BREAKDOWN, INTERVALS, build_report, make_report, results_table
 from perfsweep.report.compare import COMPARE, build_compare, compare_frame
 from perfsweep.results import load_child, load_runs
 
@@ -660,6 +660,51 @@ def test_pareto_points_and_front_are_the_stored_runs(engine: Any, tmp_path: Path
     rest = next(c for c in ax.collections if c.get_label() == "config")
     assert len(front.get_offsets()) + len(rest.get_offsets()) == len(ok) == 5
     assert "did not finish: 1 oom, 1 failed" in [t.get_text() for t in chart.figure.legends[0].get_texts()]
+
+
+def test_pareto_names_never_cover_each_other(engine: Any, tmp_path: Path) -> None:
+    """A crowded front (12 configs, 5 on the front, two of them 5 MiB and 3% apart): once saved, every
+    front point and the baseline is named, no two names overlap, and each lies inside the axes."""
+    sid = new_sweep(engine, tmp_path / "sw")
+    for job, (amp, ckpt, batch) in enumerate(itertools.product((False, True), (False, True), (4, 8, 16))):
+        tps = 10000 * (1.5 if amp else 1) * (0.8 if ckpt else 1) * (1 + batch / 64) * (1 + 0.01 * (job % 3))
+        mem = 2**20 * (50 + batch * (2 if ckpt else 6) * (0.7 if amp else 1))
+        store.save_run(engine, run_row(sid, job, amp=amp, ckpt=ckpt, batch=batch, tokens_per_s=tps, peak_mem_bytes=mem))
+    chart = make_report(engine, [sid]).charts["pareto"]
+    charts.save(chart.figure, tmp_path / "pareto.png")
+    ax = chart.figure.axes[0]
+    renderer, inside = chart.figure.canvas.get_renderer(), ax.get_window_extent()
+    names = [t for t in ax.texts if t.get_gid() == charts.POINT_LABEL]
+    shown = [t for t in names if t.get_visible()]
+    f = chart.frame[chart.frame["ok"]]
+    assert len(shown) == len(names) == int((f["on_front"] | f["is_baseline"]).sum()) == 6
+    boxes = [t.get_window_extent(renderer) for t in shown]
+    assert not any(a.overlaps(b) for a, b in itertools.combinations(boxes, 2))
+    assert all(inside.x0 <= b.x0 and b.x1 <= inside.x1 and inside.y0 <= b.y0 and b.y1 <= inside.y1 for b in boxes)
+
+
+def test_side_by_side_panels_with_their_own_colours_get_a_legend_each(engine: Any, tmp_path: Path) -> None:
+    """compare.png: A and B explain the left panel, faster/slower the right one; one legend under
+    both mixed them. Panels that share their entries (the stage breakdown) keep one legend."""
+    ref, new = new_sweep(engine, tmp_path / "ref", name="before"), new_sweep(engine, tmp_path / "new", name="after")
+    noise = [100.0, 104.0, 96.0, 101.0, 99.0, 103.0, 97.0, 100.0, 102.0, 98.0]
+    for sid, amp_times in ((ref, noise), (new, [t / 1.5 for t in noise])):
+        store.save_run(engine, run_row(sid, 0, times=noise))
+        store.save_run(engine, run_row(sid, 1, amp=True, times=amp_times))
+    out = build_compare(engine, new, ref, out_dir=tmp_path / "cmp")
+    assert (out / "compare.png").is_file()
+    runs = prepare_runs(load_runs(engine, [new, ref]))
+    a, b = (per_config(runs[runs["sweep_id"] == s]) for s in (new, ref))
+    fig = charts.draw(COMPARE, compare_frame(a, b, runs, load_child(engine, "steps", runs["id"])), "A vs B")
+    ax_tokens, ax_change = fig.axes[:2]
+    assert not fig.legends
+    left = [t.get_text() for t in ax_tokens.get_legend().get_texts()]
+    right = [t.get_text() for t in ax_change.get_legend().get_texts()]
+    assert left[:2] == ["A", "B"] and "faster" not in left
+    assert {"faster", metrics.NO_DIFFERENCE} <= set(right) and "A" not in right and "95% interval" in right
+    stages = {f"{k}_ms_{s}": [1.0] for k in ("cpu", "gpu") for s in STAGES}
+    shared = charts.draw(BREAKDOWN, pd.DataFrame({"label": ["x"], "step_time_ms_median": [5.0], **stages}))
+    assert len(shared.legends) == 1 and all(ax.get_legend() is None for ax in shared.axes)
 
 
 def test_breakdown_and_loss_are_the_stored_stages_and_steps(engine: Any, tmp_path: Path) -> None:

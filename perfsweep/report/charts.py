@@ -22,13 +22,15 @@ import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib import rc_context
+from matplotlib.artist import Artist
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_rgba
+from matplotlib.container import BarContainer
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import EngFormatter, FuncFormatter, MaxNLocator
-from matplotlib.transforms import blended_transform_factory
+from matplotlib.transforms import ScaledTranslation, blended_transform_factory
 
 from perfsweep.configs import label_axes
 from perfsweep.names import KERNEL_CATEGORIES, STAGES
@@ -59,6 +61,8 @@ BOTTLENECK_COLORS = {"gpu": GOOD, "host": BAD, "data": FRONT}
 MEASURED = "measured step (median)"
 AXIS_TEXT = {"batch": "batch (sequences per step)", "seq_len": "seq_len (tokens per sequence)"}
 BOX = {"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "none", "alpha": 0.8}
+POINT_LABEL = "point-label"
+"""gid of a scatter point's name: :func:`_place_labels` moves it, :func:`_fit_texts` leaves it."""
 CROSS = {"marker": "x", "ms": 9, "mew": 2.5, "ls": "none", "clip_on": False, "scaley": False}
 
 
@@ -183,25 +187,62 @@ def draw(spec: ChartSpec, frame: pd.DataFrame, note: str = "") -> Figure:
         for ax in grid.flat[len(panels) * (1 if spec.side_by_side else len(facets)) :]:
             ax.set_visible(False)
         fig.suptitle(_wrap(spec.title + (f" ({note})" if note else ""), 7 * width))
-        used = {to_rgba(p.get_facecolor(), 1.0) for ax in grid.flat for p in ax.patches}
-        handles = {name: Patch(color=color) for name, color in spec.legend if to_rgba(color) in used}
-        for ax in grid.flat:
-            handles |= {name: h for h, name in zip(*ax.get_legend_handles_labels(), strict=True) if name not in handles}
-        if handles:
+        entries = [(ax, _legend_entries(ax, spec.legend)) for ax in grid.flat if ax.get_visible()]
+        names = [name for _, e in entries for name in e]
+        if spec.side_by_side and len(names) == len(set(names)) and sum(bool(e) for _, e in entries) > 1:
+            _legends_under(fig, [(ax, e) for ax, e in entries if e])  # panels that share no entry: each its own
+        elif handles := {name: h for _, e in entries for name, h in e.items()}:
             ncols = max(1, min(len(handles), int(width // 3.6)))
             fig.legend(handles.values(), handles.keys(), loc="outside lower center", ncols=ncols, frameon=False)
     return fig
 
 
+def _legend_entries(ax: Axes, legend: Sequence[tuple[str, str]]) -> dict[str, Artist]:
+    """What ``ax`` needs explained: the ``legend`` colours its bars use, then its labelled artists,
+    filled marks (bars) before lines and whiskers."""
+    used = {to_rgba(p.get_facecolor(), 1.0) for p in ax.patches}
+    entries: dict[str, Artist] = {name: Patch(color=color) for name, color in legend if to_rgba(color) in used}
+    labelled = sorted(zip(*ax.get_legend_handles_labels(), strict=True), key=lambda e: not _filled(e[0]))
+    entries |= {name: h for h, name in labelled if name not in entries}
+    return entries
+
+
+def _filled(handle: Any) -> bool:
+    return isinstance(handle, Patch | BarContainer)
+
+
+def _legends_under(fig: Figure, entries: Sequence[tuple[Axes, dict[str, Artist]]]) -> None:
+    """A legend under each panel, below its axis label, as many columns as fit the panel's width.
+
+    One legend under the whole figure mixed the panels' entries (A and B beside faster and slower),
+    so a reader had to work out which panel a colour belongs to. The drop below the axes is the
+    height of its tick labels and axis label, measured in a draw; it is fixed in inches, so the
+    legend stays under the label however the layout then moves the axes to make room for it.
+    """
+    fig.draw_without_rendering()
+    renderer = fig.canvas.get_renderer()
+    for ax, handles in entries:
+        box = ax.get_window_extent(renderer)
+        drop = (box.y0 - ax.get_tightbbox(renderer).y0) / fig.dpi + 0.08
+        under = ax.transAxes + ScaledTranslation(0.0, -drop, fig.dpi_scale_trans)
+        for ncols in range(len(handles), 0, -1):
+            kw = {"loc": "upper center", "bbox_to_anchor": (0.5, 0.0), "bbox_transform": under, "frameon": False}
+            legend = ax.legend(handles.values(), handles.keys(), ncols=ncols, **kw)
+            if ncols == 1 or legend.get_window_extent(renderer).width <= box.width * 1.15:
+                break
+
+
 def fit_labels(fig: Figure) -> None:
-    """Widen each bar panel's x range until its value labels fit (:func:`_fit_texts`). It needs the
-    laid-out axes, a draw of its own, so it runs when a figure is saved, not for one only looked at."""
+    """Widen each bar panel's x range until its value labels fit (:func:`_fit_texts`) and move each
+    scatter point's name clear of the others (:func:`_place_labels`). Both need the laid-out axes,
+    a draw of their own, so they run when a figure is saved, not for one only looked at."""
     axes = [ax for ax in fig.axes if ax.get_visible() and any(not t.get_in_layout() for t in ax.texts)]
     if axes:
         with rc_context(STYLE):
             fig.draw_without_rendering()  # lays the axes out: their width in pixels is known from here
             for ax in axes:
                 _fit_texts(ax)
+                _place_labels(ax)
 
 
 def _fit_texts(ax: Axes, pad_px: float = 8.0) -> None:
@@ -212,7 +253,7 @@ def _fit_texts(ax: Axes, pad_px: float = 8.0) -> None:
     axes' width; as the range grows the same label covers more of it, hence the few rounds."""
     renderer = ax.figure.canvas.get_renderer()
     width_px = ax.get_window_extent(renderer).width
-    texts = [t for t in ax.texts if not t.get_in_layout() and t.get_text()]  # those of _write
+    texts = [t for t in ax.texts if not t.get_in_layout() and t.get_text() and t.get_gid() != POINT_LABEL]  # _write's
     ends = [
         (t.get_position()[0], t.get_window_extent(renderer).width + pad_px, t.get_horizontalalignment()) for t in texts
     ]
@@ -227,6 +268,56 @@ def _fit_texts(ax: Axes, pad_px: float = 8.0) -> None:
         hi = max([hi, *(x + w * span for x, w, ha in ends if ha == "left")])  # a list: one side may have none
         lo = min([lo, *(x - w * span for x, w, ha in ends if ha == "right")])
     ax.set_xlim(lo, hi)
+
+
+def _place_labels(ax: Axes) -> None:
+    """Give each scatter point's name the first spot around its point (:func:`_spots`) that covers
+    no name placed before it and no other point and stays inside the axes; failing that, the spot
+    that covers least; a name that would still cover an earlier one is hidden (the names come in
+    order of priority, and report.md lists the front). Names alternating above and below their
+    points were not enough: two configs close in memory and throughput were written over each other.
+    """
+    labels = [t for t in ax.texts if t.get_gid() == POINT_LABEL]
+    if not labels:
+        return
+    renderer, inside = ax.figure.canvas.get_renderer(), ax.get_window_extent()
+    xy = [c.get_offset_transform().transform(c.get_offsets()) for c in ax.collections if len(c.get_offsets())]
+    points = np.concatenate(xy) if xy else np.empty((0, 2))
+    points, near = points[np.isfinite(points).all(axis=1)], 5 * ax.figure.dpi / 72  # about a marker's radius
+    placed: list[Any] = []
+    for t in labels:
+        others = points[np.hypot(*(points - ax.transData.transform(t.xy)).T) > 1.0]
+        best: tuple[tuple[int, int], tuple[float, float, str, str]] | None = None
+        for spot in _spots(t.get_ha() == "right"):
+            t.xyann, (ha, va) = spot[:2], spot[2:]
+            t.set(ha=ha, va=va)
+            box = t.get_window_extent(renderer)
+            covered = (box.x0 - near < others[:, 0]) & (others[:, 0] < box.x1 + near)
+            covered &= (box.y0 - near < others[:, 1]) & (others[:, 1] < box.y1 + near)
+            fits = inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0 and box.y1 <= inside.y1
+            clash = sum(box.overlaps(b) for b in placed)
+            cost = (100 * clash + int(covered.sum()) + 2 * (not fits), clash)
+            if best is None or cost < best[0]:
+                best = (cost, spot)
+            if cost[0] == 0:
+                break
+        assert best is not None
+        t.xyann, (ha, va) = best[1][:2], best[1][2:]
+        t.set(ha=ha, va=va, visible=best[0][1] == 0)
+        if t.get_visible():
+            placed.append(t.get_window_extent(renderer))
+
+
+def _spots(left: bool) -> list[tuple[float, float, str, str]]:
+    """Offsets (points) and alignments of a point's name, nearest first, on the ``left`` side first."""
+    side = [(-8.0, "right"), (8.0, "left")]
+    near, far = side if left else side[::-1]
+    return [
+        *((dx, dy, ha, va) for dx, ha in (near, far) for dy, va in ((5.0, "bottom"), (-5.0, "top"))),
+        (0.0, 10.0, "center", "bottom"),
+        (0.0, -10.0, "center", "top"),
+        *((dx, dy, ha, va) for dx, ha in (near, far) for dy, va in ((18.0, "bottom"), (-18.0, "top"))),
+    ]
 
 
 def _wrap(text: str, width: float) -> str:
@@ -368,18 +459,19 @@ def scatter(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale, max_labels: int = 8)
     ax.margins(0.1)
     ax.set_ylim(bottom=max(0.0, ax.get_ylim()[0]))
     ax.set_xlabel(f"peak memory, allocated ({unit}{', log scale' if log else ''})")
-    if len(ok) > max_labels:  # label front points at least 5% of the height apart, and the baseline
-        span, picked, last = (ok[y].max() - ok[y].min()) or 1.0, [], np.inf
-        for i, t in front[y].sort_values(ascending=False).items():
-            if last - t > 0.05 * span and len(picked) < max_labels:
-                picked, last = [*picked, i], t
-        ok = pd.concat([front.loc[picked], base]).drop_duplicates("id")
+    # names in order of priority, for _place_labels: the baseline, the front fastest first, the rest
+    named = pd.concat([base, front.sort_values(y, ascending=False), ok.sort_values(y, ascending=False)])
+    named = named.drop_duplicates("id")
+    if len(ok) > max_labels:  # a crowd: only the baseline and the front are named
+        named = named[named["is_baseline"] | named["on_front"]].head(max_labels + len(base))
     middle = np.sqrt(xs.min() * xs.max()) if log else (xs.min() + xs.max()) / 2 if len(xs) else 0.0
-    for i, ((_, r), text) in enumerate(zip(ok.iterrows(), frames.relabel(ok, label_axes(df))[0], strict=True)):
+    for (_, r), text in zip(named.iterrows(), frames.relabel(named, label_axes(df))[0], strict=True):
         right, weight = r[p.x] / div > middle, "bold" if r["on_front"] else "normal"
-        offset = (-8 if right else 8, 6 if i % 2 == 0 else -14)  # alternately above and below: ties stay legible
-        kw = {"textcoords": "offset points", "fontsize": 9, "ha": "right" if right else "left", "fontweight": weight}
-        ax.annotate(text, (r[p.x] / div, r[y]), offset, **kw)
+        ha, kw = "right" if right else "left", {"fontsize": 9, "fontweight": weight, "in_layout": False}
+        x, dy = (-8 if right else 8), 5  # moved clear of other names and points when saved (_place_labels)
+        ax.annotate(
+            text, (r[p.x] / div, r[y]), (x, dy), "data", "offset points", ha=ha, va="bottom", gid=POINT_LABEL, **kw
+        )
     if len(bad):  # at the memory it had reached, else at the largest memory shown
         what = "did not finish: " + ", ".join(f"{c} {status}" for status, c in bad["status"].value_counts().items())
         x, edge = (

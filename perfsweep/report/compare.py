@@ -59,7 +59,7 @@ COMPARE = ChartSpec(
             ("change_pct",),
             title="whisker: 95% interval of the change",
             color=lambda f: [VERDICT_COLORS.get(v, charts.BASE) for v in f["verdict"]],
-            text=lambda f: [f"{c:+.1f}% {v}" if pd.notna(c) else v for c, v in f[["change_pct", "verdict"]].values],
+            text=lambda f: [f"{c:+.1f}%" if pd.notna(c) else v for c, v in f[["change_pct", "verdict"]].values],
             label="change in tokens/s, A vs B",
             err=(("change_pct_ci_lo", "change_pct_ci_hi"),),
             err_label="95% interval",
