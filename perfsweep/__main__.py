@@ -61,8 +61,15 @@ logging.getLogger("hydra._internal.core_plugins.basic_launcher").addFilter(_Hide
 log = logging.getLogger("perfsweep")
 
 
+_task_started = False
+"""Whether Hydra got as far as :func:`hydra_main`: an OSError before it is Hydra failing to write
+the run's folder, answered in one line (:func:`unwritable_run_folder`); one after it is a bug."""
+
+
 @hydra.main(version_base="1.3", config_path="pkg://perfsweep.conf", config_name="config")
 def hydra_main(cfg: DictConfig) -> str:
+    global _task_started
+    _task_started = True
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
     launch_dir = Path(hc.runtime.cwd)
@@ -221,6 +228,35 @@ def _refuse_cfg_with_multirun(argv: list[str]) -> None:
         sys.exit(2)
 
 
+RUN_JOB = ("hydra.core.utils", "run_job")
+"""Where Hydra makes a job's folder and writes its files there, before calling the task function."""
+
+
+def unwritable_run_folder(exc: BaseException) -> str | None:
+    """The line for a plain run whose folder Hydra could not create or write (no permission, a
+    full disk), which it does before any perfsweep code runs; None for any other error. A sweep
+    (-m) checks its folder itself (perfsweep.preflight.claim_folder)."""
+    import traceback
+
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, OSError):
+        cause = cause.__cause__ or cause.__context__
+    if cause is None:
+        return None
+
+    # Hydra has reset its config by now; its run_job frame still holds the folder it was making
+    frames = traceback.walk_tb(exc.__traceback__)
+    made = [f.f_locals for f, _ in frames if (f.f_globals.get("__name__"), f.f_code.co_name) == RUN_JOB]
+    if _task_started or not made or made[-1]["config"].hydra.mode != RunMode.RUN:
+        return None
+    folder = Path(made[-1]["output_dir"]).absolute()
+    preflight.remove_refused_run_folder(folder)  # what Hydra made of it before it failed
+    return (
+        f"cannot write the run's folder {folder} ({cause.strerror or cause}: {cause.filename}); free space or "
+        "permission there, or set hydra.run.dir to another place"
+    )
+
+
 def main() -> None:
     """``perfsweep report|trace|query|upgrade|import|resume ...`` run those commands; anything else is a sweep."""
     if len(sys.argv) > 1 and sys.argv[1] in SUBCOMMANDS:
@@ -263,6 +299,11 @@ def main() -> None:
         if full_error:
             raise
         print(f"perfsweep: {preflight.error_line(exc)}; {preflight.NO_JOB}", file=sys.stderr)
+        sys.exit(2)
+    except (OSError, ValueError) as exc:  # ValueError: logging's, when it cannot open the run's log file
+        if full_error or (line := unwritable_run_folder(exc)) is None:
+            raise
+        print(f"perfsweep: {line}; {preflight.NO_JOB}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt as exc:
         # Everything is stored by now (a Ctrl-C during the bookkeeping was held until it was done):

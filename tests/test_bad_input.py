@@ -4,6 +4,7 @@ value, exit code 2, nothing written to the database, in a plain run and in a mul
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import sqlite3
 from pathlib import Path
@@ -174,6 +175,22 @@ def test_a_sweep_folder_that_cannot_be_made_is_one_line(tmp_path: Path):
         res = run_perfsweep(["-m", "steps.measure=2,3", *TINY, f"db.url=sqlite:///{tmp_path}/r.db"], tmp_path / "ro")
     assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr[-2000:]
     assert res.stderr.startswith("perfsweep: cannot create the sweep's folder ") and "no job was started" in res.stderr
+
+
+def test_a_run_folder_that_cannot_be_made_or_written_is_one_line(tmp_path: Path):
+    """A plain run (no -m): Hydra makes and writes its folder before perfsweep's code runs, and a
+    folder it could not make (the default, under outputs/) or write (its log file) was a traceback."""
+    (tmp_path / "ro").mkdir()
+    db = f"db.url=sqlite:///{tmp_path}/r.db"
+    with read_only(tmp_path / "ro"):
+        made = run_perfsweep([*TINY, db], tmp_path / "ro")
+        written = run_perfsweep([*TINY, db, f"hydra.run.dir={tmp_path}/ro"], tmp_path)
+    for res, what in ((made, ": outputs)"), (written, f": {tmp_path}/ro/__main__.log)")):
+        assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr[-2000:]
+        assert res.stderr.startswith("perfsweep: cannot write the run's folder ") and "no job was started" in res.stderr
+        assert what in res.stderr and "hydra.run.dir" in res.stderr
+    assert f"folder {tmp_path}/ro/outputs/" in made.stderr and f"folder {tmp_path}/ro (" in written.stderr
+    assert not (tmp_path / "r.db").exists() and os.listdir(tmp_path / "ro") == []
 
 
 def test_resume_needs_a_multirun_and_a_sweep_folder(tmp_path: Path):
