@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import NoReturn
+
+SLOW_DATABASE_S = 3.0
+"""After this long opening or first writing a database, a command says it is still waiting."""
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -41,3 +47,29 @@ def first_line(what: BaseException | str | None, width: int | None = None) -> st
         text = what.strip() if isinstance(what, str) else ""
     line = text.splitlines()[0] if text else ""
     return line if width is None or len(line) <= width else line[: width - 3] + "..."
+
+
+@contextmanager
+def waiting_notice(what: str, after_s: float = SLOW_DATABASE_S) -> Iterator[None]:
+    """Say once on stderr that ``what`` is still being waited for, when it takes over ``after_s``.
+
+    A database whose write lock another process holds (a sqlite3 shell left inside a transaction,
+    another sweep migrating it) made a sweep sit silent for as long as the lock was held, minutes
+    with the driver's retries, before its first job; a person could not tell that from a hang.
+    """
+    timer = threading.Timer(after_s, lambda: print(f"perfsweep: {what}", file=sys.stderr, flush=True))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def database_wait(url: str) -> str:
+    """What :func:`waiting_notice` says while a command waits for the database at ``url``."""
+    return (
+        f"still waiting for the database {url} after {SLOW_DATABASE_S:.0f} s: another process may hold its lock "
+        "(a sweep or import writing, a schema upgrade, a sqlite3 shell left inside a transaction); this goes on "
+        "once it is free"
+    )

@@ -23,7 +23,7 @@ from sqlalchemy import select, update
 from sqlalchemy.engine import Engine
 
 from perfsweep import store
-from perfsweep.cli import OneLineParser, first_line
+from perfsweep.cli import OneLineParser, database_wait, first_line, waiting_notice
 from perfsweep.names import FINAL_STATUSES
 
 log = logging.getLogger(__name__)
@@ -185,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     url = store.url_from_arg(args.db or store.DEFAULT_DB_ARG)
     try:
-        engine = store.connect(url)
+        with waiting_notice(database_wait(url)):
+            engine = store.connect(url)
     except Exception as exc:  # noqa: BLE001 - the driver's first line says what
         print(
             f"perfsweep import: cannot open --db {url}: {first_line(exc)}{store.write_hint(url, exc)}", file=sys.stderr

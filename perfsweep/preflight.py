@@ -25,7 +25,7 @@ from typing import Any
 from hydra.errors import HydraException, MissingConfigException
 from omegaconf.errors import OmegaConfBaseException
 
-from perfsweep.cli import first_line
+from perfsweep.cli import database_wait, first_line, waiting_notice
 from perfsweep.config import (
     GPT_TARGET,
     NODE_SCHEMAS,
@@ -323,21 +323,22 @@ def reserve_sweep(url: str, sweep_dir: str, name: str, **fields: Any) -> int:
             return f"; a SQLite file is given as a URL: db.url=sqlite:///{os.path.abspath(url)}"
         return store.write_hint(url, exc)
 
-    try:
-        engine = store.connect(url)
-    except ModuleNotFoundError as exc:
-        raise ConfigError(
-            f"cannot open db.url={url!r}: its driver is not installed ({exc}); install it, or name "
-            "an installed one in the URL, e.g. postgresql+psycopg2://..."
-        ) from None
-    except Exception as exc:  # noqa: BLE001 - any driver error; its first line says what
-        raise ConfigError(f"cannot open db.url={url!r}: {first_line(exc)}{hint(exc)}") from None
-    try:
-        sweep_id = store.start_sweep(engine, sweep_dir, name, **fields)
-    except Exception as exc:  # noqa: BLE001
-        raise ConfigError(f"cannot write to db.url={url!r}: {first_line(exc)}{hint(exc)}") from None
-    finally:
-        engine.dispose()
+    with waiting_notice(database_wait(url)):
+        try:
+            engine = store.connect(url)
+        except ModuleNotFoundError as exc:
+            raise ConfigError(
+                f"cannot open db.url={url!r}: its driver is not installed ({exc}); install it, or name "
+                "an installed one in the URL, e.g. postgresql+psycopg2://..."
+            ) from None
+        except Exception as exc:  # noqa: BLE001 - any driver error; its first line says what
+            raise ConfigError(f"cannot open db.url={url!r}: {first_line(exc)}{hint(exc)}") from None
+        try:
+            sweep_id = store.start_sweep(engine, sweep_dir, name, **fields)
+        except Exception as exc:  # noqa: BLE001
+            raise ConfigError(f"cannot write to db.url={url!r}: {first_line(exc)}{hint(exc)}") from None
+        finally:
+            engine.dispose()
     return sweep_id
 
 
@@ -454,7 +455,8 @@ def done_grid_points(url: str, sweep_dir: str) -> set[tuple[int, str]]:
     from perfsweep import store
 
     try:
-        engine = store.connect(url)
+        with waiting_notice(database_wait(url)):
+            engine = store.connect(url)
     except Exception as exc:  # noqa: BLE001 - any driver error; its first line says what
         raise ConfigError(f"cannot open db.url={url!r}: {first_line(exc)}") from None
     try:

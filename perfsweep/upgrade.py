@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 
 from perfsweep import store
-from perfsweep.cli import OneLineParser
+from perfsweep.cli import OneLineParser, database_wait, waiting_notice
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,7 +23,8 @@ def main(argv: list[str] | None = None) -> int:
         probe = store.make_engine(url)
         before = store.schema_revision(probe)
         probe.dispose()
-        engine = store.connect(url)
+        with waiting_notice(database_wait(url)):
+            engine = store.connect(url)
         after = store.schema_revision(engine)
         engine.dispose()
     except UserError as exc:

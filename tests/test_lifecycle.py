@@ -121,6 +121,28 @@ def test_a_heartbeat_never_holds_the_job_while_the_database_is_locked(tmp_path: 
     engine.dispose()
 
 
+def test_a_sweep_waiting_for_a_locked_database_says_so_then_runs(tmp_path: Path):
+    """A sqlite3 shell left inside a transaction holds the write lock: the sweep sat silent for as
+    long as it was held (minutes, with the driver's retries). It now says what it waits for after
+    a few seconds, and runs its job once the lock is let go."""
+    db = tmp_path / "results.db"
+    store.connect(f"sqlite:///{db}").dispose()
+    other = sqlite3.connect(db, isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")
+    proc = start_as_in_a_terminal([sys.executable, "-m", "perfsweep", "-m", *TINY, "steps.measure=2"], tmp_path)
+    try:
+        notice = f"perfsweep: still waiting for the database sqlite:///{db} after 3 s: "
+        said = next((line for line in iter(proc.stderr.readline, "") if line.startswith(notice)), "")
+        assert said, "the sweep never said what it waits for"
+        assert "sqlite3 shell left inside a transaction" in said and proc.poll() is None
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    assert rows(db, "SELECT status FROM runs") == [{"status": "ok"}]
+
+
 def test_sweep_killed_with_sigkill_then_resumed(tmp_path: Path):
     db = tmp_path / "results.db"
     proc = subprocess.Popen(
