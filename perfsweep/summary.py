@@ -355,6 +355,8 @@ def _print_summary(engine: Engine, sweep_id: int, make_report: bool, unsaved: Co
     print(
         f"\nSweep {sweep_id} ({len(df)} run{'s' if len(df) != 1 else ''}, {n_ok} ok{_not_started(engine, sweep_id, df)})"
     )
+    if df.empty:  # stopped before any job had a row: no table, no query, no report to build
+        return
     print(format_summary(df))
     if kept.any():
         print(f"{UNSAVED_STATUS}: the job finished but the database refused its result, kept as result.json")
@@ -422,9 +424,10 @@ def _report(engine: Engine, sweep_id: int) -> None:
         )
         raise
     except Exception as exc:  # a plotting problem must not hide the results
-        log.exception("report failed")
+        log.debug("report failed", exc_info=True)
+        url = engine.url.render_as_string(hide_password=False)
         print(
-            f"perfsweep: report failed ({exc}); the runs are stored (sweep_id={sweep_id}); "
-            f"retry with: perfsweep report --sweep {sweep_id}",
+            f"perfsweep: the report failed ({first_line(exc, 300)}); the summary above is from the database; "
+            f"retry with: {report_command(url, sweep_id)}",
             file=sys.stderr,
         )

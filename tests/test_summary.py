@@ -136,6 +136,38 @@ def test_ctrl_c_while_the_report_is_drawn_says_how_to_build_it(tmp_path: Path, m
         assert s.get(store.Sweep, sid).status == "done"
 
 
+def test_a_sweep_stopped_before_any_job_prints_its_count_only(tmp_path: Path, capsys):
+    """Ctrl-C as the jobs launched: the summary printed pandas' "Empty DataFrame" block and then a
+    report that failed with a traceback ("the sweep has no runs"). Now it says how many did not start."""
+    engine, sid = _sweep(tmp_path, [])
+    with store.session(engine) as s:
+        s.get(store.Sweep, sid).n_jobs = 4
+    summary.show_sweep(str(engine.url), str(tmp_path))
+    out, err = capsys.readouterr()
+    assert out.strip() == f"Sweep {sid} (0 runs, 0 ok; 4 of 4 jobs not started)" and err == ""
+    assert not (tmp_path / "report").exists()
+    engine.dispose()
+
+
+def test_a_report_that_fails_is_one_line_naming_the_command_to_retry(tmp_path: Path, monkeypatch, capsys):
+    from perfsweep.report import build
+
+    engine, sid = _sweep(tmp_path, [{"tokens_per_s": 1000.0}])
+
+    def broken(*_args, **_kw):
+        raise RuntimeError("no such table: steps\n[SQL: SELECT run_id, step FROM steps ...]")
+
+    monkeypatch.setattr(build, "build_report", broken)
+    summary.show_sweep(str(engine.url), str(tmp_path))
+    out, err = capsys.readouterr()
+    assert f"Sweep {sid} (1 run, 1 ok)" in out
+    assert err == (
+        "perfsweep: the report failed (no such table: steps); the summary above is from the database; "
+        f"retry with: perfsweep report --sweep {sid} --db {tmp_path / 'results.db'}\n"
+    )
+    engine.dispose()
+
+
 @pytest.mark.parametrize("during", ["sweep_id_for", "fill_compile_payback"])
 def test_ctrl_c_while_the_sweep_closes_is_held_until_its_figures_are_stored(
     during: str, tmp_path: Path, monkeypatch, capsys
