@@ -333,6 +333,10 @@ def cli() -> None:
         else:  # sys.exit("message"), as Python prints it
             print(exc.code, file=sys.stderr)
             code = 1
+    # the last line is out and everything is stored: a Ctrl-C in the teardown has nothing left to
+    # stop, and raised there it printed "Exception ignored ... KeyboardInterrupt" after that line
+    for sig in interrupts.HELD_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
     from perfsweep import job_entry
 
     job_entry.exit_now(code)

@@ -47,10 +47,35 @@ def raise_terminated(signum: int, _frame: object) -> None:
 
 
 def install() -> None:
-    """Make Ctrl-C and SIGTERM unwind the ``perfsweep`` process, recorded for :func:`raise_if_lost`."""
+    """Make Ctrl-C and SIGTERM unwind the ``perfsweep`` process, recorded for :func:`raise_if_lost`;
+    one swallowed by a finalizer is raised again (:func:`redeliver_lost`)."""
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where it was ignored (`nohup`, `&`)
         signal.signal(signal.SIGINT, raise_interrupt)
     signal.signal(signal.SIGTERM, raise_terminated)
+    if sys.unraisablehook is not redeliver_lost:
+        _unraisable.append(sys.unraisablehook)
+        sys.unraisablehook = redeliver_lost
+
+
+_unraisable: list[Callable[[Any], None]] = []
+"""The unraisable hook :func:`install` replaced: every other unraisable exception goes to it."""
+
+
+def redeliver_lost(unraisable: Any) -> None:
+    """``sys.unraisablehook``: a Ctrl-C or SIGTERM whose exception landed in a finalizer or a
+    garbage-collection callback is sent again, not printed. Python can only print and drop an
+    exception raised there: a Ctrl-C as jobs started showed "Exception ignored in:
+    WeakKeyDictionary..." with a traceback, and did nothing until the next job was due to start
+    (:func:`raise_if_lost`). Sent again, the handler runs in the ordinary code that comes next."""
+    exc = unraisable.exc_value
+    if isinstance(exc, KeyboardInterrupt) and _received:
+        # from another thread, a moment later: sent from here, the handler runs at once, inside this
+        # hook, where its exception is lost again
+        again = signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT
+        with contextlib.suppress(RuntimeError):  # no new thread at interpreter shutdown: nothing left to stop
+            threading.Timer(0.01, os.kill, (os.getpid(), again)).start()
+        return
+    (_unraisable[-1] if _unraisable else sys.__unraisablehook__)(unraisable)
 
 
 def raise_if_lost() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,9 @@ def main(job_dir: str, conn: Any, payload: bytes) -> None:
         conn.send(("error", "failed", unwritable_folder(job_dir, exc), "", {}))
         conn.close()
         return
+    # the sweep started this process with Ctrl-C and SIGTERM blocked (perfsweep.launcher.signals_blocked):
+    # one that came while the interpreter started is raised here, its traceback in job.log
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM))
     cfg_dict, token_data, label, launch_dir, cpus = pickle.loads(payload)  # imports torch
     from perfsweep import runner
 

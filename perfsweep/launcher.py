@@ -240,7 +240,7 @@ def _run_in_child(
     proc = ctx.Process(
         target=job_entry.main, args=(str(spec.job_dir), child_conn, payload), name=f"perfsweep-job-{spec.job_num}"
     )
-    with _spawning({**spec.env, **(placement.env() if placement is not None else {})}):
+    with _spawning({**spec.env, **(placement.env() if placement is not None else {})}), signals_blocked():
         proc.start()
     child_conn.close()
     deadline = time.monotonic() + spec.cfg.timeout_s
@@ -348,6 +348,28 @@ _SPAWN_LOCK = threading.Lock()
 SPAWN_START_METHODS = ("spawn", "fork", "forkserver")
 """multiprocessing's own start methods; a spawned child re-applies its parent's, and fails on any
 other (joblib's loky workers report ``loky``)."""
+
+
+@contextlib.contextmanager
+def signals_blocked() -> Iterator[None]:
+    """Ctrl-C and SIGTERM blocked in this thread, and so in a process it starts, until the job
+    unblocks them (:func:`perfsweep.job_entry.main`), its output then going to its job.log.
+
+    Ctrl-C reaches the sweep's jobs with it (one process group); one that came while a job's
+    interpreter was still starting printed "Fatal Python error: init_import_site ...
+    KeyboardInterrupt" and its traceback on the user's terminal. Blocked, it waits, and the job
+    takes it as its first instruction; a signal to this process meanwhile is delivered on return.
+    multiprocessing's resource tracker is started first: starting it, in the first job's start,
+    unblocks both signals in this thread whatever was blocked before.
+    """
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, interrupts.HELD_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 @contextlib.contextmanager

@@ -109,3 +109,37 @@ def test_a_logging_lock_left_by_an_interrupt_is_released():
             logging._lock.release()
     interrupts.release_logging_lock()  # nothing held: nothing to do
     thread.join(5)
+
+
+def test_a_signal_that_lands_in_a_finalizer_is_sent_again_not_printed():
+    """A Ctrl-C whose KeyboardInterrupt is raised inside a garbage-collection callback can only be
+    printed and dropped by Python ("Exception ignored in: ... KeyboardInterrupt"); with perfsweep's
+    handlers installed it is sent again and stops the code that runs next. In a fresh process:
+    install() replaces this one's handlers and unraisable hook."""
+    import subprocess
+    import sys
+
+    script = (
+        "import signal, sys, time, weakref\n"
+        "from perfsweep import interrupts\n"
+        "interrupts.install()\n"
+        "class Thing: pass\n"
+        "def callback(_ref):\n"
+        "    signal.raise_signal(signal.SIGINT)\n"
+        "    sum(range(1000))  # the handler runs here, inside the callback\n"
+        "    print('callback went on', file=sys.stderr)\n"
+        "thing = Thing()\n"
+        "ref = weakref.ref(thing, callback)\n"
+        "try:\n"
+        "    del thing\n"
+        "    end = time.monotonic() + 30\n"
+        "    while time.monotonic() < end:  # ordinary code: stopped here at once, or after 30 s not at all\n"
+        "        pass\n"
+        "    print('not stopped')\n"
+        "except KeyboardInterrupt:\n"
+        "    print('stopped', interrupts.first_signal())\n"
+    )
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "stopped SIGINT", res.stdout + res.stderr
+    assert "Exception ignored" not in res.stderr and "callback went on" not in res.stderr, res.stderr

@@ -143,6 +143,32 @@ def test_a_sweep_waiting_for_a_locked_database_says_so_then_runs(tmp_path: Path)
     assert rows(db, "SELECT status FROM runs") == [{"status": "ok"}]
 
 
+def test_a_job_process_starts_with_ctrl_c_blocked(tmp_path: Path):
+    """Ctrl-C while a job's interpreter started printed "Fatal Python error: init_import_site" on
+    the terminal; the job is started with SIGINT and SIGTERM blocked (job_entry unblocks them, its
+    output in job.log). In a fresh process: the first start of multiprocessing's resource tracker,
+    inside the first job's start, unblocked both in the starting thread."""
+    script = tmp_path / "spawn_one.py"
+    script.write_text(
+        "import multiprocessing as mp, signal\n"
+        "from perfsweep import launcher\n"
+        "def child(conn):\n"
+        "    conn.send(sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])))\n"
+        "if __name__ == '__main__':\n"
+        "    ctx = mp.get_context('spawn')\n"
+        "    parent, conn = ctx.Pipe(duplex=False)\n"  # as a job's: no semaphore, no tracker yet
+        "    p = ctx.Process(target=child, args=(conn,))\n"
+        "    with launcher.signals_blocked():\n"
+        "        p.start()\n"
+        "    print(parent.recv(), sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])))\n"
+        "    p.join()\n"
+    )
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split("]")[0] + "]" == f"[{int(signal.SIGINT)}, {int(signal.SIGTERM)}]", res.stdout
+    assert res.stdout.strip().endswith("[]")  # and this thread's mask is back as it was
+
+
 def test_sweep_killed_with_sigkill_then_resumed(tmp_path: Path):
     db = tmp_path / "results.db"
     proc = subprocess.Popen(
