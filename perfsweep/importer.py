@@ -23,7 +23,7 @@ from sqlalchemy import select, update
 from sqlalchemy.engine import Engine
 
 from perfsweep import store
-from perfsweep.cli import OneLineParser, database_wait, first_line, waiting_notice
+from perfsweep.cli import OneLineParser, UserError, database_wait, first_line, waiting_notice
 from perfsweep.names import FINAL_STATUSES
 
 log = logging.getLogger(__name__)
@@ -184,9 +184,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"perfsweep import: no {RESULT_FILE} under {' '.join(args.paths)}; nothing to import", file=sys.stderr)
         return 2
     url = store.url_from_arg(args.db or store.DEFAULT_DB_ARG)
+    unreadable = set()
+    for f in files:  # read first: a database is neither created nor opened for files that are no results
+        try:
+            read_result(f)
+        except ValueError as exc:  # not a result (truncated, foreign): said; the others are still imported
+            print(f"perfsweep import: {exc}", file=sys.stderr)
+            unreadable.add(f)
+    if len(unreadable) == len(files):
+        print(f"{len(files)} result file{'s' if len(files) != 1 else ''}: {len(files)} unreadable; nothing written")
+        return 2
     try:
+        if problem := store.file_damage(url):
+            raise UserError(f"{problem}; {store.DAMAGE_HINT}")
         with waiting_notice(database_wait(url)):
             engine = store.connect(url)
+        if problem := store.schema_damage(engine):
+            engine.dispose()
+            raise UserError(f"{problem}; {store.DAMAGE_HINT}")
     except Exception as exc:  # noqa: BLE001 - the driver's first line says what
         print(
             f"perfsweep import: cannot open --db {url}: {first_line(exc)}{store.write_hint(url, exc)}", file=sys.stderr
@@ -197,9 +212,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for f in files:
             try:
-                outcome, sweep_id = import_file(engine, f)
-                touched.add(sweep_id)
-            except ValueError as exc:  # not a result (truncated, foreign): said; the others are still imported
+                if f in unreadable:  # said above
+                    outcome = "unreadable"
+                else:
+                    outcome, sweep_id = import_file(engine, f)
+                    touched.add(sweep_id)
+            except ValueError as exc:  # changed since it was read
                 print(f"perfsweep import: {exc}", file=sys.stderr)
                 outcome = "unreadable"
             except Exception as exc:  # noqa: BLE001 - the database refused; the file stays for a retry

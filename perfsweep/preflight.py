@@ -324,6 +324,8 @@ def reserve_sweep(url: str, sweep_dir: str, name: str, **fields: Any) -> int:
         return store.write_hint(url, exc)
 
     with waiting_notice(database_wait(url)):
+        if problem := store.file_damage(url):
+            raise ConfigError(f"cannot use db.url={url!r}: {problem}; {store.DAMAGE_HINT}")
         try:
             engine = store.connect(url)
         except ModuleNotFoundError as exc:
@@ -334,7 +336,11 @@ def reserve_sweep(url: str, sweep_dir: str, name: str, **fields: Any) -> int:
         except Exception as exc:  # noqa: BLE001 - any driver error; its first line says what
             raise ConfigError(f"cannot open db.url={url!r}: {first_line(exc)}{hint(exc)}") from None
         try:
+            if problem := store.schema_damage(engine):
+                raise ConfigError(f"cannot use db.url={url!r}: {problem}; {store.DAMAGE_HINT}")
             sweep_id = store.start_sweep(engine, sweep_dir, name, **fields)
+        except ConfigError:
+            raise
         except Exception as exc:  # noqa: BLE001
             raise ConfigError(f"cannot write to db.url={url!r}: {first_line(exc)}{hint(exc)}") from None
         finally:

@@ -503,6 +503,8 @@ def open_existing(db: str) -> Engine:
     this perfsweep is not upgraded behind the user's back: the error names the command that does.
     """
     url = existing_url(db)
+    if problem := file_damage(url):
+        raise UserError(f"--db {db}: {problem}; {DAMAGE_HINT}")
     try:
         engine = connect_read_only(url)
         revision = schema_revision(engine)
@@ -517,6 +519,9 @@ def open_existing(db: str) -> Engine:
             f"--db {db}: schema revision {revision} is older than this perfsweep's {head}; "
             f"upgrade it first with: perfsweep upgrade --db {db}"
         )
+    if problem := schema_damage(engine):  # a report read its tables as they came and failed halfway
+        engine.dispose()
+        raise UserError(f"--db {db}: {problem}; {DAMAGE_HINT}")
     return engine
 
 
@@ -638,6 +643,48 @@ def connect(url: str) -> Engine:
     except Exception as exc:  # noqa: BLE001 - housekeeping must not stop a sweep or an import
         log.warning("could not mark the runs of dead jobs interrupted: %s", first_line(exc))
     return engine
+
+
+def file_damage(url: str) -> str | None:
+    """What SQLite's own ``quick_check`` finds wrong with the file at ``url`` (a malformed page, a
+    broken index), in words, or None; None too for a file not there yet or another database.
+    Run before the schema is touched: a damaged file failed later with whatever the first read
+    of the broken page raised (a UnicodeDecodeError, "database disk image is malformed"). It reads
+    the whole file: about 0.35 s for 258 MB."""
+    if not url.startswith("sqlite:///") or not Path(url.removeprefix("sqlite:///")).is_file():
+        return None
+    import sqlite3
+
+    path = Path(url.removeprefix("sqlite:///"))
+    try:
+        flag = "mode=ro" if Path(f"{path}-wal").exists() else "immutable=1"  # as connect_read_only: read-only media
+        con = sqlite3.connect(f"file:{path}?{flag}", uri=True, timeout=30)
+        try:
+            problems = [str(r[0]) for r in con.execute("PRAGMA quick_check(3)")]
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as exc:  # too broken to check; a file that is no database is said elsewhere
+        return None if "not a database" in str(exc) else f"SQLite cannot read it ({exc})"
+    return None if problems == ["ok"] else f"SQLite finds it damaged ({'; '.join(problems)})"
+
+
+def schema_damage(engine: Engine) -> str | None:
+    """A table or column of the current schema missing from a database that says it is at the
+    current revision (dropped by hand, a half-restored backup), in words, or None. Such a file
+    was opened, migrated as "at head" and took the sweep's row; every job then trained and could
+    not store its result. Checked before any job starts and by ``perfsweep upgrade``."""
+    found = inspect(engine)
+    tables = set(found.get_table_names())
+    if missing := [t.name for t in Base.metadata.sorted_tables if t.name not in tables]:
+        return f"table{'s' if len(missing) > 1 else ''} {', '.join(missing)} missing"
+    for table in Base.metadata.sorted_tables:
+        have = {c["name"] for c in found.get_columns(table.name)}
+        if lost := [c.name for c in table.columns if c.name not in have]:
+            return f"column{'s' if len(lost) > 1 else ''} {', '.join(f'{table.name}.{c}' for c in lost)} missing"
+    return None
+
+
+DAMAGE_HINT = "perfsweep cannot repair it: restore it from a backup, or give another database (db.url=, --db)"
 
 
 @contextmanager

@@ -20,13 +20,19 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         url = store.existing_url(args.db)
+        if problem := store.file_damage(url):
+            raise UserError(f"--db {args.db}: {problem}; {store.DAMAGE_HINT}")
         probe = store.make_engine(url)
         before = store.schema_revision(probe)
         probe.dispose()
         with waiting_notice(database_wait(url)):
             engine = store.connect(url)
-        after = store.schema_revision(engine)
-        engine.dispose()
+        try:
+            after = store.schema_revision(engine)
+            if problem := store.schema_damage(engine):
+                raise UserError(f"--db {args.db}: {problem}; {store.DAMAGE_HINT}")
+        finally:
+            engine.dispose()
     except UserError as exc:
         print(f"perfsweep upgrade: {exc}", file=sys.stderr)
         return 2

@@ -11,10 +11,12 @@ import argparse
 import sys
 from pathlib import Path
 
+import pandas as pd
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
 
 from perfsweep import store
-from perfsweep.cli import OneLineParser, UserError
+from perfsweep.cli import OneLineParser, UserError, first_line
 from perfsweep.configs import parse_config_spec
 from perfsweep.report.build import TOP_BARS, build_report
 from perfsweep.report.compare import build_compare
@@ -66,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         engine = store.open_existing(args.db)
         try:
             print(_run(engine, args, baseline))
+        except (SQLAlchemyError, pd.errors.DatabaseError) as exc:  # pandas' is an OSError: not the folder's
+            raise UserError(f"--db {args.db}: cannot read it ({first_line(exc, 300)})") from None
         except OSError as exc:  # a folder that cannot be made or written (a file on its path, no permission)
             where = f"--out {args.out}" if args.out is not None else "the report folder"
             raise UserError(f"{where}: cannot write {exc.filename or ''} ({exc.strerror or exc})") from None
