@@ -477,6 +477,25 @@ def test_factor_effects_of_a_known_2x2(engine: Any, tmp_path: Path) -> None:
     assert_labels_fit(chart.figure)  # the memory panel's labels sit left of negative bars, past their whiskers
 
 
+def test_factor_bars_say_the_effect_alone(engine: Any, tmp_path: Path) -> None:
+    """factors.png of a noisy 2x2 (ckpt and amp x ckpt within the noise): "+150 (+0.9%) no measurable
+    difference" was cut off by the memory panel and "-620 (-3.8%)" pushed over the amp tick label. The
+    verdict is the bar's colour and the legend's, and report.md's table keeps the words."""
+    tps = {(False, False): 16400.0, (True, False): 15780.0, (False, True): 16550.0, (True, True): 15930.0}
+    sid = new_sweep(engine, tmp_path / "sw")
+    for job, (a, c) in enumerate(tps):
+        times = [1024 * 1000 / tps[a, c] * f for f in (0.85, 1.15, 1.0, 0.9, 1.1, 1.0, 0.95, 1.05)]
+        row = run_row(sid, job, amp=a, ckpt=c, tokens_per_s=tps[a, c], times=times, peak_mem_bytes=(4 - a - c) * 2**27)
+        store.save_run(engine, row)
+    chart = make_report(engine, [sid]).charts["factors"]
+    assert chart.frame["effect_verdict"].tolist() == ["", metrics.NO_DIFFERENCE, metrics.NO_DIFFERENCE]
+    charts.save(chart.figure, tmp_path / "factors.png")
+    texts = [t.get_text().strip() for t in chart.figure.axes[0].texts]
+    assert texts == ["-620 (-3.8%)", "+150 (+0.9%)", "+0 (+0.0%)"]
+    assert_labels_fit(chart.figure)
+    assert "| ckpt | +150 (+0.9%, 95% CI" in chart.extra_md and f"%) {metrics.NO_DIFFERENCE} |" in chart.extra_md
+
+
 def assert_labels_fit(fig: Any) -> None:
     """Every value label at a bar's end lies inside its axes and clear of its own whisker (a label
     once ran over the y tick labels, and a negative bar's label covered its whisker)."""

@@ -239,7 +239,9 @@ def factorial_effects(df: pd.DataFrame, throughput: Sequence[Any] | None = None)
         out[f"effect_{metric}"], out[f"effect_pct_{metric}"] = effect, pct
         absolute = [fmt.mem(v, signed=True) if metric == "peak_mem_bytes" else f"{v:+,.0f}" for v in effect]
         out[f"{name} effect"] = [f"{a} ({p:+.1f}%)" for a, p in zip(absolute, pct, strict=True)]
-        out[f"{name} bar label"] = out[f"{name} effect"]  # the chart's: the whisker and colour say the rest
+        # the chart's, as compare.png's: the effect alone; the colour, the legend and a whisker across 0 say
+        # "no measurable difference" (written out too, the label ran off the panel); report.md's table writes it
+        out[f"{name} bar label"] = out[f"{name} effect"]
     if throughput is not None:
         ivs = metrics.effect_intervals(cells["_t"].tolist(), list(terms.values()))
         out = out.assign(
@@ -250,9 +252,8 @@ def factorial_effects(df: pd.DataFrame, throughput: Sequence[Any] | None = None)
             f"{t[:-1]}, 95% CI {i.lo:+.1f} to {i.hi:+.1f}%)" if np.isfinite(i.lo) else t
             for t, i in zip(out["throughput effect"], ivs, strict=True)
         ]
-        verdict = [f" {v}" if v else "" for v in out["effect_verdict"]]  # on the bar too: one near 0 shows no colour
+        verdict = [f" {v}" if v else "" for v in out["effect_verdict"]]
         out["throughput effect"] = [t + v for t, v in zip(text, verdict, strict=True)]
-        out["throughput bar label"] = [t + v for t, v in zip(out["throughput bar label"], verdict, strict=True)]
     if not blocks:
         return out, ""
     used, total = cells.groupby(blocks, dropna=False).ngroups, df.groupby(blocks, dropna=False).ngroups
