@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 import pytest
-from matplotlib.colors import to_hex
+from matplotlib.colors import to_hex, to_rgba
 from matplotlib.patches import Rectangle
 
 from perfsweep import metrics, store, summary
@@ -580,6 +580,25 @@ def test_cuda_memory_chart_draws_allocated_and_reserved(engine: Any, tmp_path: P
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert any("allocated" in s for s in labels) and any("reserved" in s for s in labels)
     assert any("baseline" in s for s in labels)
+
+
+def test_baseline_line_never_strikes_a_bar_value_out(engine: Any, tmp_path: Path) -> None:
+    """memory.png: the baseline's dashed line at 100 MiB runs through the values of the bars just short of
+    it ("99.4", "98.7"); their box hides it (it was 80% opaque: the line showed through the digits)."""
+    sid = new_sweep(engine, tmp_path / "sw")
+    for job, (amp, ckpt, mib) in enumerate(
+        ((False, False, 100.0), (True, False, 99.4), (False, True, 60), (True, True, 98.7))
+    ):
+        store.save_run(engine, run_row(sid, job, amp=amp, ckpt=ckpt, peak_mem_bytes=int(mib * 2**20)))
+    fig = make_report(engine, [sid]).charts["memory"].figure
+    charts.save(fig, tmp_path / "memory.png")
+    ax, renderer = fig.axes[0], fig.canvas.get_renderer()
+    (line,) = [line for line in ax.get_lines() if line.get_label().startswith("baseline")]
+    x = ax.transData.transform((line.get_xdata()[0], 0))[0]
+    crossed = [t for t in ax.texts if t.get_window_extent(renderer).x0 < x < t.get_window_extent(renderer).x1]
+    assert {t.get_text().strip() for t in crossed} >= {"99.4", "98.7"}
+    for t in crossed:
+        assert t.get_zorder() > line.get_zorder() and to_rgba(t.get_bbox_patch().get_facecolor()) == (1, 1, 1, 1)
 
 
 def test_failed_runs_are_marked_not_dropped(engine: Any, tmp_path: Path) -> None:

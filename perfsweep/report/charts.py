@@ -60,7 +60,9 @@ KERNEL_COLORS = dict(zip(KERNEL_CATEGORIES, ("#1B3A6B", *(DEEP[i] for i in (6, 9
 BOTTLENECK_COLORS = {"gpu": GOOD, "host": BAD, "data": FRONT}
 MEASURED = "measured step (median)"
 AXIS_TEXT = {"batch": "batch (sequences per step)", "seq_len": "seq_len (tokens per sequence)"}
-BOX = {"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "none", "alpha": 0.8}
+BOX = {"boxstyle": "square,pad=0", "facecolor": "white", "edgecolor": "none"}
+"""Behind a bar's value: opaque, as a baseline's dashed line showed through the digits of an 80% white one;
+no padding, as the text's own spaces keep it off the bar (a padded opaque box bit a notch out of the bar's end)."""
 POINT_LABEL = "point-label"
 """gid of a scatter point's name: :func:`_place_labels` moves it, :func:`_fit_texts` leaves it."""
 CROSS = {"marker": "x", "ms": 9, "mew": 2.5, "ls": "none", "clip_on": False, "scaley": False}
