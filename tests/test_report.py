@@ -665,6 +665,23 @@ def test_scaling_lines_are_the_stored_runs(engine: Any, tmp_path: Path) -> None:
     assert ax_mem.get_xlabel().startswith("batch")
 
 
+def test_scaling_says_when_its_grid_axis_is_log(engine: Any, tmp_path: Path) -> None:
+    """batch 4, 8, 512 is drawn on a log2 axis (it was: 8 to 512 is six doublings wide, 4 to 8 one),
+    but with a tick at each value only it read as a linear axis squashing 4 and 8: the label says so."""
+    sid = new_sweep(engine, tmp_path / "sw")
+    for job, batch in enumerate((4, 8, 512)):
+        store.save_run(engine, run_row(sid, job, batch=batch, tokens_per_s=1000.0 * batch**0.5))
+    ax_tokens, ax_mem = make_report(engine, [sid]).charts["scaling"].figure.axes
+    assert ax_tokens.get_xscale() == ax_mem.get_xscale() == "log"
+    assert [t.get_text() for t in ax_mem.get_xticklabels()] == ["4", "8", "512"]
+    assert ax_mem.get_xlabel() == "batch (sequences per step, log scale)"
+    two = new_sweep(engine, tmp_path / "two", name="two")
+    for job, batch in enumerate((8, 16)):
+        store.save_run(engine, run_row(two, job, batch=batch))
+    ax_mem = make_report(engine, [two]).charts["scaling"].figure.axes[1]
+    assert ax_mem.get_xscale() == "linear" and ax_mem.get_xlabel() == "batch (sequences per step)"
+
+
 def test_heatmap_cells_are_the_stored_tokens_per_s(engine: Any, tmp_path: Path) -> None:
     sid = failing_grid(engine, tmp_path)
     rep = make_report(engine, [sid])

@@ -183,7 +183,7 @@ def draw(spec: ChartSpec, frame: pd.DataFrame, note: str = "") -> Figure:
                 if p.kind != "heatmap":
                     (ax.set_xlabel if p.kind in ("bars", "stacked") else ax.set_ylabel)(label)
                 if p.kind == "lines" and (p is panels[-1] or spec.side_by_side):
-                    ax.set_xlabel(p.xlabel or AXIS_TEXT.get(facet, str(facet)))
+                    ax.set_xlabel(_log_note(ax, p.xlabel or AXIS_TEXT.get(facet, str(facet))))
             if image is not None:
                 fig.colorbar(image, ax=grid.ravel().tolist(), shrink=0.9, format=EngFormatter(sep=""), label=label)
         for ax in grid.flat[len(panels) * (1 if spec.side_by_side else len(facets)) :]:
@@ -197,6 +197,14 @@ def draw(spec: ChartSpec, frame: pd.DataFrame, note: str = "") -> Figure:
             ncols = max(1, min(len(handles), int(width // 3.6)))
             fig.legend(handles.values(), handles.keys(), loc="outside lower center", ncols=ncols, frameon=False)
     return fig
+
+
+def _log_note(ax: Axes, label: str) -> str:
+    """``label`` saying "log scale" when the x axis is: with a tick at each grid value only (4, 8, 512),
+    nothing else told a reader that the gap from 8 to 512 is six doublings, not 504 sequences."""
+    if ax.get_xscale() != "log":
+        return label
+    return f"{label[:-1]}, log scale)" if label.endswith(")") else f"{label} (log scale)"
 
 
 def _legend_entries(ax: Axes, legend: Sequence[tuple[str, str]]) -> dict[str, Artist]:
