@@ -682,6 +682,45 @@ def test_scaling_says_when_its_grid_axis_is_log(engine: Any, tmp_path: Path) -> 
     assert ax_mem.get_xscale() == "linear" and ax_mem.get_xlabel() == "batch (sequences per step)"
 
 
+def eight_configs(engine: Any, tmp_path: Path, amp_gain: float = 1.03) -> int:
+    """batch 8/16 x seq_len 128/256 x amp off/on, within 25% of each other in tokens/s and memory;
+    with ``amp_gain`` 1 amp saves memory only, so each amp=on tokens/s line runs exactly on its amp=off one."""
+    sid = new_sweep(engine, tmp_path / "sw")
+    for job, (batch, seq, amp) in enumerate(itertools.product((8, 16), (128, 256), (False, True))):
+        tps = 15000 * (1.12 if batch == 16 else 1) * (0.92 if seq == 256 else 1) * (amp_gain if amp else 1)
+        tps *= 1 + 0.004 * job * (amp_gain != 1)
+        mem = 2**20 * (80 + batch * seq / 64 * (0.85 if amp else 1))
+        row = run_row(sid, job, batch=batch, seq_len=seq, amp=amp, tokens_per_s=tps, peak_mem_bytes=int(mem))
+        store.save_run(engine, row)
+    return sid
+
+
+def covers(box: Any, ax: Any) -> list[str]:
+    """What of ``ax``'s data the window extent ``box`` lies over: its marks (scatter points and line
+    markers, by their drawn radius) and its lines (sampled along each segment)."""
+    px, hit = ax.figure.dpi / 72, []
+
+    def near(xy: np.ndarray, r: np.ndarray) -> np.ndarray:
+        dx = np.fmax(box.x0 - xy[:, 0], xy[:, 0] - box.x1).clip(0)
+        return np.hypot(dx, np.fmax(box.y0 - xy[:, 1], xy[:, 1] - box.y1).clip(0)) < r
+
+    for c in ax.collections:
+        xy = c.get_offset_transform().transform(c.get_offsets())
+        r = (np.sqrt(np.resize(c.get_sizes(), len(xy))) + np.resize(c.get_linewidths(), len(xy))) / 2 * px
+        hit += [f"{c.get_label()} mark"] * int(near(xy, r).sum())
+    for line in ax.get_lines():
+        xy = line.get_transform().transform(np.c_[line.get_xdata(), line.get_ydata()].astype(float))
+        if line.get_marker() not in ("None", "none", ""):
+            hit += [f"{line.get_label()} marker"] * int(near(xy, (line.get_markersize() + 1) / 2 * px).sum())
+        if line.get_drawstyle() == "steps-post":
+            xy = np.c_[np.repeat(xy[:, 0], 2)[1:], np.repeat(xy[:, 1], 2)[:-1]]
+        if line.get_linestyle() not in ("None", "none", "") and len(xy) > 1:
+            t = np.linspace(0, 1, 200)[:, None, None]
+            samples = (xy[:-1] + t * (xy[1:] - xy[:-1])).reshape(-1, 2)
+            hit += [f"{line.get_label()} line"] * bool(near(samples, line.get_linewidth() / 2 * px).any())
+    return hit
+
+
 def test_heatmap_cells_are_the_stored_tokens_per_s(engine: Any, tmp_path: Path) -> None:
     sid = failing_grid(engine, tmp_path)
     rep = make_report(engine, [sid])
@@ -736,6 +775,20 @@ def test_pareto_names_never_cover_each_other(engine: Any, tmp_path: Path) -> Non
     boxes = [t.get_window_extent(renderer) for t in shown]
     assert not any(a.overlaps(b) for a, b in itertools.combinations(boxes, 2))
     assert all(inside.x0 <= b.x0 and b.x1 <= inside.x1 and inside.y0 <= b.y0 and b.y1 <= inside.y1 for b in boxes)
+
+
+def test_pareto_names_never_cover_a_point_or_the_front(engine: Any, tmp_path: Path) -> None:
+    """8 configs in two tight rows, amp changing memory only: the leanest front point's name was put
+    under it, across the baseline's ring next to it (marks were taken to reach 5 pt from their point,
+    the ring reaches 7), and the baseline's name was crossed by the front's staircase."""
+    chart = make_report(engine, [eight_configs(engine, tmp_path, amp_gain=1.0)]).charts["pareto"]
+    charts.save(chart.figure, tmp_path / "pareto.png")
+    ax, renderer = chart.figure.axes[0], chart.figure.canvas.get_renderer()
+    names = [t for t in ax.texts if t.get_gid() == charts.POINT_LABEL]
+    assert len(names) == 8 and all(t.get_visible() for t in names)
+    boxes = [t.get_window_extent(renderer) for t in names]
+    assert not any(a.overlaps(b) for a, b in itertools.combinations(boxes, 2))
+    assert not {t.get_text(): covers(b, ax) for t, b in zip(names, boxes, strict=True) if covers(b, ax)}
 
 
 def test_side_by_side_panels_with_their_own_colours_get_a_legend_each(engine: Any, tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from matplotlib import rc_context
 from matplotlib.artist import Artist
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.cbook import STEP_LOOKUP_MAP
 from matplotlib.colors import to_rgba
 from matplotlib.container import BarContainer
 from matplotlib.figure import Figure
@@ -65,6 +66,8 @@ BOX = {"boxstyle": "square,pad=0", "facecolor": "white", "edgecolor": "none"}
 no padding, as the text's own spaces keep it off the bar (a padded opaque box bit a notch out of the bar's end)."""
 POINT_LABEL = "point-label"
 """gid of a scatter point's name: :func:`_place_labels` moves it, :func:`_fit_texts` leaves it."""
+VALUE_LABEL = "value-label"
+"""gid of a line's value written at its point: :func:`_place_labels` puts it beside the point or hides it."""
 CROSS = {"marker": "x", "ms": 9, "mew": 2.5, "ls": "none", "clip_on": False, "scaley": False}
 
 
@@ -244,8 +247,8 @@ def _legends_under(fig: Figure, entries: Sequence[tuple[Axes, dict[str, Artist]]
 
 def fit_labels(fig: Figure) -> None:
     """Widen each bar panel's x range until its value labels fit (:func:`_fit_texts`) and move each
-    scatter point's name clear of the others (:func:`_place_labels`). Both need the laid-out axes,
-    a draw of their own, so they run when a figure is saved, not for one only looked at."""
+    scatter point's name and each line's values clear of the others (:func:`_place_labels`). Both need
+    the laid-out axes, a draw of their own, so they run when a figure is saved, not for one only looked at."""
     axes = [ax for ax in fig.axes if ax.get_visible() and any(not t.get_in_layout() for t in ax.texts)]
     if axes:
         with rc_context(STYLE):
@@ -263,7 +266,7 @@ def _fit_texts(ax: Axes, pad_px: float = 8.0) -> None:
     axes' width; as the range grows the same label covers more of it, hence the few rounds."""
     renderer = ax.figure.canvas.get_renderer()
     width_px = ax.get_window_extent(renderer).width
-    texts = [t for t in ax.texts if not t.get_in_layout() and t.get_text() and t.get_gid() != POINT_LABEL]  # _write's
+    texts = [t for t in ax.texts if not t.get_in_layout() and t.get_text() and t.get_gid() is None]  # _write's
     ends = [
         (t.get_position()[0], t.get_window_extent(renderer).width + pad_px, t.get_horizontalalignment()) for t in texts
     ]
@@ -281,32 +284,37 @@ def _fit_texts(ax: Axes, pad_px: float = 8.0) -> None:
 
 
 def _place_labels(ax: Axes) -> None:
-    """Give each scatter point's name the first spot around its point (:func:`_spots`) that covers
-    no name placed before it and no other point and stays inside the axes; failing that, the spot
-    that covers least; a name that would still cover an earlier one is hidden (the names come in
-    order of priority, and report.md lists the front). Names alternating above and below their
-    points were not enough: two configs close in memory and throughput were written over each other.
+    """Give each scatter point's name and each line's value the first spot around its point (:func:`_spots`)
+    that covers no label placed before it, no mark (at its drawn size: the baseline's ring reaches
+    7 pt from its point, not the 5 pt once assumed) and no line (the front's staircase, the other lines), and stays
+    inside the axes; failing that, the spot that covers least. A label that would still cover an
+    earlier one is hidden (they come in order of priority, and report.md has every figure), and so
+    is a value that would leave the axes (over the panel's title) or lie on a mark or a line, where it
+    reads as another point's. Names alternating above and below their points were not enough: two
+    configs close in memory and throughput were written over each other; values written 7 pt above
+    their points covered the values and marks of lines a few % above ("16.8k" over "15.4k").
     """
-    labels = [t for t in ax.texts if t.get_gid() == POINT_LABEL]
+    labels = [t for t in ax.texts if t.get_gid() in (POINT_LABEL, VALUE_LABEL)]
     if not labels:
         return
-    renderer, inside = ax.figure.canvas.get_renderer(), ax.get_window_extent()
-    xy = [c.get_offset_transform().transform(c.get_offsets()) for c in ax.collections if len(c.get_offsets())]
-    points = np.concatenate(xy) if xy else np.empty((0, 2))
-    points, near = points[np.isfinite(points).all(axis=1)], 5 * ax.figure.dpi / 72  # about a marker's radius
-    placed: list[Any] = []
+    renderer, inside, px = ax.figure.canvas.get_renderer(), ax.get_window_extent(), ax.figure.dpi / 72
+    marks, paths = _marks(ax)
+    placed = [t.get_window_extent(renderer) for t in ax.texts if t not in labels and t.get_text().strip()]
     for t in labels:
-        others = points[np.hypot(*(points - ax.transData.transform(t.xy)).T) > 1.0]
+        value = t.get_gid() == VALUE_LABEL
         best: tuple[tuple[int, int], tuple[float, float, str, str]] | None = None
-        for spot in _spots(t.get_ha() == "right"):
+        for spot in _spots(t.get_ha() == "right", value):
             t.xyann, (ha, va) = spot[:2], spot[2:]
             t.set(ha=ha, va=va)
             box = t.get_window_extent(renderer)
-            covered = (box.x0 - near < others[:, 0]) & (others[:, 0] < box.x1 + near)
-            covered &= (box.y0 - near < others[:, 1]) & (others[:, 1] < box.y1 + near)
+            near = np.hypot(
+                np.fmax(box.x0 - marks[:, 0], marks[:, 0] - box.x1).clip(0),
+                np.fmax(box.y0 - marks[:, 1], marks[:, 1] - box.y1).clip(0),
+            )
+            covered = 2 * int((near < marks[:, 2] + px).sum()) + sum(_crosses(box, path, w + px) for path, w in paths)
             fits = inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0 and box.y1 <= inside.y1
-            clash = sum(box.overlaps(b) for b in placed)
-            cost = (100 * clash + int(covered.sum()) + 2 * (not fits), clash)
+            clash = sum(box.overlaps(b) for b in placed) + (value and (not fits or covered > 0))
+            cost = (100 * clash + covered + 10 * (not fits), clash)
             if best is None or cost < best[0]:
                 best = (cost, spot)
             if cost[0] == 0:
@@ -318,8 +326,60 @@ def _place_labels(ax: Axes) -> None:
             placed.append(t.get_window_extent(renderer))
 
 
-def _spots(left: bool) -> list[tuple[float, float, str, str]]:
-    """Offsets (points) and alignments of a point's name, nearest first, on the ``left`` side first."""
+def _marks(ax: Axes) -> tuple[np.ndarray, list[tuple[np.ndarray, float]]]:
+    """What a label must not cover, in pixels: every mark (scatter points, a line's markers) as x, y and
+    its radius, and every drawn line as its path and half its width."""
+    px, marks, paths = ax.figure.dpi / 72, [], []
+    for c in ax.collections:
+        xy = c.get_offset_transform().transform(c.get_offsets()) if len(c.get_offsets()) else np.empty((0, 2))
+        sizes, widths = np.resize(c.get_sizes(), len(xy)), np.resize(c.get_linewidths(), len(xy))
+        marks.append(np.c_[xy, (np.sqrt(sizes) + widths) / 2 * px])
+    for line in ax.get_lines():
+        if not line.get_visible():
+            continue
+        xy = line.get_transform().transform(np.c_[line.get_xdata(), line.get_ydata()].astype(float))
+        if line.get_marker() not in (None, "", " ", "None", "none"):
+            marks.append(np.c_[xy, np.full(len(xy), (line.get_markersize() + line.get_markeredgewidth()) / 2 * px)])
+        if line.get_linestyle() not in ("None", "none", "", " ") and len(xy) > 1:
+            paths.append(
+                (
+                    np.column_stack(STEP_LOOKUP_MAP[line.get_drawstyle() or "default"](*xy.T)),
+                    line.get_linewidth() / 2 * px,
+                )
+            )
+    points = np.concatenate(marks) if marks else np.empty((0, 3))
+    return points[np.isfinite(points).all(axis=1)], paths
+
+
+def _crosses(box: Any, path: np.ndarray, pad: float) -> bool:
+    """Whether a line through ``path``'s vertices (pixels) passes within ``pad`` of ``box``: the
+    segments, sampled every pixel or so, so a steep one between two points far apart is caught."""
+    a, b = path[:-1], path[1:]
+    ok = np.isfinite(a).all(axis=1) & np.isfinite(b).all(axis=1)
+    a, b = a[ok], b[ok]
+    steps = np.ceil(np.hypot(*(b - a).T).max(initial=0.0)) + 1
+    at = np.linspace(0.0, 1.0, int(min(steps, 4000)) + 1)[:, None, None]
+    xy = (a + at * (b - a)).reshape(-1, 2)
+    return bool(
+        (
+            (box.x0 - pad < xy[:, 0])
+            & (xy[:, 0] < box.x1 + pad)
+            & (box.y0 - pad < xy[:, 1])
+            & (xy[:, 1] < box.y1 + pad)
+        ).any()
+    )
+
+
+def _spots(left: bool, value: bool = False) -> list[tuple[float, float, str, str]]:
+    """Offsets (points) and alignments of a point's name, nearest first, on the ``left`` side first;
+    of a line's ``value``: above its point, below it, then at its corners."""
+    if value:
+        corners = (
+            (dx, dy, ha, va)
+            for dy, va in ((7.0, "bottom"), (-7.0, "top"))
+            for dx, ha in ((8.0, "left"), (-8.0, "right"))
+        )
+        return [(0.0, 7.0, "center", "bottom"), (0.0, -7.0, "center", "top"), *corners]
     side = [(-8.0, "right"), (8.0, "left")]
     near, far = side if left else side[::-1]
     return [
