@@ -18,6 +18,7 @@ import pandas as pd
 import pytest
 from matplotlib.colors import to_hex, to_rgba
 from matplotlib.patches import Rectangle
+from matplotlib.text import Text
 
 from perfsweep import metrics, store, summary
 from perfsweep.cli import UserError
@@ -147,7 +148,7 @@ def line_data(ax: Any) -> dict[str, tuple[list[float], list[float]]]:
     return {
         line.get_label(): (list(line.get_xdata()), list(line.get_ydata()))
         for line in ax.get_lines()
-        if not line.get_label().startswith("_") and line.get_marker() == "o"
+        if not line.get_label().startswith("_") and line.get_marker() != charts.CROSS["marker"]
     }
 
 
@@ -719,6 +720,64 @@ def covers(box: Any, ax: Any) -> list[str]:
             samples = (xy[:-1] + t * (xy[1:] - xy[:-1])).reshape(-1, 2)
             hit += [f"{line.get_label()} line"] * bool(near(samples, line.get_linewidth() / 2 * px).any())
     return hit
+
+
+def test_scaling_values_stay_clear_of_each_other_and_the_lines(engine: Any, tmp_path: Path) -> None:
+    """8 lines within 25% of each other: each value was written 7 pt above its point, so a line 3%
+    below put its value over the next one's marks and line ("15.8k" over the 16.4k line's point).
+    Once saved, no shown value covers another, a mark or a line, all lie inside their axes, and most
+    are still shown."""
+    chart = make_report(engine, [eight_configs(engine, tmp_path)]).charts["scaling"]
+    charts.save(chart.figure, tmp_path / "scaling.png")
+    renderer, shown, written = chart.figure.canvas.get_renderer(), 0, 0
+    for ax in chart.figure.axes:
+        texts = [t for t in ax.texts if t.get_text().strip()]
+        written += len(texts)
+        boxes = [t.get_window_extent(renderer) for t in texts if t.get_visible()]
+        shown, inside = shown + len(boxes), ax.get_window_extent(renderer)
+        assert not any(a.overlaps(b) for a, b in itertools.combinations(boxes, 2))
+        assert all(inside.x0 <= b.x0 and b.x1 <= inside.x1 and inside.y0 <= b.y0 and b.y1 <= inside.y1 for b in boxes)
+        assert not [covers(b, ax) for b in boxes if covers(b, ax)]
+    assert written == 32 and shown >= 24, (written, shown)
+
+
+def test_scaling_top_value_stays_under_the_panel_title(engine: Any, tmp_path: Path) -> None:
+    """Values within 10% of each other: the margin over the top point was 15% of their spread, a
+    few pixels, so its value ("16.8k") was written above the axes, over the panel's title."""
+    sid = new_sweep(engine, tmp_path / "sw")
+    tps = {(8, 128): 16000.0, (16, 128): 16800.0, (8, 256): 15400.0, (16, 256): 16100.0}
+    for job, ((batch, seq), t) in enumerate(tps.items()):
+        store.save_run(engine, run_row(sid, job, batch=batch, seq_len=seq, tokens_per_s=t))
+    fig = make_report(engine, [sid]).charts["scaling"].figure
+    charts.save(fig, tmp_path / "scaling.png")
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        title = [
+            c.get_window_extent(renderer)
+            for c in ax.get_children()
+            if isinstance(c, Text) and c.get_text() == ax.get_title("left") != ""
+        ]
+        inside, boxes = (
+            ax.get_window_extent(renderer),
+            [t.get_window_extent(renderer) for t in ax.texts if t.get_visible()],
+        )
+        assert all(inside.y0 <= b.y0 and b.y1 <= inside.y1 and not any(b.overlaps(t) for t in title) for b in boxes)
+    assert {"16.8k", "15.4k"} <= {t.get_text() for t in fig.axes[0].texts if t.get_visible()}
+
+
+def test_scaling_lines_that_coincide_stay_apart(engine: Any, tmp_path: Path) -> None:
+    """amp changes no tokens/s: each amp=on line runs exactly on its amp=off line, so each line has a
+    marker and dashes of its own (colour alone left one looking like part of the other), the same in
+    both rows, where the legend takes them from."""
+    chart = make_report(engine, [eight_configs(engine, tmp_path, amp_gain=1.0)]).charts["scaling"]
+    for ax in chart.figure.axes:
+        drawn = [line for line in ax.get_lines() if not line.get_label().startswith("_")]
+        assert len(drawn) == 4 and len({(line.get_marker(), line.get_linestyle()) for line in drawn}) == 4
+        for a, b in itertools.combinations(drawn, 2):
+            if list(a.get_ydata()) == list(b.get_ydata()):
+                assert a.get_marker() != b.get_marker() and a.get_linestyle() != b.get_linestyle()
+    styles = [{line.get_label(): line.get_marker() for line in ax.get_lines()} for ax in chart.figure.axes]
+    assert styles[0] == styles[2] and styles[1] == styles[3]  # rows: tokens/s, memory; columns: batch, seq_len
 
 
 def test_heatmap_cells_are_the_stored_tokens_per_s(engine: Any, tmp_path: Path) -> None:

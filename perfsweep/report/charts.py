@@ -68,6 +68,9 @@ POINT_LABEL = "point-label"
 """gid of a scatter point's name: :func:`_place_labels` moves it, :func:`_fit_texts` leaves it."""
 VALUE_LABEL = "value-label"
 """gid of a line's value written at its point: :func:`_place_labels` puts it beside the point or hides it."""
+MARKERS, DASHES = "osD^vPh*p", ("-", "--", "-.", ":")
+"""Each line's marker and line style, by its place among its panel's lines: colour alone left a line
+that ran exactly under another (amp on and off at the same tokens/s) looking like part of it."""
 CROSS = {"marker": "x", "ms": 9, "mew": 2.5, "ls": "none", "clip_on": False, "scaley": False}
 
 
@@ -475,22 +478,24 @@ def stacked(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale) -> None:
 
 
 def lines(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale) -> None:
-    """One line per ``group``, the first widest so that lines on top of each other still show;
-    runs that did not finish are an x in their line's colour at the bottom edge, saying why."""
+    """One line per ``group``, the first widest and each with its own marker and dashes
+    (:data:`MARKERS`) so that lines on top of each other still show; runs that did not finish are
+    an x in their line's colour at the bottom edge, saying why. With few points, each value is
+    written at its point, once per value and place; :func:`_place_labels` moves it clear when saved."""
     y, ok = p.y[0], df["ok"] if "ok" in df else df[p.y[0]].notna()
-    groups, placed = list(dict.fromkeys(df[p.group])), {}
+    groups, written = list(dict.fromkeys(df[p.group])), set()
     edge = blended_transform_factory(ax.transData, ax.transAxes)
     for k, group in enumerate(groups):
         color = (p.colors or {}).get(group, DEEP[k % len(DEEP)])
         wide = (len(groups) - 1 - k) / max(len(groups) - 1, 1)
         good, bad = df[(df[p.group] == group) & ok], df[(df[p.group] == group) & ~ok]
-        ax.plot(
-            good[p.x], good[y] / s.div, "o-", lw=1.5 + 4 * wide, ms=4 + 5 * wide, color=color, alpha=0.85, label=group
-        )
+        style = {"marker": MARKERS[k % len(MARKERS)], "ls": DASHES[k % len(DASHES)], "lw": 1.5 + 4 * wide}
+        ax.plot(good[p.x], good[y] / s.div, ms=4 + 5 * wide, color=color, alpha=0.85, label=group, **style)
         for x, v in zip(good[p.x], good[y] / s.div, strict=True):
-            if p.grid_x and ok.sum() <= 16 and all(abs(v - o) > 0.05 * s.hi for o in placed.setdefault(x, [])):
-                placed[x].append(v)  # few points: write their values, one label per place
-                ax.annotate(fmt.si(v), (x, v), (0, 7), textcoords="offset points", ha="center", fontsize=8, color=color)
+            if p.grid_x and ok.sum() <= 16 and (x, fmt.si(v)) not in written:
+                written.add((x, fmt.si(v)))
+                kw = {"textcoords": "offset points", "ha": "center", "va": "bottom", "fontsize": 8, "color": color}
+                ax.annotate(fmt.si(v), (x, v), (0, 7), gid=VALUE_LABEL, in_layout=False, **kw)
         for x, status in zip(bad[p.x], bad["status"], strict=True):
             ax.plot(x, 0.03, transform=edge, color=color, **CROSS, label="did not finish (x at the bottom edge)")
             ax.annotate(status.upper(), (x, 0.03), (0, 8), edge, "offset points", fontsize=8, ha="center", color=BAD)
@@ -503,8 +508,9 @@ def lines(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale) -> None:
     else:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.margins(x=0.08, y=0.15)
-    if p.from_zero:
-        ax.set_ylim(bottom=0)
+    if p.from_zero:  # the margin above the top point is 15% of 0..top: the data's own span left no room for its value
+        top = ax.dataLim.y1
+        ax.set_ylim(0, top * 1.15 if np.isfinite(top) and top > 0 else None)
     if p.unit == p.rate:
         ax.yaxis.set_major_formatter(EngFormatter(sep=""))
 
