@@ -453,9 +453,16 @@ def check_all(cfgs: list[PerfsweepConfig], jobs_run_here: bool = True) -> None:
     check_models(cfgs, check_data(cfgs))
 
 
-def done_grid_points(url: str, sweep_dir: str) -> set[tuple[int, str]]:
-    """(job_num, config_hash) of the grid points of the sweep in ``sweep_dir`` that have an
-    ``ok`` run (empty when the database holds no such sweep); opening it marks dead runs first."""
+def resume_points(url: str, sweep_dir: str, grid: list[tuple[int, str]], searched: set[int]) -> set[tuple[int, str]]:
+    """(job_num, config_hash) of the grid points of the sweep in ``sweep_dir`` that have an ``ok``
+    run; opening the database marks dead runs first. ``grid``: this command's (job_num,
+    config_hash) per grid point, ``searched``: the job numbers of its batch=max searches.
+
+    Refused when the database holds no sweep for the folder (a resume typed by hand without the
+    sweep's db.url started a new sweep in ./results.db inside the old sweep's folder and wrote
+    over its report), or when the stored runs are of another grid (an override added or changed:
+    its points were appended to the old sweep, which then mixed two grids).
+    """
     from sqlalchemy import select
 
     from perfsweep import store
@@ -467,14 +474,29 @@ def done_grid_points(url: str, sweep_dir: str) -> set[tuple[int, str]]:
         raise ConfigError(f"cannot open db.url={url!r}: {first_line(exc)}") from None
     try:
         with store.session(engine) as s:
+            sweep = s.scalars(select(store.Sweep).where(store.Sweep.sweep_dir == sweep_dir)).first()
+            if sweep is None:
+                raise ConfigError(
+                    f"resume=true: db.url={url!r} holds no sweep for {sweep_dir}; give the db.url the sweep "
+                    "was run with, or resume it by its id with: perfsweep resume SWEEP --db DB"
+                )
             rows = s.execute(
-                select(store.Run.job_num, store.Run.config_hash)
-                .join(store.Sweep, store.Sweep.id == store.Run.sweep_id)
-                .where(store.Sweep.sweep_dir == sweep_dir, store.Run.status == "ok")
+                select(store.Run.job_num, store.Run.config_hash, store.Run.status).where(store.Run.sweep_id == sweep.id)
             ).all()
+            n_jobs, command, sweep_id = sweep.n_jobs, sweep.command, sweep.id
     finally:
         engine.dispose()
-    return {(int(j), h) for j, h in rows if j is not None}
+    points = set(grid)
+    other = [
+        j for j, h, _ in rows if j is not None and j < len(grid) and j not in searched and (int(j), h) not in points
+    ]
+    if (n_jobs is not None and n_jobs != len(grid)) or other:
+        raise ConfigError(
+            f"resume=true: the grid is not that of sweep {sweep_id} in {sweep_dir} ({n_jobs} grid points, run as: "
+            f"{command}); resume it with the same overrides, e.g. perfsweep resume {sweep_id} --db {url}, or run "
+            "the new grid as a new sweep (without hydra.sweep.dir)"
+        )
+    return {(int(j), h) for j, h, status in rows if j is not None and status == "ok"}
 
 
 def claim_folder(folder: Path, key: str, resume: bool = False) -> list[Path]:

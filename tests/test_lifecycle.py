@@ -169,6 +169,32 @@ def test_a_job_process_starts_with_ctrl_c_blocked(tmp_path: Path):
     assert res.stdout.strip().endswith("[]")  # and this thread's mask is back as it was
 
 
+def test_a_resume_typed_by_hand_must_name_the_sweeps_database_and_grid(tmp_path: Path):
+    """resume=true without the sweep's db.url started a new sweep in ./results.db inside the old
+    sweep's folder (and wrote over its report); with an override changed, the new grid's points
+    were appended to the old sweep. Both are refused before any job and write no sweep; the same grid resumes."""
+    db = tmp_path / "kept" / "results.db"
+    grid = ["-m", "amp=true,false", *TINY]
+    res = run_perfsweep([*grid, f"db.url=sqlite:///{db}"], tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    (sweep_dir,) = {r["sweep_dir"] for r in rows(db, "SELECT sweep_dir FROM sweeps")}
+    again = [f"hydra.sweep.dir={sweep_dir}", "resume=true"]
+
+    elsewhere = run_perfsweep([*grid, *again], tmp_path)  # ./results.db: not where the sweep is
+    assert elsewhere.returncode == 2 and elsewhere.stderr.count("\n") == 1, elsewhere.stderr[-2000:]
+    assert f"holds no sweep for {sweep_dir}; give the db.url the sweep was run with" in elsewhere.stderr
+    changed = [o.replace("seq_len=32", "seq_len=16") for o in grid]
+    other_grid = run_perfsweep([*changed, *again, f"db.url=sqlite:///{db}"], tmp_path)
+    assert other_grid.returncode == 2 and other_grid.stderr.count("\n") == 1, other_grid.stderr[-2000:]
+    assert "resume=true: the grid is not that of sweep 1 in " in other_grid.stderr
+    assert f"perfsweep resume 1 --db sqlite:///{db}" in other_grid.stderr
+    assert len(rows(db, "SELECT id FROM runs")) == 2
+    assert not (tmp_path / "results.db").exists() or not rows(tmp_path / "results.db", "SELECT id FROM sweeps")
+
+    same = run_perfsweep([*grid, *again, f"db.url=sqlite:///{db}"], tmp_path)
+    assert same.returncode == 0 and "2 of 2 jobs already ok, 0 to run" in same.stderr, same.stderr[-2000:]
+
+
 def test_sweep_killed_with_sigkill_then_resumed(tmp_path: Path):
     db = tmp_path / "results.db"
     proc = subprocess.Popen(

@@ -92,8 +92,10 @@ class PerfsweepSweeper(BasicSweeper):
         hashes = [launcher.config_hash(to_plain_dict(c)) for c in run_cfgs]
         order = schedule.plan(len(jobs), first.repeat, first.order == Order.shuffle, first.seed)
         if first.resume:
+            grid = [(p, hashes[i]) for p, (i, _) in enumerate(order)]
+            searched = {p for p, (i, _) in enumerate(order) if search.is_search(run_cfgs[i])}
             try:
-                done = preflight.done_grid_points(url, str(sweep_dir))
+                done = preflight.resume_points(url, str(sweep_dir), grid, searched)
             except ConfigError as exc:
                 _refuse(str(exc))
             todo = [p for p, (i, _) in enumerate(order) if (p, hashes[i]) not in done]
