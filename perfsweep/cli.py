@@ -50,26 +50,23 @@ def first_line(what: BaseException | str | None, width: int | None = None) -> st
 
 
 @contextmanager
-def waiting_notice(what: str, after_s: float = SLOW_DATABASE_S) -> Iterator[None]:
-    """Say once on stderr that ``what`` is still being waited for, when it takes over ``after_s``.
+def waiting_for_database(url: str, after_s: float = SLOW_DATABASE_S) -> Iterator[None]:
+    """Say once on stderr that the database at ``url`` is still being waited for, when opening or
+    first writing it takes over ``after_s``.
 
     A database whose write lock another process holds (a sqlite3 shell left inside a transaction,
     another sweep migrating it) made a sweep sit silent for as long as the lock was held, minutes
     with the driver's retries, before its first job; a person could not tell that from a hang.
     """
-    timer = threading.Timer(after_s, lambda: print(f"perfsweep: {what}", file=sys.stderr, flush=True))
+    said = (
+        f"perfsweep: still waiting for the database {url} after {after_s:.0f} s: another process may hold its lock "
+        "(a sweep or import writing, a schema upgrade, a sqlite3 shell left inside a transaction); this goes on "
+        "once it is free"
+    )
+    timer = threading.Timer(after_s, lambda: print(said, file=sys.stderr, flush=True))
     timer.daemon = True
     timer.start()
     try:
         yield
     finally:
         timer.cancel()
-
-
-def database_wait(url: str) -> str:
-    """What :func:`waiting_notice` says while a command waits for the database at ``url``."""
-    return (
-        f"still waiting for the database {url} after {SLOW_DATABASE_S:.0f} s: another process may hold its lock "
-        "(a sweep or import writing, a schema upgrade, a sqlite3 shell left inside a transaction); this goes on "
-        "once it is free"
-    )

@@ -23,7 +23,7 @@ from sqlalchemy import select, update
 from sqlalchemy.engine import Engine
 
 from perfsweep import store
-from perfsweep.cli import OneLineParser, UserError, database_wait, first_line, waiting_notice
+from perfsweep.cli import OneLineParser, first_line, waiting_for_database
 from perfsweep.names import FINAL_STATUSES
 
 log = logging.getLogger(__name__)
@@ -195,13 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(files)} result file{'s' if len(files) != 1 else ''}: {len(files)} unreadable; nothing written")
         return 2
     try:
-        if problem := store.file_damage(url):
-            raise UserError(f"{problem}; {store.DAMAGE_HINT}")
-        with waiting_notice(database_wait(url)):
-            engine = store.connect(url)
-        if problem := store.schema_damage(engine):
-            engine.dispose()
-            raise UserError(f"{problem}; {store.DAMAGE_HINT}")
+        with waiting_for_database(url):
+            engine = store.connect(url, check=True)
     except Exception as exc:  # noqa: BLE001 - the driver's first line says what
         print(
             f"perfsweep import: cannot open --db {url}: {first_line(exc)}{store.write_hint(url, exc)}", file=sys.stderr

@@ -25,7 +25,7 @@ from typing import Any
 from hydra.errors import HydraException, MissingConfigException
 from omegaconf.errors import OmegaConfBaseException
 
-from perfsweep.cli import database_wait, first_line, waiting_notice
+from perfsweep.cli import first_line, waiting_for_database
 from perfsweep.config import (
     GPT_TARGET,
     NODE_SCHEMAS,
@@ -323,11 +323,11 @@ def reserve_sweep(url: str, sweep_dir: str, name: str, **fields: Any) -> int:
             return f"; a SQLite file is given as a URL: db.url=sqlite:///{os.path.abspath(url)}"
         return store.write_hint(url, exc)
 
-    with waiting_notice(database_wait(url)):
-        if problem := store.file_damage(url):
-            raise ConfigError(f"cannot use db.url={url!r}: {problem}; {store.DAMAGE_HINT}")
+    with waiting_for_database(url):
         try:
-            engine = store.connect(url)
+            engine = store.connect(url, check=True)
+        except store.DamagedDatabase as exc:
+            raise ConfigError(f"cannot use db.url={url!r}: {exc}") from None
         except ModuleNotFoundError as exc:
             raise ConfigError(
                 f"cannot open db.url={url!r}: its driver is not installed ({exc}); install it, or name "
@@ -336,11 +336,7 @@ def reserve_sweep(url: str, sweep_dir: str, name: str, **fields: Any) -> int:
         except Exception as exc:  # noqa: BLE001 - any driver error; its first line says what
             raise ConfigError(f"cannot open db.url={url!r}: {first_line(exc)}{hint(exc)}") from None
         try:
-            if problem := store.schema_damage(engine):
-                raise ConfigError(f"cannot use db.url={url!r}: {problem}; {store.DAMAGE_HINT}")
             sweep_id = store.start_sweep(engine, sweep_dir, name, **fields)
-        except ConfigError:
-            raise
         except Exception as exc:  # noqa: BLE001
             raise ConfigError(f"cannot write to db.url={url!r}: {first_line(exc)}{hint(exc)}") from None
         finally:
@@ -468,7 +464,7 @@ def resume_points(url: str, sweep_dir: str, grid: list[tuple[int, str]], searche
     from perfsweep import store
 
     try:
-        with waiting_notice(database_wait(url)):
+        with waiting_for_database(url):
             engine = store.connect(url)
     except Exception as exc:  # noqa: BLE001 - any driver error; its first line says what
         raise ConfigError(f"cannot open db.url={url!r}: {first_line(exc)}") from None

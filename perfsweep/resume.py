@@ -18,7 +18,7 @@ import sys
 from sqlalchemy import select
 
 from perfsweep import store
-from perfsweep.cli import OneLineParser, UserError, database_wait, first_line, waiting_notice
+from perfsweep.cli import OneLineParser, UserError, first_line, waiting_for_database
 from perfsweep.names import SWEEP_MARKER, is_multirun
 from perfsweep.results import resolve_sweep
 
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise UserError(f"--db {args.db}: not a perfsweep results database (no schema version)")
         finally:
             probe.dispose()
-        with waiting_notice(database_wait(url)):  # marks runs of dead processes interrupted first
+        with waiting_for_database(url):  # marks runs of dead processes interrupted first
             engine = store.connect(url)  # (and upgrades an older schema)
     except UserError as exc:
         print(f"perfsweep resume: {exc}", file=sys.stderr)

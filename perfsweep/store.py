@@ -503,11 +503,12 @@ def open_existing(db: str) -> Engine:
     this perfsweep is not upgraded behind the user's back: the error names the command that does.
     """
     url = existing_url(db)
-    if problem := file_damage(url):
-        raise UserError(f"--db {db}: {problem}; {DAMAGE_HINT}")
     try:
+        refuse_damage(url)
         engine = connect_read_only(url)
         revision = schema_revision(engine)
+    except DamagedDatabase as exc:
+        raise DamagedDatabase(f"--db {db}: {exc}") from None
     except Exception as exc:  # driver missing, server unreachable, not a database...
         raise UserError(f"--db {db}: cannot open the database ({first_line(exc)})") from exc
     head = head_revision()
@@ -519,9 +520,10 @@ def open_existing(db: str) -> Engine:
             f"--db {db}: schema revision {revision} is older than this perfsweep's {head}; "
             f"upgrade it first with: perfsweep upgrade --db {db}"
         )
-    if problem := schema_damage(engine):  # a report read its tables as they came and failed halfway
-        engine.dispose()
-        raise UserError(f"--db {db}: {problem}; {DAMAGE_HINT}")
+    try:  # a report read its tables as they came and failed halfway
+        refuse_damage(url, engine)
+    except DamagedDatabase as exc:
+        raise DamagedDatabase(f"--db {db}: {exc}") from None
     return engine
 
 
@@ -627,14 +629,20 @@ def file_replaced(engine: Engine) -> str | None:
     return None if (st.st_dev, st.st_ino) == identity else f"the database file {path} was replaced while the job ran"
 
 
-def connect(url: str) -> Engine:
+def connect(url: str, check: bool = False) -> Engine:
     """Open the database at ``url`` for writing: bring its schema to the current revision and
-    mark the runs of jobs whose process is gone ``interrupted`` (see :func:`mark_interrupted`)."""
+    mark the runs of jobs whose process is gone ``interrupted`` (see :func:`mark_interrupted`).
+    ``check``: raise :class:`DamagedDatabase` for a damaged file or schema first, as the commands
+    that start work or repair do (a sweep, import, upgrade); a job's own connection skips it."""
+    if check:
+        refuse_damage(url)
     if url.startswith("sqlite:///"):
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     engine = make_engine(url)
     with _migrate_lock:
         upgrade(engine)
+    if check:
+        refuse_damage(url, engine)
     if engine.dialect.name == "sqlite" and engine.url.database and ":memory:" not in engine.url.database:
         st = os.stat(engine.url.database)  # upgrade() has created it
         _opened_files[engine] = (engine.url.database, (st.st_dev, st.st_ino))
@@ -685,6 +693,21 @@ def schema_damage(engine: Engine) -> str | None:
 
 
 DAMAGE_HINT = "perfsweep cannot repair it: restore it from a backup, or give another database (db.url=, --db)"
+
+
+class DamagedDatabase(UserError):
+    """A database :func:`file_damage` or :func:`schema_damage` finds broken; its text says what,
+    and that perfsweep cannot repair it."""
+
+
+def refuse_damage(url: str, engine: Engine | None = None) -> None:
+    """Raise :class:`DamagedDatabase` for the file at ``url`` (before its schema is touched) or,
+    given ``engine``, for its schema (once it is at the current revision); ``engine`` is disposed."""
+    problem = file_damage(url) if engine is None else schema_damage(engine)
+    if problem:
+        if engine is not None:
+            engine.dispose()
+        raise DamagedDatabase(f"{problem}; {DAMAGE_HINT}")
 
 
 @contextmanager

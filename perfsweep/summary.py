@@ -15,7 +15,7 @@ from sqlalchemy import or_, select, update
 from sqlalchemy.engine import Engine, make_url
 
 from perfsweep import audit, configs, interrupts, metrics, store
-from perfsweep.cli import database_wait, first_line, waiting_notice
+from perfsweep.cli import first_line, waiting_for_database
 from perfsweep.configs import per_config, prepare_runs, value_text
 from perfsweep.names import (
     DATA_BOUND_WAIT_FRACTION,
@@ -287,7 +287,7 @@ def close_sweep(url: str, sweep_dir: str, status: str) -> None:
     the sweep dead from its heartbeat)."""
     with interrupts.held(CLOSING_NOTE):  # from the connection on: a signal now waits for the last write
         try:
-            with waiting_notice(database_wait(url)):
+            with waiting_for_database(url):
                 engine = store.connect(url)
             try:
                 if (sweep_id := sweep_id_for(engine, sweep_dir)) is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 
 from perfsweep import store
-from perfsweep.cli import OneLineParser, database_wait, waiting_notice
+from perfsweep.cli import OneLineParser, waiting_for_database
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,19 +20,18 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         url = store.existing_url(args.db)
-        if problem := store.file_damage(url):
-            raise UserError(f"--db {args.db}: {problem}; {store.DAMAGE_HINT}")
+        store.refuse_damage(url)  # the file, before its schema revision is read
         probe = store.make_engine(url)
         before = store.schema_revision(probe)
         probe.dispose()
-        with waiting_notice(database_wait(url)):
+        with waiting_for_database(url):
             engine = store.connect(url)
-        try:
-            after = store.schema_revision(engine)
-            if problem := store.schema_damage(engine):
-                raise UserError(f"--db {args.db}: {problem}; {store.DAMAGE_HINT}")
-        finally:
-            engine.dispose()
+        after = store.schema_revision(engine)
+        store.refuse_damage(url, engine)  # the schema, once at the current revision
+        engine.dispose()
+    except store.DamagedDatabase as exc:
+        print(f"perfsweep upgrade: --db {args.db}: {exc}", file=sys.stderr)
+        return 2
     except UserError as exc:
         print(f"perfsweep upgrade: {exc}", file=sys.stderr)
         return 2

@@ -257,3 +257,58 @@ def test_a_refused_run_never_removes_the_launch_folder_or_a_folder_that_was_ther
     res = run_perfsweep([*TINY, "seed=-1", f"hydra.run.dir={run_dir.format(tmp=launch)}"], launch)
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "seed=-1" in res.stderr, res.stderr
     assert (launch / "kept").is_dir()
+
+
+def _damaged(db: Path, how: str) -> None:
+    """Damage ``db`` as the review did: a table dropped, a column dropped, pages overwritten."""
+    if how == "corrupt":
+        import random
+
+        size = db.stat().st_size
+        with db.open("r+b") as fh:
+            fh.seek(size // 2)
+            fh.write(random.Random(0).randbytes(size // 3))
+        return
+    con = sqlite3.connect(db)
+    con.execute("DROP TABLE steps" if how == "table" else "ALTER TABLE runs DROP COLUMN tokens_per_s")
+    con.commit()
+    con.close()
+
+
+@pytest.mark.parametrize(
+    ("how", "said"),
+    [("table", "table steps missing"), ("column", "column runs.tokens_per_s missing"), ("corrupt", "SQLite ")],
+)
+def test_a_damaged_database_is_refused_before_any_job_and_left_as_it_was(seeded_db: Path, how: str, said: str, capsys):
+    """A results.db with a table or column gone, or pages overwritten: a sweep into it trained every
+    job and then stored nothing, upgrade said "schema already at head", report blamed --out. Each now
+    answers in one line what is wrong, exit 2, and the file is not written."""
+    from perfsweep import upgrade
+    from perfsweep.report.__main__ import main as report_main
+
+    store.connect(f"sqlite:///{seeded_db}").dispose()  # checkpointed: the file alone holds everything
+    _damaged(seeded_db, how)
+    before = seeded_db.read_bytes()
+    res = run_perfsweep(["-m", "amp=true,false", *TINY, f"db.url=sqlite:///{seeded_db}"], seeded_db.parent)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr[-2000:]
+    assert res.stderr.startswith(f"perfsweep: cannot use db.url='sqlite:///{seeded_db}': ") and said in res.stderr
+    assert "perfsweep cannot repair it" in res.stderr and res.stderr.rstrip().endswith("no job was started")
+    assert upgrade.main(["--db", str(seeded_db)]) == 2
+    assert report_main(["--db", str(seeded_db), "--out", str(seeded_db.parent / "rep")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert [line.split(": ")[0:2] for line in lines] == [
+        ["perfsweep upgrade", f"--db {seeded_db}"],
+        ["perfsweep report", f"--db {seeded_db}"],
+    ], lines
+    assert all(said in line and "cannot repair it" in line for line in lines), lines
+    assert seeded_db.read_bytes() == before and not (seeded_db.parent / "rep").exists()
+
+
+def test_an_import_of_files_that_are_no_results_creates_no_database(tmp_path: Path, capsys):
+    from perfsweep import importer
+
+    (tmp_path / "notes.json").write_text("not a result")
+    assert importer.main([str(tmp_path / "notes.json"), "--db", str(tmp_path / "new.db")]) == 2
+    out, err = capsys.readouterr()
+    assert "1 unreadable; nothing written" in out and "not a perfsweep result" in err
+    assert not (tmp_path / "new.db").exists()
