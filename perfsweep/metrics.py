@@ -21,6 +21,8 @@ from perfsweep.names import (
     DATA_BOUND_WAIT_FRACTION,
     GPU_BOUND_BUSY_FRACTION,
     NOISY_IQR_FRACTION,
+    NOISY_RULE,
+    NOISY_TAIL_FRACTION,
 )
 
 
@@ -57,8 +59,11 @@ class StepFigures(Figures):
     step_time_cv: float
     """Coefficient of variation: std / mean of the measured step times."""
     noisy: bool
-    """IQR / median above :data:`perfsweep.names.NOISY_IQR_FRACTION`: differences of that size
-    between configs may be noise."""
+    """:func:`noisy_steps`: the step times spread (IQR) or a few slow steps moved the mean by more
+    than :data:`perfsweep.names.NOISY_RULE` allows; differences of that size between configs may be
+    noise."""
+    noisy_rule: str
+    """:data:`perfsweep.names.NOISY_RULE`, the rule that judged ``noisy``."""
     measure_wall_ms: float
     """Host wall time of the measured window, from its first step's start to its last step's end
     (after the device finished), whatever the timing mode."""
@@ -109,7 +114,8 @@ def summarize(
         step_time_ms_mean=mean,
         step_time_ms_std=std,
         step_time_cv=std / mean if mean > 0 else 0.0,
-        noisy=bool(noisy_iqr(float(p75 - p25), float(p50))),
+        noisy=bool(noisy_steps(float(p75 - p25), float(p50), mean)),
+        noisy_rule=NOISY_RULE,
         measure_wall_ms=measure_wall_ms,
         data_wait_ms_median=float(np.median(waits)),
         data_wait_fraction=(wait := float(waits.sum() / times.sum()) if times.sum() > 0 else None),
@@ -340,8 +346,9 @@ def profiled_step_ratio(profiled_step_ms: ArrayLike, step_time_ms_median: ArrayL
 
 
 def noisy_iqr(step_time_ms_iqr: ArrayLike, step_time_ms_median: ArrayLike):
-    """True where IQR / median step time exceeds :data:`NOISY_IQR_FRACTION`; False where unknown.
-    Stored per run as ``runs.noisy``; this is the one place the rule is written."""
+    """True where IQR / median exceeds :data:`NOISY_IQR_FRACTION`; False where unknown. The body
+    of a run's step times (:func:`noisy_steps`), and a config's repeats' throughput
+    (:func:`perfsweep.configs.per_config`)."""
     iqr = np.asarray(step_time_ms_iqr, dtype=float)
     med = np.asarray(step_time_ms_median, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -350,6 +357,24 @@ def noisy_iqr(step_time_ms_iqr: ArrayLike, step_time_ms_median: ArrayLike):
     if index is not None:  # a pandas Series in, a Series out (pandas is not imported here)
         return type(step_time_ms_iqr)(flag, index=index)
     return flag if flag.ndim else bool(flag)
+
+
+def tail_fraction(step_time_ms_mean: ArrayLike, step_time_ms_median: ArrayLike):
+    """How far the mean step time is off the median, as a share of the median: what a few slow
+    (or fast) steps the IQR does not see did to the mean, and so to tokens/s."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # |mean - median| / median, not |mean / median - 1|: 110 / 100 - 1 is 0.10000000000000009
+        median = np.asarray(step_time_ms_median, float)
+        return np.abs(np.asarray(step_time_ms_mean, float) - median) / median
+
+
+def noisy_steps(step_time_ms_iqr: float, step_time_ms_median: float, step_time_ms_mean: float) -> bool:
+    """A run's ``noisy`` flag, by :data:`perfsweep.names.NOISY_RULE`: its IQR (:func:`noisy_iqr`) or
+    its mean's distance from the median (:func:`tail_fraction`) above their thresholds."""
+    tail = float(tail_fraction(step_time_ms_mean, step_time_ms_median))
+    return bool(noisy_iqr(step_time_ms_iqr, step_time_ms_median)) or bool(
+        np.isfinite(tail) and tail > NOISY_TAIL_FRACTION
+    )
 
 
 def speedup(tokens_per_s: ArrayLike, baseline_tokens_per_s: float | None):

@@ -95,6 +95,21 @@ NOISY_IQR_FRACTION = 0.10
 """A run whose measured step times have an interquartile range above this share of their median
 is flagged noisy (``runs.noisy``): differences of that size between configs may be noise."""
 
+NOISY_TAIL_FRACTION = 0.10
+"""A run whose mean step time is more than this share off its median is flagged noisy too. The
+IQR does not see a few slow steps (a stall: page faults, another process, a collector pause), yet
+they move the mean and, with it, tokens/s, which counts the window's wall time: a run measured
+with IQR 5% of its median and CV 144% was not flagged. The mean's move is what the stalls cost the
+headline, whatever the number of steps; a CV threshold is not (one step 3x the median among 20 is
+CV 41%, among 200 CV 14%, while it moves the mean 10% and 1%)."""
+
+NOISY_RULE = (
+    f"step-time IQR > {NOISY_IQR_FRACTION:.0%} of the median, "
+    f"or mean more than {NOISY_TAIL_FRACTION:.0%} off the median"
+)
+"""The rule as stored in ``runs.noisy_rule``, so old rows say which rule judged them (rows
+written before schema 0012 were judged by the IQR alone)."""
+
 # --- numerics audit (perfsweep.audit) ------------------------------------------------------
 
 LOSS_TOLERANCE: dict[str, float] = {"fp32": 1e-3, "bf16": 2e-2, "fp16": 2e-2}

@@ -211,7 +211,9 @@ class Run(Base):
     step_time_ms_iqr: Mapped[float | None] = mapped_column(Float)
     step_time_cv: Mapped[float | None] = mapped_column(Float)
     noisy: Mapped[bool | None] = mapped_column(Boolean)
-    """IQR / median step time above names.NOISY_IQR_FRACTION."""
+    """Step times too spread to tell small differences apart, by noisy_rule (metrics.noisy_steps)."""
+    noisy_rule: Mapped[str | None] = mapped_column(String(200))
+    """names.NOISY_RULE when the run was judged; rows before schema 0012: the IQR rule alone."""
     measure_wall_ms: Mapped[float | None] = mapped_column(Float)
     """Wall time of the measured window; tokens_per_s is the window's tokens over it."""
     data_wait_ms_median: Mapped[float | None] = mapped_column(Float)

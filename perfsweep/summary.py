@@ -21,6 +21,7 @@ from perfsweep.names import (
     DATA_BOUND_WAIT_FRACTION,
     FINAL_STATUSES,
     NOISY_IQR_FRACTION,
+    NOISY_TAIL_FRACTION,
     ON_OFF_AXES,
     SETTING_PREFIX,
     UNSAVED_STATUS,
@@ -220,7 +221,10 @@ def format_summary(runs: pd.DataFrame) -> str:
     text = out.to_string(index=False)
     notes = []
     if per["noisy"].any():
-        notes.append(f"! noisy: step-time (or repeats' throughput) IQR above {NOISY_IQR_FRACTION:.0%} of the median")
+        notes.append(
+            f"! noisy: step-time IQR above {NOISY_IQR_FRACTION:.0%} of the median, a few slow steps that moved the "
+            f"mean more than {NOISY_TAIL_FRACTION:.0%} off it, or repeats whose throughput spreads as much"
+        )
     if per["data_bound"].eq(1).any():
         notes.append(
             f"bound: more than {DATA_BOUND_WAIT_FRACTION:.0%} of the measured steps went to waiting for the next "

@@ -5,6 +5,7 @@ import pytest
 
 from perfsweep import metrics
 from perfsweep.metrics import StepRecord, summarize
+from perfsweep.names import NOISY_RULE
 
 
 def test_summary_excludes_warmup_and_uses_the_window_wall_time():
@@ -39,6 +40,25 @@ def test_noisy_rule_is_iqr_over_median():
     assert quiet.noisy is False and quiet.step_time_ms_iqr < 2
     assert metrics.noisy_iqr(10.1, 100.0) is True and metrics.noisy_iqr(10.0, 100.0) is False  # > 10%, not >=
     assert metrics.noisy_iqr(5.0, 0.0) is False  # unknown is not noisy
+
+
+def test_a_few_stalls_make_a_run_noisy_though_its_iqr_is_small():
+    """One step of 20 at 30x the median: IQR 0, CV 265%, and the stall took 59% of the window's
+    wall time, so tokens/s is 2.45x below what the median step says. The IQR rule alone called it
+    quiet; the mean's distance from the median flags it, and the stored rule says which rule."""
+    times = [100.0] * 19 + [3000.0]
+    stalled = summarize([StepRecord(i, "measure", t, 0.0, 1.0) for i, t in enumerate(times)], 1, 1, sum(times))
+    assert stalled.step_time_ms_iqr == 0.0 and stalled.step_time_cv > 2.5
+    assert stalled.noisy is True and stalled.noisy_rule == NOISY_RULE
+    assert metrics.noisy_iqr(stalled.step_time_ms_iqr, stalled.step_time_ms_median) is False  # what it was judged by
+    # one step at 1.5x among 20 moves the mean 2.5%: CV 11%, and not noisy
+    times = [100.0] * 19 + [150.0]
+    mild = summarize([StepRecord(i, "measure", t, 0.0, 1.0) for i, t in enumerate(times)], 1, 1, sum(times))
+    assert mild.step_time_cv > 0.1 and mild.noisy is False
+    # > 10%, not >=, either way (a few fast steps as well as slow ones); unknown is not noisy
+    assert metrics.noisy_steps(0.0, 100.0, 110.0) is False and metrics.noisy_steps(0.0, 100.0, 110.01) is True
+    assert metrics.noisy_steps(0.0, 100.0, 89.9) is True and metrics.noisy_steps(10.1, 100.0, 100.0) is True
+    assert metrics.noisy_steps(0.0, 0.0, 5.0) is False and metrics.noisy_steps(0.0, float("nan"), 5.0) is False
 
 
 def test_steady_state_rule():

@@ -19,7 +19,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import event, func, inspect, select, text
+from sqlalchemy import create_engine, event, func, inspect, select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -165,6 +165,7 @@ def full_result(sweep_id: int, job_num: int = 3) -> dict[str, Any]:
         "step_time_ms_iqr": 2.125,
         "step_time_cv": 0.013956,
         "noisy": False,
+        "noisy_rule": "step-time IQR > 10% of the median, or mean more than 10% off the median",
         "measure_wall_ms": 2025.0001,
         "cpu_flops_utilisation": 0.4375,
         "cpu_matmul_flops": 3.2e11,
@@ -763,6 +764,34 @@ def test_upgrade_to_statistics_derives_spread_of_old_rows_from_their_steps(tmp_p
         checked += 1
     con.close()
     assert checked >= 6
+
+
+def test_upgrade_to_noisy_rule_names_the_iqr_rule_on_old_rows_and_keeps_their_flags(tmp_path: Path):
+    """Schema 0012 on the H100 database: the flags stored by the IQR rule are not recomputed by the
+    rule that also judges the mean; each judged row says which rule it had, unjudged rows stay null."""
+    import sqlite3
+
+    from alembic import command
+
+    db = old_h100_db(tmp_path)
+    engine = create_engine(f"sqlite:///{db}")
+    cfg = store._alembic_config()
+    with engine.begin() as conn:  # the H100 rows as schema 0011 left them
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0011")
+    con = sqlite3.connect(db)
+    before = con.execute("SELECT id, noisy FROM runs ORDER BY id").fetchall()
+    con.execute("UPDATE runs SET noisy = 1 WHERE id = 2")  # a flag the IQR rule set, whatever today's says
+    con.commit()
+    con.close()
+    store.connect(f"sqlite:///{db}").dispose()
+    engine.dispose()
+    con = sqlite3.connect(db)
+    after = con.execute("SELECT id, noisy, noisy_rule FROM runs ORDER BY id").fetchall()
+    con.close()
+    assert [(i, 1 if i == 2 else n) for i, n in before] == [(i, n) for i, n, _ in after]
+    assert sum(n is not None for _, n, _ in after) >= 6
+    assert all(rule == ("step-time IQR > 10% of the median" if n is not None else None) for _, n, rule in after)
 
 
 def test_upgrade_to_any_model_keeps_every_row_and_lets_seq_len_be_null(tmp_path: Path):

@@ -44,6 +44,8 @@ from perfsweep.names import (
     KERNEL_CATEGORIES,
     LOSS_TOLERANCE,
     NOISY_IQR_FRACTION,
+    NOISY_RULE,
+    NOISY_TAIL_FRACTION,
     PROFILED_STEP_WARN_RATIO,
     STAGES,
 )
@@ -57,8 +59,6 @@ TOP_TABLE = 50
 """Most rows of the report.md table; runs.csv always has every run."""
 RANGE = "the range over its repeats, or for a config with one run the throughput at its p90 and p10 step time"
 """What a config's tokens/s range (whisker) is, in report.md, compare.md and the captions."""
-NOISE_RULE = f"step-time IQR/median > {NOISY_IQR_FRACTION:.0%}"
-"""The rule of the stored ``noisy`` flag (:func:`perfsweep.metrics.noisy_iqr`), as report.md names it."""
 REPEATS = f"; the repeats' tokens/s disagree (IQR/median > {NOISY_IQR_FRACTION:.0%})"
 INTERVALS = (
     "Speedup intervals are 95% bootstrap intervals: over repeats when both sides have more than one run, otherwise "
@@ -152,7 +152,7 @@ def noisy_md(configs: pd.DataFrame) -> str:
     """'2 of 4 ok configs have noisy timings (...)', by :func:`perfsweep.configs.per_config`'s ``noisy``; "" if none."""
     ok = configs[configs["ok"]]
     n = int(ok["noisy"].sum())
-    return f"{n} of {len(ok)} ok configs have noisy timings ({NOISE_RULE}, or repeats that disagree)" if n else ""
+    return f"{n} of {len(ok)} ok configs have noisy timings ({NOISY_RULE}, or repeats that disagree)" if n else ""
 
 
 # --------------------------------------------------------------------------------------------
@@ -432,6 +432,20 @@ def build_report(engine: Engine, sweep_ids: list[int], out_dir: Path | None = No
 # report.md
 
 
+def noise_text(step_time_ms_iqr: float, step_time_ms_median: float, step_time_ms_mean: float, rule: Any) -> str:
+    """What made one run noisy, in figures: its IQR, or a mean that a few slow steps moved (the
+    parts of :func:`perfsweep.metrics.noisy_steps` that fired; both when both did). A flag neither
+    part explains was set by another rule (``runs.noisy_rule``, e.g. an imported row's), which is named."""
+    iqr = metrics.iqr_fraction(step_time_ms_iqr, step_time_ms_median)
+    tail = metrics.tail_fraction(step_time_ms_mean, step_time_ms_median)
+    parts = [f"IQR {step_time_ms_iqr:,.1f} ms, {iqr:.0%} of the median {step_time_ms_median:,.1f} ms"] * bool(
+        iqr > NOISY_IQR_FRACTION
+    )
+    if tail > NOISY_TAIL_FRACTION:
+        parts.append(f"mean {step_time_ms_mean:,.1f} ms, {tail:.0%} off the median: a few steps far from the rest")
+    return "; ".join(parts) or f"by its stored rule, {rule if isinstance(rule, str) else 'unknown'}"
+
+
 def _note(r: Any) -> str:
     """Why a config did not finish, why its timings are noisy (a run's stored flag, or repeats
     that disagree), and why it has no profile (runs.profile_error)."""
@@ -439,9 +453,9 @@ def _note(r: Any) -> str:
         return first_line(r.error, 70)
     noisy = ""
     if r.noisy and r.runs == 1:
-        noisy = f"noisy ({NOISE_RULE}): IQR {r.step_time_ms_iqr:,.1f} ms, median {r.step_time_ms_median:,.1f} ms"
+        noisy = "noisy: " + noise_text(r.step_time_ms_iqr, r.step_time_ms_median, r.step_time_ms_mean, r.noisy_rule)
     elif r.noisy:
-        steps = f"noisy ({NOISE_RULE}) in {r.noisy_runs} of {r.ok_runs} runs" if r.noisy_runs else ""
+        steps = f"noisy ({NOISY_RULE}) in {r.noisy_runs} of {r.ok_runs} runs" if r.noisy_runs else ""
         noisy = (steps + (REPEATS if r.repeats_disagree else "")).removeprefix("; ")
     unprofiled = "not profiled: its profiled window ran out of memory" if isinstance(r.profile_error, str) else ""
     return "; ".join(t for t in (noisy, unprofiled) if t)

@@ -21,7 +21,7 @@ from sqlalchemy.engine import Engine
 from perfsweep import metrics
 from perfsweep.cli import UserError
 from perfsweep.configs import CONFIG_AXES, config_labels, label_axes, per_config, setting_columns, throughputs
-from perfsweep.names import NOISY_IQR_FRACTION
+from perfsweep.names import NOISY_IQR_FRACTION, NOISY_TAIL_FRACTION
 from perfsweep.report import charts, fmt
 from perfsweep.report.build import default_out_dir
 from perfsweep.report.charts import ChartSpec, Panel
@@ -182,7 +182,8 @@ def compare_md(
     if flags.any(axis=None):
         counts += (
             f". **noisy**: that side's step times spread by more than {NOISY_IQR_FRACTION:.0%} of their median "
-            "(IQR), or its repeats disagree as much; its verdict may not hold on a quieter machine"
+            f"(IQR), a few slow steps moved their mean more than {NOISY_TAIL_FRACTION:.0%} off it, or its repeats "
+            "disagree as much; its verdict may not hold on a quieter machine"
         )
     image = "![compare](compare.png)\n\n" if chart else ""
     scope = f"\n\nFilter (`--where`): `{where}`" if where else ""
