@@ -123,6 +123,20 @@ def label_axes(df: pd.DataFrame) -> list[str]:
     return axes
 
 
+def swept_axes(keys: Sequence[str], columns: Sequence[str]) -> list[str]:
+    """The label axes of a grid's override keys (``amp``, ``model``, ``model.width``): what a summary
+    shows for each axis the grid varies, also when the runs stored so far do not vary it (a sweep
+    stopped after its first job). ``model``/``data`` are ``model_name``/``data_name``; a key
+    outside the axes is its ``cfg.<key>`` setting column, where ``columns`` has one."""
+    named = {short: long for long, short in SHORT_NAMES.items()}
+    out = []
+    for key in keys:
+        axis = named.get(key, key) if named.get(key, key) in CONFIG_AXES else SETTING_PREFIX + key
+        if axis in columns and axis not in out:
+            out.append(axis)
+    return out
+
+
 def setting_columns(df: pd.DataFrame) -> list[str]:
     """The ``cfg.<key>`` columns (:data:`perfsweep.names.SETTING_PREFIX`): settings outside the
     axes that tell configs apart, added by perfsweep.results where a sweep varies them."""

@@ -70,8 +70,12 @@ def resolve_sweep(engine: Engine, spec: str | int | None, option: str = "--sweep
     return int(named["id"].iloc[-1])
 
 
-def load_runs(engine: Engine, sweep_ids: Sequence[int], where: str | None = None) -> pd.DataFrame:
-    """All runs of ``sweep_ids``, optionally filtered by ``where`` (see perfsweep.where).
+def load_runs(
+    engine: Engine, sweep_ids: Sequence[int], where: str | None = None, settings: Sequence[str] = ()
+) -> pd.DataFrame:
+    """All runs of ``sweep_ids``, optionally filtered by ``where`` (see perfsweep.where);
+    ``settings``: config keys (``model.width``) to give a ``cfg.<key>`` column whether or not the
+    loaded runs differ in them (:func:`_with_settings`).
 
     The filter is parsed into an expression over ``runs`` columns with bound values, never
     pasted into SQL, so it can neither write nor reach runs of other sweeps.
@@ -92,14 +96,15 @@ def load_runs(engine: Engine, sweep_ids: Sequence[int], where: str | None = None
         raise
     for col in ("started_at", "finished_at"):
         df[col] = pd.to_datetime(df[col], utc=True, errors="coerce", format="mixed")
-    df = _with_settings(engine, df)
+    df = _with_settings(engine, df, settings)
     log.debug("loaded %d runs of sweeps %s", len(df), list(sweep_ids))
     return df
 
 
-def _with_settings(engine: Engine, runs: pd.DataFrame) -> pd.DataFrame:
+def _with_settings(engine: Engine, runs: pd.DataFrame, settings: Sequence[str] = ()) -> pd.DataFrame:
     """``runs`` plus a column per setting outside the config axes that tells configs of a sweep apart
-    (``model.width``, ``data.image_size``: a sweep over a factory's own keys), named ``cfg.<key>``.
+    (``model.width``, ``data.image_size``: a sweep over a factory's own keys), named ``cfg.<key>``,
+    and one per key of ``settings`` that runs have, even where they do not differ (yet).
 
     Only runs whose axes match another config's of the same sweep have their JSON config read,
     so a sweep over the axes alone costs nothing here."""
@@ -107,7 +112,8 @@ def _with_settings(engine: Engine, runs: pd.DataFrame) -> pd.DataFrame:
         return runs
     axes = [a for a in (*CONFIG_AXES, "sweep_id") if a in runs.columns]
     same = runs.groupby(axes, dropna=False)["config_hash"].transform("nunique") > 1
-    if not same.any():
+    settings = [k for k in settings if k not in (*CONFIG_AXES, "model", "data") and k.split(".")[0] not in NOT_MEASURED]
+    if not same.any() and not settings:
         return runs
     ids = runs["id"].tolist()  # every loaded run: another sweep's matching configs (compare) need the values too
     configs = pd.read_sql_query(f"SELECT id, config_json FROM runs WHERE id IN ({_ids_sql(ids)})", engine)
@@ -117,7 +123,11 @@ def _with_settings(engine: Engine, runs: pd.DataFrame) -> pd.DataFrame:
     flat.index = configs["id"].to_numpy()
     keys = runs.set_index("id").loc[flat.index, axes]
     groups = [keys[a].to_numpy() for a in axes]
-    varying = [c for c in flat.columns if flat[c].groupby(groups, dropna=False).nunique(dropna=False).gt(1).any()]
+    varying = [
+        c
+        for c in flat.columns
+        if c in settings or flat[c].groupby(groups, dropna=False).nunique(dropna=False).gt(1).any()
+    ]
     return runs.join(flat[varying].add_prefix(SETTING_PREFIX), on="id") if varying else runs
 
 

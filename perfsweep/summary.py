@@ -6,7 +6,7 @@ import contextlib
 import logging
 import shlex
 import sys
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -129,9 +129,19 @@ def fill_speedups(engine: Engine, sweep_id: int) -> None:
             s.execute(update(Run).where(Run.id.in_(ids)).values(**values, baseline_config_hash=base_key))
 
 
-def summary_frame(engine: Engine, sweep_id: int) -> pd.DataFrame:
-    """The sweep's runs as the report reads them (:func:`perfsweep.configs.prepare_runs`)."""
-    return prepare_runs(load_runs(engine, [sweep_id]))
+def summary_frame(engine: Engine, sweep_id: int, swept: Sequence[str] = ()) -> pd.DataFrame:
+    """The sweep's runs as the report reads them (:func:`perfsweep.configs.prepare_runs`), with a
+    ``cfg.<key>`` column for each key of ``swept`` (the grid's override keys) outside the axes."""
+    return prepare_runs(load_runs(engine, [sweep_id], settings=swept))
+
+
+def shown_axes(runs: pd.DataFrame, swept: Sequence[str] = ()) -> list[str]:
+    """The axes a sweep's summary names its configs by: those the grid sweeps (``swept``, its
+    override keys) and any other the runs differ in, as the report labels them (amp_dtype, model,
+    data, a factory's setting); none for a sweep of one config."""
+    varying = [a for a in configs.label_axes(runs) if a != "sweep_id"]
+    grid = configs.swept_axes(swept, list(runs.columns))
+    return [*grid, *(a for a in varying if a not in grid)]
 
 
 def _speedup_text(verdict: str | None, value: float, lo: float, hi: float) -> str:
@@ -152,15 +162,15 @@ def numerics_text(diverged_step: Any, scaler_skipped: Any) -> str:
     return ", ".join(parts) or "flagged"
 
 
-def format_summary(runs: pd.DataFrame) -> str:
+def format_summary(runs: pd.DataFrame, swept: Sequence[str] = ()) -> str:
     """A compact table, one row per config (:func:`perfsweep.configs.per_config`: repeats
     combined, as the report shows them): only the axes that vary, tokens/s (samples/s for models
     that count samples), the median step time
     with its IQR and CV, the speedup over the baseline with its 95% interval (or "no measurable
     difference"), memory in MiB; ``!`` marks a noisy config, ``~`` one whose step time never
-    settled in warmup."""
-    # what the report labels configs by: the grid axes, amp_dtype, model, data and any other setting
-    varying = [a for a in configs.label_axes(runs) if a != "sweep_id"] or ["batch", "seq_len"]
+    settled in warmup. ``swept``: the grid's override keys, whose axes are shown even where the runs
+    stored so far do not differ in them (a sweep stopped after one job)."""
+    varying = shown_axes(runs, swept) or ["batch", "seq_len"]
     per = per_config(runs)
     out = pd.DataFrame({"job": per["first_job_num"].fillna(-1).astype(int) + 1})
     for a in varying:  # as the report's labels write them: amp on/off, batch 8 (not 8.0), nproc null
@@ -333,24 +343,29 @@ def run_statuses(url: str, sweep_id: int) -> list[str]:
         engine.dispose()
 
 
-def show_sweep(url: str, sweep_dir: str, make_report: bool = True, unsaved: Collection[str] = ()) -> None:
+def show_sweep(
+    url: str, sweep_dir: str, make_report: bool = True, unsaved: Collection[str] = (), swept: Sequence[str] = ()
+) -> None:
     """Print the summary of the sweep at ``sweep_dir`` from the database (closed by
     :func:`close_sweep`), then build its report. Writes nothing to the database. ``unsaved``: the
-    run_uids of results kept as result.json (perfsweep.importer.pending_files), shown so."""
+    run_uids of results kept as result.json (perfsweep.importer.pending_files), shown so;
+    ``swept``: the grid's override keys (:func:`format_summary`)."""
     engine = store.connect(url)
     try:
         sweep_id = sweep_id_for(engine, sweep_dir)
         if sweep_id is None:
             print(f"perfsweep: no sweep {sweep_dir} in {url}", file=sys.stderr)
             return
-        _print_summary(engine, sweep_id, make_report, unsaved)
+        _print_summary(engine, sweep_id, make_report, unsaved, swept)
     finally:
         engine.dispose()
 
 
-def _print_summary(engine: Engine, sweep_id: int, make_report: bool, unsaved: Collection[str] = ()) -> None:
+def _print_summary(
+    engine: Engine, sweep_id: int, make_report: bool, unsaved: Collection[str] = (), swept: Sequence[str] = ()
+) -> None:
     """The summary table, the query to type and (``make_report``) the report, from the database."""
-    df = summary_frame(engine, sweep_id)
+    df = summary_frame(engine, sweep_id, swept)
     # a finished job whose result the database refused still reads 'running' (or 'interrupted')
     # there: its result is not lost (the line after the summary says how to import it)
     kept = df["run_uid"].isin(list(unsaved)) & ~df["status"].isin(FINAL_STATUSES)
@@ -361,7 +376,7 @@ def _print_summary(engine: Engine, sweep_id: int, make_report: bool, unsaved: Co
     )
     if df.empty:  # stopped before any job had a row: no table, no query, no report to build
         return
-    print(format_summary(df))
+    print(format_summary(df, swept))
     if kept.any():
         print(f"{UNSAVED_STATUS}: the job finished but the database refused its result, kept as result.json")
     if text := format_searches(load_batch_searches(engine, [sweep_id])):
@@ -372,7 +387,7 @@ def _print_summary(engine: Engine, sweep_id: int, make_report: bool, unsaved: Co
     print(f"\nResults: {where} (sweep_id={sweep_id})")
     if engine.url.get_backend_name() == "sqlite":
         # what this sweep varied, where runs has a column for it (nproc does; model.width does not)
-        varied = [a.removeprefix(SETTING_PREFIX) for a in configs.label_axes(df)]
+        varied = [a.removeprefix(SETTING_PREFIX) for a in shown_axes(df, swept)]
         axes = [a for a in varied if a in df.columns] or ["amp", "ckpt"]
         print(
             f"Query:   sqlite3 {engine.url.database} 'select {', '.join(axes)}, "

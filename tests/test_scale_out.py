@@ -156,6 +156,7 @@ def test_stopping_the_sweep_stops_every_running_job_and_marks_it(how: str, tmp_p
     assert [r["status"] for r in rows(db, "SELECT status FROM sweeps")] == ["interrupted"]
     if not how.startswith("ctrl-c-t"):
         assert "(2 runs, 0 ok; 2 of 4 jobs not started)" in out
+        assert " job amp ckpt " in out  # both jobs ran amp on: the grid's axes, not only those they vary
     elif "perfsweep: stopping the running jobs and storing them first" in err:
         assert "Sweep 1" not in out  # held while the jobs were stopped, then raised: no summary
     assert err.strip().splitlines()[-1].endswith(f"run the rest with: perfsweep resume 1 --db {db}"), err[-2000:]

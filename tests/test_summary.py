@@ -229,6 +229,32 @@ def test_the_query_hint_names_what_the_sweep_varied(tmp_path: Path, capsys):
     assert "'select nproc, tokens_per_s, peak_mem_bytes from runs where sweep_id=" in query, query
 
 
+def test_a_sweep_stopped_early_names_every_axis_its_grid_sweeps(tmp_path: Path, capsys):
+    """A 2x2 amp x ckpt x model.width grid stopped after its first two jobs (amp on, width 32 in
+    both): the summary named its configs by ckpt alone and queried ckpt alone, so the row did not
+    say it was amp on; the grid's keys are shown whatever the stored runs vary."""
+    width = {"model": {"width": 32}}
+    engine, sid = _sweep(
+        tmp_path,
+        [
+            {"config_hash": "A", "amp": True, "ckpt": True, "config_json": width},
+            {"config_hash": "B", "amp": True, "ckpt": False, "config_json": width, "status": "interrupted"},
+        ],
+    )
+    before = summary.format_summary(summary.summary_frame(engine, sid)).splitlines()[0].split()
+    assert before[:3] == ["job", "ckpt", "status"]  # what it showed: amp and width are not told
+    swept = ["amp", "ckpt", "model.width"]
+    header = summary.format_summary(summary.summary_frame(engine, sid, swept), swept).splitlines()[0].split()
+    assert header[:5] == ["job", "amp", "ckpt", "model.width", "status"], header
+    summary.show_sweep(str(engine.url), str(tmp_path), make_report=False, swept=swept)
+    out = capsys.readouterr().out.splitlines()
+    first = out[out.index(next(ln for ln in out if ln.split()[:2] == ["job", "amp"])) + 1].split()
+    assert first[:5] == ["1", "on", "on", "32", "ok"], out
+    query = next(line for line in out if line.startswith("Query:"))
+    assert "'select amp, ckpt, tokens_per_s, peak_mem_bytes from runs where sweep_id=" in query, query
+    engine.dispose()
+
+
 def test_a_samples_model_beside_token_models_says_why_it_shows_a_dash(tmp_path: Path):
     engine, sid = _sweep(
         tmp_path,

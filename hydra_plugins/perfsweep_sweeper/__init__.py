@@ -210,7 +210,7 @@ class PerfsweepSweeper(BasicSweeper):
                         launcher.end_concurrent()
                         summary.close_sweep(url, str(sweep_dir), end)
                     kept = importer.run_uids(importer.pending_files(url, str(sweep_dir)))
-                    summary.show_sweep(url, str(sweep_dir), make_report=first.report, unsaved=kept)
+                    summary.show_sweep(url, str(sweep_dir), first.report, kept, swept=_swept_keys(jobs))
             except Exception as exc:  # noqa: BLE001 - never hide the jobs' own outcome
                 print(f"perfsweep: could not print the summary from {url}: {exc}", file=sys.stderr)
         statuses = [_status(r) for batch in returns for r in batch] + search_statuses
@@ -231,6 +231,17 @@ class PerfsweepSweeper(BasicSweeper):
             )
             sys.exit(1)
         return returns
+
+
+def _swept_keys(jobs: list[list[str]]) -> list[str]:
+    """The override keys whose values differ between the grid's points (``amp``, ``model.width``),
+    in the order they were given: the axes the sweep's summary names its configs by."""
+    values: dict[str, set[str]] = {}
+    for job in jobs:
+        for override in job:
+            key, _, value = override.partition("=")
+            values.setdefault(key.lstrip("+~"), set()).add(value)
+    return [k for k, v in values.items() if len(v) > 1 and not k.startswith(("sweep.", "hydra."))]
 
 
 def _get(cfg: Any, dotted: str) -> Any:
