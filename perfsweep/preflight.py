@@ -19,6 +19,7 @@ import re
 import socket
 import time
 import typing
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,30 @@ def _launcher_hint(name: str) -> str:
     return f"; its plugin is not installed: pip install 'perfsweep[{extra}]'" if extra else ""
 
 
+EXPERIMENT_DIRS: tuple[str, ...] = ("experiments", "examples")
+"""Where perfsweep's checkout keeps configs to pass with ``-cd``: a ``-cn`` not found elsewhere is
+looked for here, so the one line can say which ``-cd`` was missing."""
+
+
+def _missing_primary_config(name: str, message: str) -> str:
+    """``-cn NAME`` names no config on Hydra's search path: the closest name there, every choice,
+    or the ``-cd`` folder of the launch directory that has it (Hydra printed the search path)."""
+    searched = [Path(d) for d in re.findall(r"path=file://(\S+)", message)]
+    packages = [m for m in re.findall(r"path=pkg://(\S+)", message) if m != "hydra.conf"]
+    choices = {p.stem for d in searched for p in d.glob("*.yaml")}
+    for package in packages:
+        with contextlib.suppress(ModuleNotFoundError, FileNotFoundError, TypeError):
+            choices |= {Path(str(p)).stem for p in resources.files(package).iterdir() if p.name.endswith(".yaml")}
+    where = " or ".join([*(str(d) for d in searched), "perfsweep's own configs"])
+    if not searched or name not in choices:
+        for folder in EXPERIMENT_DIRS:
+            if (Path.cwd() / folder / f"{name}.yaml").is_file():
+                return f"-cn {name}: not found in {where}; it is in ./{folder}: add -cd {folder}"
+    close = difflib.get_close_matches(name, sorted(choices), n=1)
+    hint = f"did you mean -cn {close[0]}? " if close else ""
+    return f"-cn {name}: no config {name}.yaml in {where}; {hint}choices: {', '.join(sorted(choices))}"
+
+
 def error_line(exc: BaseException) -> str:
     """One line for a composition or validation error: key, value and what is allowed.
 
@@ -66,6 +91,8 @@ def error_line(exc: BaseException) -> str:
     unknown preset with the whole config search path; a person needs the name they mistyped and
     the closest one that exists.
     """
+    if isinstance(exc, MissingConfigException) and exc.options is None and exc.missing_cfg_file:
+        return _missing_primary_config(str(exc.missing_cfg_file), str(exc))
     if isinstance(exc, MissingConfigException) and exc.options is not None and exc.missing_cfg_file:
         group, _, name = str(exc.missing_cfg_file).rpartition("/")
         choices = sorted(exc.options)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -121,6 +122,23 @@ def test_bad_grid_point_stops_sweep_before_any_job(tmp_path: Path):
     assert "batch=0" in lines[0] and "must be a positive integer" in lines[0] and "2/2" in lines[0]
     assert not (tmp_path / "results.db").exists()
     assert not (tmp_path / "multirun").exists()
+
+
+def test_a_mistyped_or_misplaced_experiment_name_gets_one_line_naming_the_fix(tmp_path: Path):
+    """``-cn amp_ckp`` answered with Hydra's config search path; ``-cn amp_ckpt`` without ``-cd
+    experiments`` too. Each is now one line: the closest name and every choice, or the -cd to add."""
+    shutil.copytree(Path(__file__).parents[1] / "experiments", tmp_path / "experiments")
+    res = run_perfsweep(["-cd", "experiments", "-cn", "amp_ckp"], tmp_path)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode == 2 and len(lines) == 1, res.stderr
+    assert lines[0].startswith(f"perfsweep: -cn amp_ckp: no config amp_ckp.yaml in {tmp_path / 'experiments'} or ")
+    assert "did you mean -cn amp_ckpt? choices: amp_ckpt, batch_seq, compile, config, " in lines[0], lines[0]
+    res = run_perfsweep(["-cn", "amp_ckpt"], tmp_path)
+    assert res.returncode == 2 and res.stderr.strip() == (
+        "perfsweep: -cn amp_ckpt: not found in perfsweep's own configs; it is in ./experiments: add -cd experiments; "
+        "no job was started"
+    ), res.stderr
+    assert not (tmp_path / "results.db").exists() and not (tmp_path / "outputs").exists()
 
 
 def test_help_and_cfg_job(tmp_path: Path):
