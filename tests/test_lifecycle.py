@@ -510,6 +510,38 @@ def test_ctrl_c_while_a_finished_job_exits_keeps_its_result(tmp_path: Path, monk
 
 
 @pytest.mark.slow
+def test_ctrl_c_as_the_last_job_exits_closes_the_sweep_done_with_nothing_to_resume(tmp_path: Path):
+    """The last job has stored its result and perfsweep waits for its process to exit when Ctrl-C
+    comes: the sweep was closed 'interrupted' and the last line said to resume it, with nothing
+    left to run. It is 'done', and the last line names the report."""
+    driver = (
+        "import signal, sys\n"
+        "from perfsweep import launcher\n"
+        "real, calls = launcher._stop, []\n"
+        "def stop(proc, grace_s):\n"
+        "    calls.append(proc)\n"
+        "    if len(calls) == 2:\n"
+        "        signal.raise_signal(signal.SIGINT)\n"
+        "    return real(proc, grace_s)\n"
+        "launcher._stop = stop\n"
+        "sys.argv = ['perfsweep', *sys.argv[1:]]\n"
+        "from perfsweep.__main__ import cli\n"
+        "cli()\n"
+    )
+    proc = start_as_in_a_terminal([sys.executable, "-c", driver, "-m", "device=cpu", "amp=true,false", *TINY], tmp_path)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    db = tmp_path / "results.db"
+    assert [r["status"] for r in rows(db, "SELECT status FROM runs ORDER BY job_num")] == ["ok", "ok"]
+    assert rows(db, "SELECT status FROM sweeps") == [{"status": "done"}]
+    assert err.strip().splitlines()[-1] == (
+        "perfsweep: interrupted; every job had finished and is stored; see them with: "
+        f"perfsweep report --sweep 1 --db {db}"
+    ), err[-2000:]
+    assert "(2 runs, 2 ok)" in out
+
+
+@pytest.mark.slow
 def test_ctrl_c_as_a_finished_sweep_closes_keeps_its_figures_and_names_the_report(tmp_path: Path):
     """Every job is done and the sweep is being closed when Ctrl-C comes (made to last here, so the
     signal lands in it): the closing figures are written and the sweep is 'done'; the last line

@@ -196,10 +196,17 @@ class PerfsweepSweeper(BasicSweeper):
                         engine.dispose()
             end = "done"
         except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (perfsweep.__main__ prints this after the summary)
-            exc.perfsweep_hint = (
-                f"finished jobs are in the database; run the rest with: perfsweep resume {sweep_id} "
-                f"--db {summary.db_arg(url)}"
-            )
+            if not searches and _all_finished(url, sweep_id, len(order)):
+                # it came as the last job's process exited, its result stored: nothing is left to resume
+                end = "done"
+                exc.perfsweep_hint = (
+                    f"every job had finished and is stored; see them with: {summary.report_command(url, sweep_id)}"
+                )
+            else:
+                exc.perfsweep_hint = (
+                    f"finished jobs are in the database; run the rest with: perfsweep resume {sweep_id} "
+                    f"--db {summary.db_arg(url)}"
+                )
             raise
         finally:
             # after Ctrl-C or SIGTERM: the jobs still running are stopped and stored, and the sweep is
@@ -279,6 +286,17 @@ def _stored_statuses(url: str, sweep_id: int, job_nums: list[int]) -> list[str]:
         engine.dispose()
     latest = {num: status for num, status in rows}
     return [latest.get(n, "running").replace("running", "interrupted") for n in job_nums]
+
+
+def _all_finished(url: str, sweep_id: int, n_jobs: int) -> bool:
+    """Whether every grid point's latest run has a final status (``ok``, ``oom``, ...): a Ctrl-C
+    that came after them leaves nothing to resume. False when the database cannot say."""
+    from perfsweep.names import FINAL_STATUSES
+
+    try:
+        return all(s in FINAL_STATUSES for s in _stored_statuses(url, sweep_id, list(range(n_jobs))))
+    except Exception:  # noqa: BLE001 - the database went away: the jobs are not known to be stored
+        return False
 
 
 def _check_gpus_per_job(params: dict[str, Any], cfgs: list[Any]) -> None:
