@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import enum
 import re
+import typing
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -707,9 +708,54 @@ def register_configs() -> None:
     cs.store(name="perfsweep_schema", node=PerfsweepConfig)
 
 
+OPEN_NODES: tuple[str, ...] = ("model", "data")
+"""Nodes whose keys beside the declared ones go to a factory (checked by ``_no_unknown``)."""
+
+
+def _added_keys(cfg: Any, schema: Any, prefix: str = "") -> list[str]:
+    """Keys of ``cfg`` that ``schema`` does not declare, outside :data:`OPEN_NODES`. Hydra lets
+    ``+key=value`` add them to the structured config and the merge into the dataclasses then
+    drops them without a word: ``+steps.mesure=5`` ran with the default 10 measured steps."""
+    out = []
+    for key in cfg:
+        if key not in schema:
+            out.append(f"{prefix}{key}")
+        elif f"{prefix}{key}" not in OPEN_NODES and OmegaConf.is_dict(schema[key]) and OmegaConf.is_dict(cfg[key]):
+            out += _added_keys(cfg[key], schema[key], f"{prefix}{key}.")
+    return out
+
+
+def config_keys() -> list[str]:
+    """Every settable key, dotted (``batch``, ``model.n_layers``, ``profile.active``...)."""
+    out: list[str] = []
+
+    def walk(cls: type, prefix: str) -> None:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if f.name in NODE_SCHEMAS:  # model, data: untyped in the schema, typed by these
+                for schema in NODE_SCHEMAS[f.name]:
+                    walk(schema, f"{prefix}{f.name}.")
+            elif dataclasses.is_dataclass(hints[f.name]):  # steps, profile, db
+                walk(hints[f.name], f"{prefix}{f.name}.")
+            elif f.name != "args":
+                out.append(prefix + f.name)
+
+    walk(PerfsweepConfig, "")
+    return out
+
+
 def to_run_config(cfg: DictConfig | dict) -> PerfsweepConfig:
-    """Turn a composed config into the dataclasses, running every ``__post_init__`` check."""
-    merged = OmegaConf.merge(OmegaConf.structured(PerfsweepConfig), cfg)
+    """Turn a composed config into the dataclasses, running every ``__post_init__`` check; a key
+    the schema does not declare (``+foo=1``, outside the factories' nodes) is refused."""
+    schema = OmegaConf.structured(PerfsweepConfig)
+    if isinstance(cfg, DictConfig) and (added := _added_keys(cfg, schema)):
+        close = difflib.get_close_matches(added[0], config_keys(), n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise ConfigError(
+            f"invalid config: +{added[0]}={OmegaConf.select(cfg, added[0])}: no such key; {hint}"
+            "python -m perfsweep --help lists them"
+        )
+    merged = OmegaConf.merge(schema, cfg)
     obj = OmegaConf.to_object(merged)
     assert isinstance(obj, PerfsweepConfig)
     return obj

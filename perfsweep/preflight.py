@@ -11,14 +11,12 @@ point call the same functions, so ``-m`` and a plain run answer a mistake the sa
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import difflib
 import json
 import os
 import re
 import socket
 import time
-import typing
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -29,13 +27,13 @@ from omegaconf.errors import OmegaConfBaseException
 from perfsweep.cli import first_line, waiting_for_database
 from perfsweep.config import (
     GPT_TARGET,
-    NODE_SCHEMAS,
     AmpDtype,
     ConfigError,
     DataKind,
     Device,
     PerfsweepConfig,
     Timing,
+    config_keys,
     to_plain_dict,
 )
 from perfsweep.names import MULTI_HOST_LAUNCHERS, NETWORK_FILESYSTEMS, SWEEP_MARKER
@@ -128,25 +126,6 @@ def error_line(exc: BaseException) -> str:
         ln for ln in lines if not ln.startswith(("object_type=", "full_key:", "reference_type=", "Set the environment"))
     ]
     return ": ".join(dict.fromkeys(lines)) or type(exc).__name__
-
-
-def config_keys() -> list[str]:
-    """Every settable key, dotted (``batch``, ``model.n_layers``, ``profile.active``...)."""
-    out: list[str] = []
-
-    def walk(cls: type, prefix: str) -> None:
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            if f.name in NODE_SCHEMAS:  # model, data: untyped in the schema, typed by these
-                for schema in NODE_SCHEMAS[f.name]:
-                    walk(schema, f"{prefix}{f.name}.")
-            elif dataclasses.is_dataclass(hints[f.name]):  # steps, profile, db
-                walk(hints[f.name], f"{prefix}{f.name}.")
-            elif f.name != "args":
-                out.append(prefix + f.name)
-
-    walk(PerfsweepConfig, "")
-    return out
 
 
 def check_device(cfgs: list[PerfsweepConfig]) -> None:

@@ -104,6 +104,25 @@ def test_new_settings_are_checked(override, message):
         to_run_config(compose_cfg([override]))
 
 
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("+foo=1", "invalid config: +foo=1: no such key; python -m perfsweep --help lists them"),
+        ("+steps.mesure=5", "invalid config: +steps.mesure=5: no such key; did you mean steps.measure? "),
+        ("+profile.activ=2", "invalid config: +profile.activ=2: no such key; did you mean profile.active? "),
+    ],
+)
+def test_a_key_added_with_plus_that_the_schema_does_not_declare_is_refused(override, message):
+    """Hydra accepts ``+key=value`` into the structured config and the dataclasses dropped it: a
+    sweep with ``+steps.mesure=5`` ran the default 10 measured steps without a word."""
+    cfg = compose_cfg([override])
+    with pytest.raises(ConfigError) as raised:
+        to_run_config(cfg)
+    assert str(raised.value).startswith(message), raised.value
+    # a factory's own keys are its business (model.width of a custom model): checked by the factory's node
+    assert to_run_config(compose_cfg(["model=custom", "model._target_=my_pkg.models.build", "+model.width=8"]))
+
+
 def test_plain_dict_is_json_ready():
     import json
 
