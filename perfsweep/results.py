@@ -12,7 +12,7 @@ import logging
 from collections.abc import Iterable, Sequence
 
 import pandas as pd
-from sqlalchemy import literal_column, select
+from sqlalchemy import literal_column, select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 
@@ -51,13 +51,23 @@ def search_label(overrides: object) -> str:
 
 
 def resolve_sweep(engine: Engine, spec: str | int | None, option: str = "--sweep") -> int:
-    """Sweep id for ``spec``: an id, a sweeps.name (latest with that name), or None for the latest."""
+    """Sweep id for ``spec``: an id, a sweeps.name (latest with that name), or None for the latest
+    sweep with runs (one stopped or refused before its first job has none to show)."""
     sweeps = load_sweeps(engine)
     if sweeps.empty:
         raise UserError(f"{option}: the database has no sweeps yet")
     spec = None if spec is None else str(spec).strip()
     if spec is None:
-        return int(sweeps["id"].iloc[-1])
+        with engine.connect() as conn:
+            with_runs = conn.execute(text("SELECT max(sweep_id) FROM runs")).scalar()
+        if with_runs is None:
+            n = len(sweeps)
+            raise UserError(f"{option}: none of the database's {n} sweep{'s' if n != 1 else ''} has runs yet")
+        if with_runs != sweeps["id"].iloc[-1]:
+            log.warning(
+                "the latest sweep with runs is %d (later sweeps have none); use --sweep ID for another", with_runs
+            )
+        return int(with_runs)
     if spec.isdigit():
         if int(spec) not in set(sweeps["id"]):
             known = ", ".join(str(i) for i in sweeps["id"].tail(10))
