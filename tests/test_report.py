@@ -684,6 +684,26 @@ def test_scaling_lines_are_the_stored_runs(engine: Any, tmp_path: Path) -> None:
     assert ax_mem.get_xlabel().startswith("batch")
 
 
+def test_scaling_says_each_reason_once_where_lines_fail_at_the_same_x(engine: Any, tmp_path: Path) -> None:
+    """Three lines end at batch 16, two out of memory and one failed: "OOM" was written twice on
+    top of itself and "FAILED" over both. Each reason is written once per x, stacked, none covering another."""
+    sid = new_sweep(engine, tmp_path / "sw")
+    job = itertools.count()
+    for seq, batch in itertools.product((64, 128, 256), (4, 8, 16)):
+        status = "ok" if batch < 16 else "failed" if seq == 256 else "oom"
+        tps = float(batch * seq * 10) if status == "ok" else None
+        store.save_run(engine, run_row(sid, next(job), batch=batch, seq_len=seq, status=status, tokens_per_s=tps))
+    chart = make_report(engine, [sid]).charts["scaling"]
+    charts.save(chart.figure, tmp_path / "scaling.png")
+    ax = chart.figure.axes[0]
+    assert ax.get_title("left").startswith("vs batch")
+    reasons = [t for t in ax.texts if t.get_text() in ("OOM", "FAILED")]
+    assert sorted(t.get_text() for t in reasons) == ["FAILED", "OOM"], [t.get_text() for t in ax.texts]
+    renderer = chart.figure.canvas.get_renderer()
+    a, b = (t.get_window_extent(renderer) for t in reasons)
+    assert not a.overlaps(b)
+
+
 def test_scaling_says_when_its_grid_axis_is_log(engine: Any, tmp_path: Path) -> None:
     """batch 4, 8, 512 is drawn on a log2 axis (it was: 8 to 512 is six doublings wide, 4 to 8 one),
     but with a tick at each value only it read as a linear axis squashing 4 and 8: the label says so."""
@@ -1179,6 +1199,27 @@ def test_cli_errors(engine: Any, tmp_path: Path, capsys: pytest.CaptureFixture, 
     err = capsys.readouterr().err.strip()
     assert err.startswith("perfsweep report: " + message.format(tmp=tmp_path)), err
     assert "\n" not in err
+
+
+def test_without_sweep_the_latest_sweep_with_runs_is_reported(
+    engine: Any, tmp_path: Path, capsys: pytest.CaptureFixture, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A sweep stopped before its first job holds no runs: ``perfsweep report`` with no --sweep
+    answered "--sweep 2: the sweep has no runs", an option the user never gave. It reports the
+    latest sweep with runs and says so; with none, one line says that none has runs."""
+    empty = new_sweep(engine, tmp_path / "first")
+    db = ["--db", str(tmp_path / "results.db"), "--out", str(tmp_path / "out")]
+    assert main(db) == 2
+    assert capsys.readouterr().err.strip() == "perfsweep report: --sweep: none of the database's 1 sweep has runs yet"
+    ok = new_sweep(engine, tmp_path / "sw")
+    store.save_run(engine, run_row(ok, 0))
+    later = new_sweep(engine, tmp_path / "stopped")  # stopped before any job
+    assert empty < ok < later
+    with caplog.at_level("WARNING"):
+        assert main(db) == 0
+    assert capsys.readouterr().out.strip() == f"Report: {tmp_path / 'out' / 'report.md'}"
+    assert f"the latest sweep with runs is {ok} (later sweeps have none)" in caplog.text
+    assert f"sweep {ok}" in (tmp_path / "out" / "report.md").read_text()
 
 
 def test_compare_names_the_noisy_side(engine: Any, tmp_path: Path) -> None:

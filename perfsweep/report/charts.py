@@ -483,7 +483,7 @@ def lines(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale) -> None:
     an x in their line's colour at the bottom edge, saying why. With few points, each value is
     written at its point, once per value and place; :func:`_place_labels` moves it clear when saved."""
     y, ok = p.y[0], df["ok"] if "ok" in df else df[p.y[0]].notna()
-    groups, written = list(dict.fromkeys(df[p.group])), set()
+    groups, written, failed = list(dict.fromkeys(df[p.group])), set(), {}
     edge = blended_transform_factory(ax.transData, ax.transAxes)
     for k, group in enumerate(groups):
         color = (p.colors or {}).get(group, DEEP[k % len(DEEP)])
@@ -498,7 +498,13 @@ def lines(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale) -> None:
                 ax.annotate(fmt.si(v), (x, v), (0, 7), gid=VALUE_LABEL, in_layout=False, **kw)
         for x, status in zip(bad[p.x], bad["status"], strict=True):
             ax.plot(x, 0.03, transform=edge, color=color, **CROSS, label="did not finish (x at the bottom edge)")
-            ax.annotate(status.upper(), (x, 0.03), (0, 8), edge, "offset points", fontsize=8, ha="center", color=BAD)
+            said = failed.setdefault(x, [])  # lines that fail at the same x: each reason once, stacked
+            if status not in said:
+                said.append(status)
+                up = 8 + 10 * (len(said) - 1)
+                ax.annotate(
+                    status.upper(), (x, 0.03), (0, up), edge, "offset points", fontsize=8, ha="center", color=BAD
+                )
     if p.grid_x:
         xs = sorted(df[p.x].unique())
         if xs[0] > 0 and xs[-1] / xs[0] >= 4:
