@@ -33,7 +33,7 @@ from perfsweep import data as data_mod
 from perfsweep import importer, interrupts, job_entry, runner, slots, store
 from perfsweep.cli import first_line
 from perfsweep.config import PerfsweepConfig, short_dirname, to_plain_dict
-from perfsweep.envinfo import environ_set
+from perfsweep.envinfo import environ_set, oom_kills
 from perfsweep.names import (
     EXIT_0_STATUSES,
     GRID_AXES,
@@ -240,6 +240,7 @@ def _run_in_child(
     proc = ctx.Process(
         target=job_entry.main, args=(str(spec.job_dir), child_conn, payload), name=f"perfsweep-job-{spec.job_num}"
     )
+    kills_before = oom_kills()  # the kernel's OOM kills so far: did a SIGKILL come from it?
     with _spawning({**spec.env, **(placement.env() if placement is not None else {})}), signals_blocked():
         proc.start()
     child_conn.close()
@@ -289,10 +290,10 @@ def _run_in_child(
         outcome = ("interrupted", "interrupted (SIGINT)", {})
     elif signalled:
         outcome = ("failed", "job process stopped reporting without a result and was stopped by perfsweep", {})
+    elif code == -signal.SIGKILL:
+        outcome = _killed(kills_before, oom_kills())
     elif code is not None and code < 0:
-        name = signal.Signals(-code).name
-        hint = " (SIGKILL often means the kernel's OOM killer; check dmesg)" if -code == signal.SIGKILL else ""
-        outcome = ("failed", f"job process killed by {name}{hint}", {})
+        outcome = ("failed", f"job process killed by {signal.Signals(-code).name}", {})
     else:
         outcome = ("failed", f"job process exited with code {code} without reporting a result", {})
     return (*outcome, decided)
@@ -462,6 +463,27 @@ def _outcome_of(msg: tuple) -> tuple[str, str | None, dict[str, Any]]:
     _, status, message, tb, partial = msg
     log.debug("job traceback:\n%s", tb)
     return status, f"{message}\n{tb}" if tb else message, partial
+
+
+def _killed(kills_before: int | None, kills_after: int | None) -> tuple[str, str, dict[str, Any]]:
+    """The outcome of a job that died of SIGKILL, by its memory cgroup's OOM kill count before and
+    after (:func:`perfsweep.envinfo.oom_kills`): ``oom`` when the kernel's OOM killer struck while
+    it ran, else ``failed`` naming the signal (and, when the count is unknown, the likely cause)."""
+    if kills_before is not None and kills_after is not None and kills_after > kills_before:
+        return (
+            "oom",
+            "job process killed by the kernel's OOM killer: host memory ran out (the memory cgroup's OOM kill "
+            f"count rose by {kills_after - kills_before} while it ran); lower batch or seq_len, or run fewer jobs at once",
+            {},
+        )
+    if kills_before is not None and kills_before == kills_after:
+        return (
+            "failed",
+            "job process killed by SIGKILL, not by the kernel's OOM killer (the memory cgroup's OOM kill count did "
+            "not change): another process, a user or a scheduler sent it",
+            {},
+        )
+    return ("failed", "job process killed by SIGKILL (often the kernel's OOM killer; check dmesg)", {})
 
 
 def _stop(proc: Any, grace_s: float) -> bool:

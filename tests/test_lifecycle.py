@@ -195,6 +195,62 @@ def test_a_resume_typed_by_hand_must_name_the_sweeps_database_and_grid(tmp_path:
     assert same.returncode == 0 and "2 of 2 jobs already ok, 0 to run" in same.stderr, same.stderr[-2000:]
 
 
+def job_process(sweep_pid: int) -> int:
+    """The pid of the sweep's job process: its child started by multiprocessing's spawn (the
+    other child, the resource tracker, runs resource_tracker)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == sweep_pid and b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
+            return int(stat.parent.name)
+    raise AssertionError(f"no job process under {sweep_pid}")
+
+
+def test_a_job_killed_with_sigkill_by_a_user_is_not_blamed_on_memory(tmp_path: Path):
+    """``kill -9`` of a job's process: its row said "SIGKILL often means the kernel's OOM killer",
+    which sent users lowering the batch. Where the memory cgroup's OOM kill count is readable and
+    did not change, the row says the OOM killer did not do it; the sweep goes on to the next job."""
+    from perfsweep.envinfo import oom_kills
+
+    db = tmp_path / "results.db"
+    tiny = [o for o in TINY if not o.startswith("steps.measure")]
+    proc = start_as_in_a_terminal(
+        [sys.executable, "-m", "perfsweep", "-m", "device=cpu", "steps.measure=100000000,3", *tiny], tmp_path
+    )
+    wait_for(lambda: db.exists() and rows(db, "SELECT count(*) AS n FROM runs")[0]["n"] == 1)
+    os.kill(job_process(proc.pid), signal.SIGKILL)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err[-2000:]
+    killed, other = rows(db, "SELECT status, error FROM runs ORDER BY job_num")
+    assert killed["status"] == "failed" and other["status"] == "ok", (killed, other)
+    if oom_kills() is None:  # the kernel does not say here: the likely cause, as a hint
+        assert killed["error"] == "job process killed by SIGKILL (often the kernel's OOM killer; check dmesg)"
+    else:
+        assert killed["error"].startswith("job process killed by SIGKILL, not by the kernel's OOM killer ("), killed
+
+
+def test_a_kernel_oom_kill_is_an_oom_run_and_the_count_is_read_from_the_cgroup(tmp_path: Path):
+    """The OOM killer's SIGKILL (the cgroup's count rose while the job ran) is status ``oom``: the
+    config does not fit the host's memory. The count is read from cgroup v1's memory.oom_control
+    or v2's memory.events, whichever this process's /proc/self/cgroup names, at the group's root."""
+    from perfsweep.envinfo import oom_kills
+    from perfsweep.launcher import _killed
+
+    status, error, _ = _killed(3, 4)
+    assert status == "oom" and "kernel's OOM killer: host memory ran out" in error and "rose by 1" in error
+    assert _killed(3, 3)[0] == "failed" and _killed(None, 3)[0] == "failed"
+    groups = Path("/proc/self/cgroup").read_text()
+    (tmp_path / "memory").mkdir()
+    (tmp_path / "memory" / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 7\n")
+    (tmp_path / "memory.events").write_text("low 0\nhigh 0\nmax 2\noom 2\noom_kill 5\noom_group_kill 0\n")
+    v1 = any(line.split(":")[1] and "memory" in line.split(":")[1].split(",") for line in groups.splitlines())
+    assert oom_kills(tmp_path) == (7 if v1 else 5)
+    assert oom_kills(tmp_path / "nothing") is None
+
+
 def test_sweep_killed_with_sigkill_then_resumed(tmp_path: Path):
     db = tmp_path / "results.db"
     proc = subprocess.Popen(
