@@ -368,13 +368,18 @@ def tail_fraction(step_time_ms_mean: ArrayLike, step_time_ms_median: ArrayLike):
         return np.abs(np.asarray(step_time_ms_mean, float) - median) / median
 
 
-def noisy_steps(step_time_ms_iqr: float, step_time_ms_median: float, step_time_ms_mean: float) -> bool:
-    """A run's ``noisy`` flag, by :data:`perfsweep.names.NOISY_RULE`: its IQR (:func:`noisy_iqr`) or
-    its mean's distance from the median (:func:`tail_fraction`) above their thresholds."""
+def noisy_parts(step_time_ms_iqr: float, step_time_ms_median: float, step_time_ms_mean: float) -> tuple[bool, bool]:
+    """Which parts of :data:`perfsweep.names.NOISY_RULE` a run's step times break: its IQR
+    (:func:`noisy_iqr`) and its mean's distance from the median (:func:`tail_fraction`)."""
     tail = float(tail_fraction(step_time_ms_mean, step_time_ms_median))
-    return bool(noisy_iqr(step_time_ms_iqr, step_time_ms_median)) or bool(
+    return bool(noisy_iqr(step_time_ms_iqr, step_time_ms_median)), bool(
         np.isfinite(tail) and tail > NOISY_TAIL_FRACTION
     )
+
+
+def noisy_steps(step_time_ms_iqr: float, step_time_ms_median: float, step_time_ms_mean: float) -> bool:
+    """A run's ``noisy`` flag: either part of :func:`noisy_parts`."""
+    return any(noisy_parts(step_time_ms_iqr, step_time_ms_median, step_time_ms_mean))
 
 
 def speedup(tokens_per_s: ArrayLike, baseline_tokens_per_s: float | None):

@@ -45,7 +45,6 @@ from perfsweep.names import (
     LOSS_TOLERANCE,
     NOISY_IQR_FRACTION,
     NOISY_RULE,
-    NOISY_TAIL_FRACTION,
     PROFILED_STEP_WARN_RATIO,
     STAGES,
 )
@@ -438,10 +437,9 @@ def noise_text(step_time_ms_iqr: float, step_time_ms_median: float, step_time_ms
     part explains was set by another rule (``runs.noisy_rule``, e.g. an imported row's), which is named."""
     iqr = metrics.iqr_fraction(step_time_ms_iqr, step_time_ms_median)
     tail = metrics.tail_fraction(step_time_ms_mean, step_time_ms_median)
-    parts = [f"IQR {step_time_ms_iqr:,.1f} ms, {iqr:.0%} of the median {step_time_ms_median:,.1f} ms"] * bool(
-        iqr > NOISY_IQR_FRACTION
-    )
-    if tail > NOISY_TAIL_FRACTION:
+    spread, stalls = metrics.noisy_parts(step_time_ms_iqr, step_time_ms_median, step_time_ms_mean)
+    parts = [f"IQR {step_time_ms_iqr:,.1f} ms, {iqr:.0%} of the median {step_time_ms_median:,.1f} ms"] * spread
+    if stalls:
         parts.append(f"mean {step_time_ms_mean:,.1f} ms, {tail:.0%} off the median: a few steps far from the rest")
     return "; ".join(parts) or f"by its stored rule, {rule if isinstance(rule, str) else 'unknown'}"
 
