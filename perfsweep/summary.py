@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import shlex
 import sys
 from collections.abc import Collection, Iterator, Sequence
@@ -386,16 +387,30 @@ def _print_summary(
     where = engine.url.render_as_string(hide_password=True)
     print(f"\nResults: {where} (sweep_id={sweep_id})")
     if engine.url.get_backend_name() == "sqlite":
-        # what this sweep varied, where runs has a column for it (nproc does; model.width does not)
-        varied = [a.removeprefix(SETTING_PREFIX) for a in shown_axes(df, swept)]
-        axes = [a for a in varied if a in df.columns] or ["amp", "ckpt"]
-        print(
-            f"Query:   sqlite3 {engine.url.database} 'select {', '.join(axes)}, "
-            f"{metrics.rate_unit(df['tokens_per_s'], df['samples_per_s'])}_per_s, peak_mem_bytes "
-            f"from runs where sweep_id={sweep_id}'"
-        )
+        print(f"Query:   {query_hint(df, swept, str(engine.url.database), sweep_id)}")
     if make_report:
         _report(engine, sweep_id)
+
+
+def query_hint(runs: pd.DataFrame, swept: Sequence[str], database: str, sweep_id: int) -> str:
+    """The ``sqlite3`` command that lists a sweep's headline figures by what it varied: an axis
+    with a ``runs`` column by name (nproc), a setting without one (threads, model.width) read from
+    ``config_json``; amp and ckpt for a sweep of one config. The hint named amp and ckpt for a
+    sweep over threads, which has no column of its own."""
+    picks = []
+    for axis in shown_axes(runs, swept):
+        key = axis.removeprefix(SETTING_PREFIX)
+        if key in runs.columns:
+            picks.append(key)
+        elif axis.startswith(SETTING_PREFIX):
+            alias = re.sub(r"\W", "_", key)
+            picks.append(f"json_extract(config_json, '$.{key}') AS {alias}")
+    rate = metrics.rate_unit(runs["tokens_per_s"], runs["samples_per_s"])
+    sql = f"select {', '.join(picks or ['amp', 'ckpt'])}, {rate}_per_s, peak_mem_bytes from runs where sweep_id={sweep_id}"
+    if "'" in sql:  # a JSON path: the shell's double quotes, with $ kept from it
+        escaped = sql.replace("$", "\\$")
+        return f'sqlite3 {shlex.quote(database)} "{escaped}"'
+    return f"sqlite3 {shlex.quote(database)} '{sql}'"
 
 
 def _not_started(engine: Engine, sweep_id: int, runs: pd.DataFrame) -> str:

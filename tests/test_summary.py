@@ -251,8 +251,40 @@ def test_a_sweep_stopped_early_names_every_axis_its_grid_sweeps(tmp_path: Path, 
     first = out[out.index(next(ln for ln in out if ln.split()[:2] == ["job", "amp"])) + 1].split()
     assert first[:5] == ["1", "on", "on", "32", "ok"], out
     query = next(line for line in out if line.startswith("Query:"))
-    assert "'select amp, ckpt, tokens_per_s, peak_mem_bytes from runs where sweep_id=" in query, query
+    # model.width has no runs column: the hint reads it from config_json, in the shell's double quotes
+    assert query.endswith(
+        "\"select amp, ckpt, json_extract(config_json, '\\$.model.width') AS model_width, tokens_per_s, "
+        f'peak_mem_bytes from runs where sweep_id={sid}"'
+    ), query
     engine.dispose()
+
+
+def test_the_query_hint_of_a_sweep_over_a_setting_without_a_column_runs_as_printed(tmp_path: Path, capsys):
+    """threads=1,2 has no runs column (torch_threads is what torch ran with): the hint named amp and
+    ckpt, which the sweep did not vary. It selects the swept value from config_json, and the
+    command runs in a shell as printed."""
+    import subprocess
+
+    engine, sid = _sweep(
+        tmp_path,
+        [
+            {"config_hash": "A", "config_json": {"threads": 1}, "tokens_per_s": 1000.0},
+            {"config_hash": "B", "config_json": {"threads": 2}, "tokens_per_s": 1500.0},
+        ],
+    )
+    summary.show_sweep(str(engine.url), str(tmp_path), make_report=False, swept=["threads"])
+    query = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("Query:"))
+    command = query.removeprefix("Query:").strip()
+    assert "json_extract(config_json, '\\$.threads') AS threads, tokens_per_s" in command, command
+    engine.dispose()
+    # bash parses the command as printed; without the sqlite3 shell (a bare CI machine) Python's
+    # sqlite3 runs the SQL bash handed it, printed as the shell would
+    shim = (
+        "command -v sqlite3 >/dev/null || sqlite3() { python3 -c 'import sqlite3, sys\n"
+        'for row in sqlite3.connect(sys.argv[1]).execute(sys.argv[2]): print("|".join(map(str, row)))\' "$@"; }\n'
+    )
+    out = subprocess.run(["bash", "-c", shim + command], capture_output=True, text=True, check=True).stdout
+    assert [line.split("|")[:2] for line in out.splitlines()] == [["1", "1000.0"], ["2", "1500.0"]], out
 
 
 def test_a_samples_model_beside_token_models_says_why_it_shows_a_dash(tmp_path: Path):
