@@ -63,16 +63,35 @@ EXPERIMENT_DIRS: tuple[str, ...] = ("experiments", "examples")
 looked for here, so the one line can say which ``-cd`` was missing."""
 
 
-def _missing_primary_config(name: str, message: str) -> str:
-    """``-cn NAME`` names no config on Hydra's search path: the closest name there, every choice,
-    or the ``-cd`` folder of the launch directory that has it (Hydra printed the search path)."""
+def _search_path(message: str) -> tuple[list[Path], set[str], str]:
+    """The folders of Hydra's config search path its message printed, the config names on it, and
+    the path in words ("/x/experiments or perfsweep's own configs")."""
     searched = [Path(d) for d in re.findall(r"path=file://(\S+)", message)]
     packages = [m for m in re.findall(r"path=pkg://(\S+)", message) if m != "hydra.conf"]
     choices = {p.stem for d in searched for p in d.glob("*.yaml")}
     for package in packages:
         with contextlib.suppress(ModuleNotFoundError, FileNotFoundError, TypeError):
             choices |= {Path(str(p)).stem for p in resources.files(package).iterdir() if p.name.endswith(".yaml")}
-    where = " or ".join([*(str(d) for d in searched), "perfsweep's own configs"])
+    return searched, choices, " or ".join([*(str(d) for d in searched), "perfsweep's own configs"])
+
+
+def _missing_default(name: str, message: str) -> str:
+    """A config's defaults list names ``name``, which is on no folder of the search path (the
+    config itself was found: ``-cn`` is not to blame)."""
+    _, choices, where = _search_path(message)
+    close = difflib.get_close_matches(name, sorted(choices), n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
+    parent = re.match(r"In '([^']+)'", message)
+    return (
+        f"{parent.group(1) if parent else 'a config'}: its defaults list names {name}: no config {name}.yaml in "
+        f"{where}; {hint}choices: {', '.join(sorted(choices))}"
+    )
+
+
+def _missing_primary_config(name: str, message: str) -> str:
+    """``-cn NAME`` names no config on Hydra's search path: the closest name there, every choice,
+    or the ``-cd`` folder of the launch directory that has it (Hydra printed the search path)."""
+    searched, choices, where = _search_path(message)
     if not searched or name not in choices:
         for folder in EXPERIMENT_DIRS:
             if (Path.cwd() / folder / f"{name}.yaml").is_file():
@@ -90,7 +109,9 @@ def error_line(exc: BaseException) -> str:
     the closest one that exists.
     """
     if isinstance(exc, MissingConfigException) and exc.options is None and exc.missing_cfg_file:
-        return _missing_primary_config(str(exc.missing_cfg_file), str(exc))
+        if str(exc).startswith("Cannot find primary config"):  # -cn NAME itself
+            return _missing_primary_config(str(exc.missing_cfg_file), str(exc))
+        return _missing_default(str(exc.missing_cfg_file), str(exc))  # "In 'NAME': Could not load 'OTHER'"
     if isinstance(exc, MissingConfigException) and exc.options is not None and exc.missing_cfg_file:
         group, _, name = str(exc.missing_cfg_file).rpartition("/")
         choices = sorted(exc.options)

@@ -160,6 +160,23 @@ def test_a_mistyped_or_misplaced_experiment_name_gets_one_line_naming_the_fix(tm
     assert not (tmp_path / "results.db").exists() and not (tmp_path / "outputs").exists()
 
 
+def test_a_missing_defaults_entry_is_not_blamed_on_cn(tmp_path: Path):
+    """``-cn mine`` is found, but its defaults list names a config that is not on the search path:
+    Hydra raises the same MissingConfigException as for a missing ``-cn``, and the one line said
+    "-cn base_settings: no config base_settings.yaml", a -cn the user never gave."""
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "mine.yaml").write_text(
+        "defaults:\n  - config\n  - base_settings\n  - _self_\nhydra:\n  searchpath: [pkg://perfsweep.conf]\n"
+    )
+    res = run_perfsweep(["-cd", "mine", "-cn", "mine"], tmp_path)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode == 2 and len(lines) == 1, res.stderr
+    assert "-cn base_settings" not in lines[0], lines[0]
+    assert lines[0].startswith(
+        f"perfsweep: mine: its defaults list names base_settings: no config base_settings.yaml in {tmp_path / 'mine'}"
+    ), lines[0]
+
+
 def test_help_and_cfg_job(tmp_path: Path):
     res = run_perfsweep(["--help"], tmp_path)
     assert res.returncode == 0 and "amp" in res.stdout and "model: " in res.stdout
