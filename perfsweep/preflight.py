@@ -66,8 +66,9 @@ looked for here, so the one line can say which ``-cd`` was missing."""
 def _search_path(message: str) -> tuple[list[Path], set[str], str]:
     """The folders of Hydra's config search path its message printed, the config names on it, and
     the path in words ("/x/experiments or perfsweep's own configs")."""
-    searched = [Path(d) for d in re.findall(r"path=file://(\S+)", message)]
-    packages = [m for m in re.findall(r"path=pkg://(\S+)", message) if m != "hydra.conf"]
+    # one entry a line, to its end: a -cd folder may have spaces in its name
+    searched = [Path(d.strip()) for d in re.findall(r"path=file://(.+)", message)]
+    packages = [m.strip() for m in re.findall(r"path=pkg://(.+)", message) if m.strip() != "hydra.conf"]
     choices = {p.stem for d in searched for p in d.glob("*.yaml")}
     for package in packages:
         with contextlib.suppress(ModuleNotFoundError, FileNotFoundError, TypeError):

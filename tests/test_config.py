@@ -177,6 +177,17 @@ def test_a_missing_defaults_entry_is_not_blamed_on_cn(tmp_path: Path):
     ), lines[0]
 
 
+def test_a_mistyped_experiment_name_in_a_folder_with_a_space(tmp_path: Path):
+    """``-cd "my experiments" -cn amp_ckp``: the folder was read from Hydra's message up to the
+    first space, so the line named ``.../my``, listed no choice there and suggested nothing."""
+    shutil.copytree(Path(__file__).parents[1] / "experiments", tmp_path / "my experiments")
+    res = run_perfsweep(["-cd", "my experiments", "-cn", "amp_ckp"], tmp_path)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode == 2 and len(lines) == 1, res.stderr
+    assert lines[0].startswith(f"perfsweep: -cn amp_ckp: no config amp_ckp.yaml in {tmp_path / 'my experiments'} or ")
+    assert "did you mean -cn amp_ckpt? choices: amp_ckpt, batch_seq, " in lines[0], lines[0]
+
+
 def test_help_and_cfg_job(tmp_path: Path):
     res = run_perfsweep(["--help"], tmp_path)
     assert res.returncode == 0 and "amp" in res.stdout and "model: " in res.stdout
