@@ -749,12 +749,14 @@ def to_run_config(cfg: DictConfig | dict) -> PerfsweepConfig:
     the schema does not declare (``+foo=1``, outside the factories' nodes) is refused."""
     schema = OmegaConf.structured(PerfsweepConfig)
     if isinstance(cfg, DictConfig) and (added := _added_keys(cfg, schema)):
-        close = difflib.get_close_matches(added[0], config_keys(), n=1)
+        key, value = added[0], OmegaConf.select(cfg, added[0])
+        while OmegaConf.is_dict(value) and len(value) == 1:  # +foo.bar=1 added foo: {bar: 1}; say it as typed
+            sub = next(iter(value))
+            key, value = f"{key}.{sub}", value[sub]
+        close = difflib.get_close_matches(key, config_keys(), n=1)
         hint = f"did you mean {close[0]}? " if close else ""
-        raise ConfigError(
-            f"invalid config: +{added[0]}={OmegaConf.select(cfg, added[0])}: no such key; {hint}"
-            "python -m perfsweep --help lists them"
-        )
+        typed = "null" if value is None else str(value).lower() if isinstance(value, bool) else value
+        raise ConfigError(f"invalid config: +{key}={typed}: no such key; {hint}python -m perfsweep --help lists them")
     merged = OmegaConf.merge(schema, cfg)
     obj = OmegaConf.to_object(merged)
     assert isinstance(obj, PerfsweepConfig)

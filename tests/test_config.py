@@ -110,6 +110,10 @@ def test_new_settings_are_checked(override, message):
         ("+foo=1", "invalid config: +foo=1: no such key; python -m perfsweep --help lists them"),
         ("+steps.mesure=5", "invalid config: +steps.mesure=5: no such key; did you mean steps.measure? "),
         ("+profile.activ=2", "invalid config: +profile.activ=2: no such key; did you mean profile.active? "),
+        # a new node: the key and value as typed (it said +stepz={'measure': 5}), and the closest key to the whole
+        ("+stepz.measure=5", "invalid config: +stepz.measure=5: no such key; did you mean steps.measure? "),
+        ("+foo.bar=null", "invalid config: +foo.bar=null: no such key; python -m perfsweep --help lists them"),
+        ("+foo=true", "invalid config: +foo=true: no such key; python -m perfsweep --help lists them"),
     ],
 )
 def test_a_key_added_with_plus_that_the_schema_does_not_declare_is_refused(override, message):
