@@ -450,6 +450,21 @@ def test_a_run_with_a_few_stalls_is_noisy_and_the_report_says_why(engine: Any, t
     assert "**Noisy timings:** 2 of 3 ok configs" in md
 
 
+def test_a_sweep_judged_by_the_old_noisy_rule_is_reported_with_it(engine: Any, tmp_path: Path) -> None:
+    """Runs stored before schema 0012 keep the flags the IQR rule gave them (runs.noisy_rule says
+    so); report.md said they had been judged by today's rule, mean included, which they were not."""
+    old = "step-time IQR > 10% of the median"
+    sid = new_sweep(engine, tmp_path / "sw")
+    flagged = {"noisy": True, "noisy_rule": old, "step_time_ms_iqr": 15.0}
+    store.save_run(engine, run_row(sid, 0, amp=True, **flagged))
+    store.save_run(engine, run_row(sid, 1, amp=True, **flagged, config_hash=f"{sid}-0", repeat_index=1))
+    store.save_run(engine, run_row(sid, 2, noisy=False, noisy_rule=old))
+    md = (build_report(engine, [sid], out_dir=tmp_path / "out") / "report.md").read_text()
+    assert f"**Noisy timings:** 1 of 2 ok configs have noisy timings ({old}, or repeats that disagree)" in md
+    assert f"noisy ({old}) in 2 of 2 runs" in md
+    assert NOISY_RULE not in md
+
+
 # --------------------------------------------------------------------------------------------
 # factor effects on a hand-made 2x2 with known effects
 

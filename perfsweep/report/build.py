@@ -147,11 +147,18 @@ def _speedup_text(f: pd.DataFrame) -> list[str]:
     return ["base" if b else fmt.speedup(s, lo, hi) if pd.notna(s) else st.upper() for b, s, lo, hi, st in rows]
 
 
+def stored_rules(runs: pd.DataFrame) -> str:
+    """The noisy rules that judged ``runs`` (``runs.noisy_rule``: runs stored before schema 0012 by
+    the IQR alone), not today's rule for them; today's where none is stored."""
+    stored = runs["noisy_rule"] if "noisy_rule" in runs else pd.Series(dtype=object)
+    return " | ".join([r for r in dict.fromkeys(stored) if isinstance(r, str)] or [NOISY_RULE])
+
+
 def noisy_md(configs: pd.DataFrame) -> str:
     """'2 of 4 ok configs have noisy timings (...)', by :func:`perfsweep.configs.per_config`'s ``noisy``; "" if none."""
     ok = configs[configs["ok"]]
     n = int(ok["noisy"].sum())
-    return f"{n} of {len(ok)} ok configs have noisy timings ({NOISY_RULE}, or repeats that disagree)" if n else ""
+    return f"{n} of {len(ok)} ok configs have noisy timings ({stored_rules(ok)}, or repeats that disagree)" if n else ""
 
 
 # --------------------------------------------------------------------------------------------
@@ -453,7 +460,8 @@ def _note(r: Any) -> str:
     if r.noisy and r.runs == 1:
         noisy = "noisy: " + noise_text(r.step_time_ms_iqr, r.step_time_ms_median, r.step_time_ms_mean, r.noisy_rule)
     elif r.noisy:
-        steps = f"noisy ({NOISY_RULE}) in {r.noisy_runs} of {r.ok_runs} runs" if r.noisy_runs else ""
+        rule = r.noisy_rule if isinstance(r.noisy_rule, str) else NOISY_RULE
+        steps = f"noisy ({rule}) in {r.noisy_runs} of {r.ok_runs} runs" if r.noisy_runs else ""
         noisy = (steps + (REPEATS if r.repeats_disagree else "")).removeprefix("; ")
     unprofiled = "not profiled: its profiled window ran out of memory" if isinstance(r.profile_error, str) else ""
     return "; ".join(t for t in (noisy, unprofiled) if t)
