@@ -63,10 +63,6 @@ def resolve_sweep(engine: Engine, spec: str | int | None, option: str = "--sweep
         if with_runs is None:
             n = len(sweeps)
             raise UserError(f"{option}: none of the database's {n} sweep{'s' if n != 1 else ''} has runs yet")
-        if with_runs != sweeps["id"].iloc[-1]:
-            log.warning(
-                "the latest sweep with runs is %d (later sweeps have none); use --sweep ID for another", with_runs
-            )
         return int(with_runs)
     if spec.isdigit():
         if int(spec) not in set(sweeps["id"]):

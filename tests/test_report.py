@@ -1189,7 +1189,8 @@ def test_cli_compare_by_name(engine: Any, tmp_path: Path, capsys: pytest.Capture
             "--baseline amp=perhaps: amp='perhaps': expected true or false",
         ),
         (["--baseline", "batch=3"], "--baseline batch=3: no ok run matches batch=3"),
-        (["--vs", "1"], "--vs 1: is the same sweep as --sweep (1)"),
+        (["--vs", "1"], "--vs 1: is the same sweep as the latest sweep with runs, compared when --sweep is not given"),
+        (["--sweep", "1", "--vs", "1"], "--vs 1: is the same sweep as --sweep (1); give --sweep ID"),
         (["--vs", "1", "--top", "3"], "--top does not apply with --vs (each config is compared with its own twin)"),
         (["--vs", "1", "--baseline", "amp=false"], "--baseline does not apply with --vs"),
         (["--where", " "], "--where is empty: give a filter or leave the option out"),
@@ -1217,7 +1218,7 @@ def test_cli_errors(engine: Any, tmp_path: Path, capsys: pytest.CaptureFixture, 
 
 
 def test_without_sweep_the_latest_sweep_with_runs_is_reported(
-    engine: Any, tmp_path: Path, capsys: pytest.CaptureFixture, caplog: pytest.LogCaptureFixture
+    engine: Any, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     """A sweep stopped before its first job holds no runs: ``perfsweep report`` with no --sweep
     answered "--sweep 2: the sweep has no runs", an option the user never gave. It reports the
@@ -1230,11 +1231,22 @@ def test_without_sweep_the_latest_sweep_with_runs_is_reported(
     store.save_run(engine, run_row(ok, 0))
     later = new_sweep(engine, tmp_path / "stopped")  # stopped before any job
     assert empty < ok < later
-    with caplog.at_level("WARNING"):
-        assert main(db) == 0
-    assert capsys.readouterr().out.strip() == f"Report: {tmp_path / 'out' / 'report.md'}"
-    assert f"the latest sweep with runs is {ok} (later sweeps have none)" in caplog.text
+    assert main(db) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == f"Report: {tmp_path / 'out' / 'report.md'}"
+    assert err.strip() == (
+        f"perfsweep report: sweep {ok}, the latest with runs (sweep {later} has none); --sweep ID picks another"
+    )
     assert f"sweep {ok}" in (tmp_path / "out" / "report.md").read_text()
+    assert main([*db, "--vs", str(ok)]) == 2  # compared with itself: --sweep was not given, so say what was
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith(
+            f"--vs {ok}: is the same sweep as the latest sweep with runs, compared when --sweep is not given ({ok}); "
+            "give --sweep ID"
+        )
+    )
 
 
 def test_compare_names_the_noisy_side(engine: Any, tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from perfsweep.cli import OneLineParser, UserError, first_line
 from perfsweep.configs import parse_config_spec
 from perfsweep.report.build import TOP_BARS, build_report
 from perfsweep.report.compare import build_compare
-from perfsweep.results import resolve_sweep
+from perfsweep.results import load_sweeps, resolve_sweep
 
 
 def parser() -> argparse.ArgumentParser:
@@ -83,6 +83,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(engine: Engine, args: argparse.Namespace, baseline: dict | None) -> str:
     sweeps = [resolve_sweep(engine, s, "--sweep") for s in args.sweep or [None]]
+    if not args.sweep and sweeps[0] != (newest := int(load_sweeps(engine)["id"].max())):
+        print(
+            f"perfsweep report: sweep {sweeps[0]}, the latest with runs (sweep {newest} has none); "
+            "--sweep ID picks another",
+            file=sys.stderr,
+        )
     if args.vs is None:
         options = {"baseline": baseline, "where": args.where, "top": args.top}
         return f"Report: {build_report(engine, list(dict.fromkeys(sweeps)), args.out, **options) / 'report.md'}"
@@ -92,7 +98,8 @@ def _run(engine: Engine, args: argparse.Namespace, baseline: dict | None) -> str
         given = "--baseline" if baseline is not None else "--top"
         raise UserError(f"{given} does not apply with --vs (each config is compared with its own twin); drop it")
     if sweeps[0] == (b := resolve_sweep(engine, args.vs, "--vs")):
-        raise UserError(f"--vs {args.vs}: is the same sweep as --sweep ({b})")
+        given = "--sweep" if args.sweep else "the latest sweep with runs, compared when --sweep is not given"
+        raise UserError(f"--vs {args.vs}: is the same sweep as {given} ({b}); give --sweep ID")
     return f"Compare: {build_compare(engine, sweeps[0], b, out_dir=args.out, where=args.where) / 'compare.md'}"
 
 
