@@ -753,7 +753,8 @@ def to_run_config(cfg: DictConfig | dict) -> PerfsweepConfig:
         while OmegaConf.is_dict(value) and len(value) == 1:  # +foo.bar=1 added foo: {bar: 1}; say it as typed
             sub = next(iter(value))
             key, value = f"{key}.{sub}", value[sub]
-        close = difflib.get_close_matches(key, config_keys(), n=1)
+        settable = [k for k in config_keys() if not k.startswith("sweep.")]  # sweep.*: perfsweep's sweeper sets them
+        close = difflib.get_close_matches(key, settable, n=1)
         hint = f"did you mean {close[0]}? " if close else ""
         typed = "null" if value is None else str(value).lower() if isinstance(value, bool) else value
         raise ConfigError(f"invalid config: +{key}={typed}: no such key; {hint}python -m perfsweep --help lists them")

@@ -93,12 +93,15 @@ def _missing_primary_config(name: str, message: str) -> str:
     """``-cn NAME`` names no config on Hydra's search path: the closest name there, every choice,
     or the ``-cd`` folder of the launch directory that has it (Hydra printed the search path)."""
     searched, choices, where = _search_path(message)
-    if not searched or name not in choices:
-        for folder in EXPERIMENT_DIRS:
-            if (Path.cwd() / folder / f"{name}.yaml").is_file():
-                return f"-cn {name}: not found in {where}; it is in ./{folder}: add -cd {folder}"
+    here = {folder: sorted(p.stem for p in (Path.cwd() / folder).glob("*.yaml")) for folder in EXPERIMENT_DIRS}
+    for folder, names in here.items():
+        if name in names:  # -cd missing, or naming another folder
+            return f"-cn {name}: not found in {where}; it is in ./{folder}: {'use' if searched else 'add'} -cd {folder}"
     close = difflib.get_close_matches(name, sorted(choices), n=1)
     hint = f"did you mean -cn {close[0]}? " if close else ""
+    for folder, names in here.items():
+        if not close and (near := difflib.get_close_matches(name, names, n=1)):  # a typo, and -cd missing too
+            hint = f"did you mean -cd {folder} -cn {near[0]}? "
     return f"-cn {name}: no config {name}.yaml in {where}; {hint}choices: {', '.join(sorted(choices))}"
 
 

@@ -124,7 +124,11 @@ def test_a_key_added_with_plus_that_the_schema_does_not_declare_is_refused(overr
         to_run_config(cfg)
     assert str(raised.value).startswith(message), raised.value
     # a factory's own keys are its business (model.width of a custom model): checked by the factory's node
-    assert to_run_config(compose_cfg(["model=custom", "model._target_=my_pkg.models.build", "+model.width=8"]))
+    custom = to_run_config(compose_cfg(["model=custom", "model._target_=my_pkg.models.build", "+model.width=8"]))
+    assert custom.model.args == {"width": 8}
+    with pytest.raises(ConfigError) as raised:  # sweep.* is the sweeper's: never offered as the key meant
+        to_run_config(compose_cfg(["+sweep.idd=3"]))
+    assert "did you mean sweep." not in str(raised.value), raised.value
 
 
 def test_plain_dict_is_json_ready():
@@ -161,6 +165,14 @@ def test_a_mistyped_or_misplaced_experiment_name_gets_one_line_naming_the_fix(tm
         "perfsweep: -cn amp_ckpt: not found in perfsweep's own configs; it is in ./experiments: add -cd experiments; "
         "no job was started"
     ), res.stderr
+    (tmp_path / "examples").mkdir()
+    (tmp_path / "examples" / "cnn.yaml").write_text("defaults:\n  - config\n  - _self_\n")
+    res = run_perfsweep(["-cd", "examples", "-cn", "amp_ckpt"], tmp_path)  # the wrong folder: replace it
+    assert res.returncode == 2 and res.stderr.strip().endswith(
+        "it is in ./experiments: use -cd experiments; no job was started"
+    ), res.stderr
+    res = run_perfsweep(["-cn", "amp_ckp"], tmp_path)  # a typo, and no -cd
+    assert res.returncode == 2 and "; did you mean -cd experiments -cn amp_ckpt? choices: config;" in res.stderr
     assert not (tmp_path / "results.db").exists() and not (tmp_path / "outputs").exists()
 
 
