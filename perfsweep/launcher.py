@@ -468,12 +468,17 @@ def _outcome_of(msg: tuple) -> tuple[str, str | None, dict[str, Any]]:
 def _killed(kills_before: int | None, kills_after: int | None) -> tuple[str, str, dict[str, Any]]:
     """The outcome of a job that died of SIGKILL, by its memory cgroup's OOM kill count before and
     after (:func:`perfsweep.envinfo.oom_kills`): ``oom`` when the kernel's OOM killer struck while
-    it ran, else ``failed`` naming the signal (and, when the count is unknown, the likely cause)."""
+    it ran, else ``failed`` naming the signal (and, when the count is unknown, the likely cause).
+
+    The count is the cgroup's, not the job's: with jobs side by side (``launcher.parallel``) an OOM
+    kill of one while another was killed by hand counts for both. Killers in user space
+    (systemd-oomd, earlyoom) send SIGKILL without moving it: their kills read as "not the kernel's"."""
     if kills_before is not None and kills_after is not None and kills_after > kills_before:
         return (
             "oom",
-            "job process killed by the kernel's OOM killer: host memory ran out (the memory cgroup's OOM kill "
-            f"count rose by {kills_after - kills_before} while it ran); lower batch or seq_len, or run fewer jobs at once",
+            "job process killed by the kernel's OOM killer: memory ran out, the host's or the cgroup's limit (the "
+            f"memory cgroup's OOM kill count rose by {kills_after - kills_before} while it ran); lower batch or "
+            "seq_len, or run fewer jobs at once",
             {},
         )
     if kills_before is not None and kills_before == kills_after:
