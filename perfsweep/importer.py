@@ -24,7 +24,7 @@ from sqlalchemy.engine import Engine
 
 from perfsweep import store
 from perfsweep.cli import OneLineParser, first_line, waiting_for_database
-from perfsweep.names import FINAL_STATUSES
+from perfsweep.names import FINAL_STATUSES, NOISY_RULE_IQR_ONLY
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,8 @@ def import_file(engine: Engine, path: Path) -> tuple[str, int]:
     sweep, run = read_result(path)
     run = dict(run)
     run.pop("id", None)
+    if run.get("noisy") is not None and "noisy_rule" not in run:  # kept by a perfsweep older than schema 0012
+        run["noisy_rule"] = NOISY_RULE_IQR_ONLY
     run["sweep_id"] = store.get_or_create_sweep(
         engine,
         sweep["sweep_dir"],

@@ -110,6 +110,10 @@ NOISY_RULE = (
 """The rule as stored in ``runs.noisy_rule``, so old rows say which rule judged them (rows
 written before schema 0012 were judged by the IQR alone)."""
 
+NOISY_RULE_IQR_ONLY = "step-time IQR > 10% of the median"
+"""The rule of every flag written before schema 0012 (which sets it on the rows it finds), and of
+a result kept as result.json by such a perfsweep and imported later."""
+
 # --- numerics audit (perfsweep.audit) ------------------------------------------------------
 
 LOSS_TOLERANCE: dict[str, float] = {"fp32": 1e-3, "bf16": 2e-2, "fp16": 2e-2}

@@ -440,6 +440,27 @@ def test_a_single_run_whose_result_the_database_refused_is_shown_unsaved(tmp_pat
     assert str(kept) in res.stderr.strip().splitlines()[-1]
 
 
+def test_a_result_kept_before_the_noisy_rule_was_stored_is_imported_with_the_rule_that_judged_it(tmp_path: Path):
+    """A result.json written by a perfsweep older than schema 0012 has a noisy flag and no
+    noisy_rule: imported, its row names the IQR rule (the report said "by its stored rule, unknown");
+    a result that carries its rule keeps it."""
+    from perfsweep.names import NOISY_RULE, NOISY_RULE_IQR_ONLY
+
+    sweep = {"sweep_dir": str(tmp_path / "sw"), "name": "old"}
+    old = {k: v for k, v in run_row(0, run_uid="old", noisy=True).items() if k not in ("sweep_id", "noisy_rule")}
+    new = {**run_row(0, run_uid="new", noisy=False, noisy_rule=NOISY_RULE), "sweep_id": None}
+    for name, run in (("old", old), ("new", new)):
+        (tmp_path / name).mkdir()
+        importer.write_result_file(tmp_path / name / importer.RESULT_FILE, sweep, run)
+    db = tmp_path / "results.db"
+    assert importer.main([str(tmp_path / "old"), str(tmp_path / "new"), "--db", str(db)]) == 0
+    stored = rows(db, "SELECT run_uid, noisy, noisy_rule FROM runs ORDER BY run_uid")
+    assert stored == [
+        {"run_uid": "new", "noisy": 0, "noisy_rule": NOISY_RULE},
+        {"run_uid": "old", "noisy": 1, "noisy_rule": NOISY_RULE_IQR_ONLY},
+    ]
+
+
 def test_import_refuses_what_is_not_a_result(tmp_path: Path, capsys: pytest.CaptureFixture):
     (tmp_path / "result.json").write_text("{}")
     assert importer.main([str(tmp_path / "nothing")]) == 2
