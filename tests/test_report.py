@@ -1257,7 +1257,12 @@ def test_compare_names_the_noisy_side(engine: Any, tmp_path: Path) -> None:
     md = (build_compare(engine, a, b, out_dir=tmp_path / "cmp") / "compare.md").read_text()
     row = next(line for line in md.splitlines() if line.startswith("| tiny batch=8 seq_len=128"))
     assert row.rstrip(" |").endswith("| A"), row
-    assert "**noisy**: that side's step times spread by more than 10% of their median" in md
+    assert f"**noisy**: that side's step times broke the rule stored with its runs ({NOISY_RULE})" in md
+    # a side judged before schema 0012 is named by the rule that judged it, not today's
+    old = new_sweep(engine, tmp_path / "old")
+    store.save_run(engine, run_row(old, 0, [100.0, 150.0, 300.0], noisy_rule="step-time IQR > 10% of the median"))
+    md = (build_compare(engine, old, b, out_dir=tmp_path / "cmp-old") / "compare.md").read_text()
+    assert "broke the rule stored with its runs (step-time IQR > 10% of the median), or its repeats'" in md
     c = new_sweep(engine, tmp_path / "c")
     store.save_run(engine, run_row(c, 0, [100.0, 101.0, 102.0]))
     quiet = (build_compare(engine, c, b, out_dir=tmp_path / "quiet") / "compare.md").read_text()

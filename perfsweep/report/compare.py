@@ -21,9 +21,9 @@ from sqlalchemy.engine import Engine
 from perfsweep import metrics
 from perfsweep.cli import UserError
 from perfsweep.configs import CONFIG_AXES, config_labels, label_axes, per_config, setting_columns, throughputs
-from perfsweep.names import NOISY_IQR_FRACTION, NOISY_TAIL_FRACTION
+from perfsweep.names import NOISY_IQR_FRACTION
 from perfsweep.report import charts, fmt
-from perfsweep.report.build import default_out_dir
+from perfsweep.report.build import default_out_dir, stored_rules
 from perfsweep.report.charts import ChartSpec, Panel
 from perfsweep.results import load_child, load_sweep_runs
 
@@ -40,6 +40,7 @@ VALUES = (
     "peak_mem_bytes",
     "step_time_ms_median",
     "noisy",
+    "noisy_rule",
 )
 CHANGE = ("change_pct", "change_pct_ci_lo", "change_pct_ci_hi", "change_basis")
 VERDICT_COLORS = {"faster": charts.GOOD, "slower": charts.BAD, metrics.NO_DIFFERENCE: charts.LIGHT}
@@ -180,10 +181,11 @@ def compare_md(
     )
     counts = ", ".join(f"{c} {v}" for v, c in cmp["verdict"].value_counts().items())
     if flags.any(axis=None):
+        flagged = pd.concat([cmp.loc[flags[s.upper()], f"noisy_rule_{s}"] for s in "ab"]).rename("noisy_rule")
         counts += (
-            f". **noisy**: that side's step times spread by more than {NOISY_IQR_FRACTION:.0%} of their median "
-            f"(IQR), a few slow steps moved their mean more than {NOISY_TAIL_FRACTION:.0%} off it, or its repeats "
-            "disagree as much; its verdict may not hold on a quieter machine"
+            f". **noisy**: that side's step times broke the rule stored with its runs ({stored_rules(flagged.to_frame())}), "
+            f"or its repeats' tokens/s spread by more than {NOISY_IQR_FRACTION:.0%} of their median; its verdict may "
+            "not hold on a quieter machine"
         )
     image = "![compare](compare.png)\n\n" if chart else ""
     scope = f"\n\nFilter (`--where`): `{where}`" if where else ""
