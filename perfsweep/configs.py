@@ -128,13 +128,18 @@ def swept_axes(keys: Sequence[str], columns: Sequence[str]) -> list[str]:
     shows for each axis the grid varies, also when the runs stored so far do not vary it (a sweep
     stopped after its first job). ``model``/``data`` are ``model_name``/``data_name``; a key
     outside the axes is its ``cfg.<key>`` setting column, where ``columns`` has one."""
-    named = {short: long for long, short in SHORT_NAMES.items()}
     out = []
-    for key in keys:
-        axis = named.get(key, key) if named.get(key, key) in CONFIG_AXES else SETTING_PREFIX + key
+    for axis in map(axis_of, keys):
         if axis in columns and axis not in out:
             out.append(axis)
     return out
+
+
+def axis_of(key: str) -> str:
+    """The column a grid's override key labels configs by: its config axis (``model`` is
+    ``model_name``), or else its ``cfg.<key>`` setting column (``model.width``, ``threads``)."""
+    axis = {short: long for long, short in SHORT_NAMES.items()}.get(key, key)
+    return axis if axis in CONFIG_AXES else SETTING_PREFIX + key
 
 
 def setting_columns(df: pd.DataFrame) -> list[str]:

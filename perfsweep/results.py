@@ -80,8 +80,8 @@ def load_runs(
     engine: Engine, sweep_ids: Sequence[int], where: str | None = None, settings: Sequence[str] = ()
 ) -> pd.DataFrame:
     """All runs of ``sweep_ids``, optionally filtered by ``where`` (see perfsweep.where);
-    ``settings``: config keys (``model.width``) to give a ``cfg.<key>`` column whether or not the
-    loaded runs differ in them (:func:`_with_settings`).
+    ``settings``: config keys outside the axes (``model.width``) to give a ``cfg.<key>`` column
+    whether or not the loaded runs differ in them (:func:`_with_settings`).
 
     The filter is parsed into an expression over ``runs`` columns with bound values, never
     pasted into SQL, so it can neither write nor reach runs of other sweeps.
@@ -118,7 +118,6 @@ def _with_settings(engine: Engine, runs: pd.DataFrame, settings: Sequence[str] =
         return runs
     axes = [a for a in (*CONFIG_AXES, "sweep_id") if a in runs.columns]
     same = runs.groupby(axes, dropna=False)["config_hash"].transform("nunique") > 1
-    settings = [k for k in settings if k not in (*CONFIG_AXES, "model", "data") and k.split(".")[0] not in NOT_MEASURED]
     if not same.any() and not settings:
         return runs
     ids = runs["id"].tolist()  # every loaded run: another sweep's matching configs (compare) need the values too

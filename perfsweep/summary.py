@@ -133,7 +133,8 @@ def fill_speedups(engine: Engine, sweep_id: int) -> None:
 def summary_frame(engine: Engine, sweep_id: int, swept: Sequence[str] = ()) -> pd.DataFrame:
     """The sweep's runs as the report reads them (:func:`perfsweep.configs.prepare_runs`), with a
     ``cfg.<key>`` column for each key of ``swept`` (the grid's override keys) outside the axes."""
-    return prepare_runs(load_runs(engine, [sweep_id], settings=swept))
+    settings = [k for k in swept if configs.axis_of(k).startswith(SETTING_PREFIX)]
+    return prepare_runs(load_runs(engine, [sweep_id], settings=settings))
 
 
 def shown_axes(runs: pd.DataFrame, swept: Sequence[str] = ()) -> list[str]:
