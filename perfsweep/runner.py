@@ -295,7 +295,8 @@ def train(
         snapshot = MemorySnapshot(job_dir, label, cfg.profile.memory_snapshot_max_entries)
         snapshot.start()
     try:
-        with compile_mod.cache_scope(cfg.compile_cache.value, job_dir):
+        probe_cpu = cfg.compile and cfg.compile_backend == "inductor" and device.type == "cpu"
+        with compile_mod.cache_scope(cfg.compile_cache.value, job_dir, probe_cpu):
             return _train(cfg, token_data, job_dir, label, device, result, snapshot, progress)
     except BaseException:
         if snapshot is not None and snapshot.oom_path is not None:
