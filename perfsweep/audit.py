@@ -10,7 +10,9 @@ comparison runs over the steps both stored. A step is out of tolerance when
 
 with the tolerance of the run's compute dtype (:data:`perfsweep.names.LOSS_TOLERANCE`). The first
 such step is ``numerics_diverged_step`` and the run gets ``numerics_warning``; so does an fp16 run
-whose GradScaler skipped steps after warmup (overflowing gradients in the measured steps).
+whose GradScaler skipped steps after warmup (overflowing gradients in the measured steps), and
+any run, the FP32-eager reference included, whose loss was NaN or infinite at a measured step
+(``nonfinite_loss_steps``): a training that blew up, whose speed is not that of one that works.
 Checkpointing replays dropout's RNG, so with the same seed it must match its twin exactly.
 """
 
@@ -67,9 +69,10 @@ def first_divergence(losses: dict[int, float], twin: dict[int, float], tol: floa
     worst, diverged = None, None
     for step in sorted(losses.keys() & twin.keys()):
         a, b = losses[step], twin[step]
-        if a is None or b is None or not math.isfinite(b):
-            continue
-        rel = abs(a - b) / max(abs(b), 1e-12) if math.isfinite(a) else math.inf
+        if b is None or not math.isfinite(b):
+            continue  # the twin blew up there: nothing to compare with (its own count flags it)
+        # a NULL loss was stored for a NaN one (perfsweep.store.Real): every step has a loss
+        rel = abs(a - b) / max(abs(b), 1e-12) if a is not None and math.isfinite(a) else math.inf
         worst = rel if worst is None else max(worst, rel)
         if diverged is None and rel > tol:
             diverged = step
@@ -85,7 +88,9 @@ def audit_sweep(engine: Engine, sweep_id: int) -> int:
         for r in runs:
             if not (r.amp or r.ckpt or r.compile):
                 twins[twin_key(r.config_json)].append(r)
-        wanted = [r for r in runs if r.amp or r.ckpt or r.compile or r.grad_scaler_skipped_steps]
+        wanted = [
+            r for r in runs if r.amp or r.ckpt or r.compile or r.grad_scaler_skipped_steps or r.nonfinite_loss_steps
+        ]
         pairs = {}
         for r in wanted:
             candidates = twins.get(twin_key(r.config_json), [])
@@ -102,8 +107,8 @@ def audit_sweep(engine: Engine, sweep_id: int) -> int:
             if twin is not None and (r.amp or r.ckpt or r.compile):
                 diverged, worst = first_divergence(losses[r.id], losses[twin.id], tolerance(r.amp, r.amp_dtype))
                 r.numerics_twin_run_id, r.loss_max_rel_diff, r.numerics_diverged_step = twin.id, worst, diverged
-            warn = diverged is not None or bool(r.grad_scaler_skipped_steps)
-            if twin is not None or r.grad_scaler_skipped_steps:
+            warn = diverged is not None or bool(r.grad_scaler_skipped_steps) or bool(r.nonfinite_loss_steps)
+            if twin is not None or r.grad_scaler_skipped_steps or r.nonfinite_loss_steps:
                 r.numerics_warning = warn
             warned += warn
     return warned

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import sys
 import tempfile
 from datetime import datetime
@@ -71,6 +72,9 @@ def import_file(engine: Engine, path: Path) -> tuple[str, int]:
     run.pop("id", None)
     if run.get("noisy") is not None and "noisy_rule" not in run:  # kept by a perfsweep older than schema 0012
         run["noisy_rule"] = NOISY_RULE_IQR_ONLY
+    if run.get("final_loss") is not None and "nonfinite_loss_steps" not in run:  # older than schema 0013
+        measured = [s.get("loss") for s in run.get("steps") or [] if s.get("phase") == "measure"]
+        run["nonfinite_loss_steps"] = sum(not math.isfinite(x) for x in measured if x is not None)
     run["sweep_id"] = store.get_or_create_sweep(
         engine,
         sweep["sweep_dir"],

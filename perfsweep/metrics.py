@@ -9,6 +9,7 @@ functions at the end, which the summary, the report and the comparison call.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -76,6 +77,10 @@ class StepFigures(Figures):
     """None for a model whose unit is samples (``model.unit``)."""
     samples_per_s: float
     final_loss: float
+    """Loss of the last measured step (a NaN is stored as NULL: perfsweep.store.Real)."""
+    nonfinite_loss_steps: int
+    """Measured steps whose loss was NaN or infinite: the training blew up, and whatever the step
+    times say is not the speed of a training that works."""
 
     @property
     def compile_time_ms(self) -> float:
@@ -123,6 +128,7 @@ def summarize(
         tokens_per_s=tokens_per_step * len(measured) / window_s if tokens_per_step is not None else None,
         samples_per_s=samples_per_step * len(measured) / window_s,
         final_loss=measured[-1].loss,
+        nonfinite_loss_steps=sum(not math.isfinite(r.loss) for r in measured),
     )
 
 

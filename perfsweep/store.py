@@ -73,6 +73,22 @@ class UTCDateTime(TypeDecorator):
         return value
 
 
+class Real(TypeDecorator):
+    """A float column whose NaN is stored as NULL on every backend.
+
+    SQLite has no NaN and stores it as NULL, PostgreSQL keeps it: the same run read differently
+    (``WHERE final_loss IS NULL``, an audit that skips a missing loss but flags a NaN one)
+    depending on where it was stored. NULL everywhere; infinities are stored as they are (both
+    keep them). What a NaN meant is kept beside it where it matters (``nonfinite_loss_steps``).
+    """
+
+    impl = Float
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):  # noqa: ARG002
+        return None if value is not None and value != value else value  # NaN is the one value unequal to itself
+
+
 class Base(DeclarativeBase):
     type_annotation_map = {dict[str, Any]: JSON, int: BigInteger}
 
@@ -97,8 +113,8 @@ class Sweep(Base):
     # CPU sweeps: the machine's achievable matmul FLOP/s, measured once before the jobs with the
     # jobs' thread count (perfsweep.cpu_peak); with runs.cpu_matmul_flops, the denominator of
     # runs.cpu_flops_utilisation (the higher of the two)
-    cpu_matmul_fp32_flops: Mapped[float | None] = mapped_column(Float)
-    cpu_matmul_bf16_flops: Mapped[float | None] = mapped_column(Float)
+    cpu_matmul_fp32_flops: Mapped[float | None] = mapped_column(Real)
+    cpu_matmul_bf16_flops: Mapped[float | None] = mapped_column(Real)
     cpu_matmul_threads: Mapped[int | None] = mapped_column(Integer)
     """torch threads the peaks were measured with; only runs with as many are set against them."""
     parallel: Mapped[int | None] = mapped_column(Integer)
@@ -136,7 +152,7 @@ class Run(Base):
     error: Mapped[str | None] = mapped_column(Text)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    duration_s: Mapped[float | None] = mapped_column(Float)
+    duration_s: Mapped[float | None] = mapped_column(Real)
     job_dir: Mapped[str | None] = mapped_column(String(1000))
     run_uid: Mapped[str | None] = mapped_column(String(32), unique=True, index=True)
     """Random id given when the job starts; `perfsweep import` uses it to store a result once."""
@@ -183,7 +199,7 @@ class Run(Base):
     n_params_non_embedding: Mapped[int | None] = mapped_column(BigInteger)
     vocab_size: Mapped[int | None] = mapped_column(Integer)
     vocab_size_padded: Mapped[int | None] = mapped_column(Integer)
-    unk_token_share: Mapped[float | None] = mapped_column(Float)
+    unk_token_share: Mapped[float | None] = mapped_column(Real)
     optimizer_fused: Mapped[bool | None] = mapped_column(Boolean)
     # timing (measured steps only; warmup excluded)
     repeat_index: Mapped[int | None] = mapped_column(Integer)
@@ -202,65 +218,69 @@ class Run(Base):
     timing_mode: Mapped[str | None] = mapped_column(String(8))
     """sync (host clock, device synchronised each step) or events (CUDA events, one sync)."""
     measure_steps: Mapped[int | None] = mapped_column(Integer)
-    first_step_ms: Mapped[float | None] = mapped_column(Float)
-    step_time_ms_median: Mapped[float | None] = mapped_column(Float)
-    step_time_ms_p10: Mapped[float | None] = mapped_column(Float)
-    step_time_ms_p90: Mapped[float | None] = mapped_column(Float)
-    step_time_ms_mean: Mapped[float | None] = mapped_column(Float)
-    step_time_ms_std: Mapped[float | None] = mapped_column(Float)
-    step_time_ms_iqr: Mapped[float | None] = mapped_column(Float)
-    step_time_cv: Mapped[float | None] = mapped_column(Float)
+    first_step_ms: Mapped[float | None] = mapped_column(Real)
+    step_time_ms_median: Mapped[float | None] = mapped_column(Real)
+    step_time_ms_p10: Mapped[float | None] = mapped_column(Real)
+    step_time_ms_p90: Mapped[float | None] = mapped_column(Real)
+    step_time_ms_mean: Mapped[float | None] = mapped_column(Real)
+    step_time_ms_std: Mapped[float | None] = mapped_column(Real)
+    step_time_ms_iqr: Mapped[float | None] = mapped_column(Real)
+    step_time_cv: Mapped[float | None] = mapped_column(Real)
     noisy: Mapped[bool | None] = mapped_column(Boolean)
     """Step times too spread to tell small differences apart, by noisy_rule (metrics.noisy_steps)."""
     noisy_rule: Mapped[str | None] = mapped_column(String(200))
     """names.NOISY_RULE when the run was judged; rows before schema 0012: the IQR rule alone."""
-    measure_wall_ms: Mapped[float | None] = mapped_column(Float)
+    measure_wall_ms: Mapped[float | None] = mapped_column(Real)
     """Wall time of the measured window; tokens_per_s is the window's tokens over it."""
-    data_wait_ms_median: Mapped[float | None] = mapped_column(Float)
-    data_wait_fraction: Mapped[float | None] = mapped_column(Float)
+    data_wait_ms_median: Mapped[float | None] = mapped_column(Real)
+    data_wait_fraction: Mapped[float | None] = mapped_column(Real)
     data_bound: Mapped[bool | None] = mapped_column(Boolean)
     """data_wait_fraction above names.DATA_BOUND_WAIT_FRACTION: the loader, not the model, sets the pace."""
-    tokens_per_s: Mapped[float | None] = mapped_column(Float)
+    tokens_per_s: Mapped[float | None] = mapped_column(Real)
     """All ranks together for a data-parallel job (global batch over the slowest rank's steps)."""
-    samples_per_s: Mapped[float | None] = mapped_column(Float)
+    samples_per_s: Mapped[float | None] = mapped_column(Real)
     # data-parallel jobs (nproc set): step times are the slowest rank's at each step
     nproc: Mapped[int | None] = mapped_column(Integer)
     """Ranks of a DistributedDataParallel job; null: a plain single process without DDP."""
     global_batch: Mapped[int | None] = mapped_column(Integer)
     """Samples per optimizer step over all ranks: nproc x batch."""
-    tokens_per_s_per_rank: Mapped[float | None] = mapped_column(Float)
-    samples_per_s_per_rank: Mapped[float | None] = mapped_column(Float)
+    tokens_per_s_per_rank: Mapped[float | None] = mapped_column(Real)
+    samples_per_s_per_rank: Mapped[float | None] = mapped_column(Real)
     slowest_rank: Mapped[int | None] = mapped_column(Integer)
     """The rank with the largest median step time (the one the others wait for in allreduce)."""
-    slowest_rank_step_time_ms_median: Mapped[float | None] = mapped_column(Float)
+    slowest_rank_step_time_ms_median: Mapped[float | None] = mapped_column(Real)
     """That rank's own median step time (step_time_ms_median is the median over steps of the
     slowest rank at each step)."""
-    allreduce_ms_per_step: Mapped[float | None] = mapped_column(Float)
+    allreduce_ms_per_step: Mapped[float | None] = mapped_column(Real)
     """Gradient allreduce time per profiled step on rank 0, from its trace: NCCL's communication
     kernels on CUDA, gloo's collective ranges on CPU; null for a single-process job."""
-    final_loss: Mapped[float | None] = mapped_column(Float)
-    flops_per_token: Mapped[float | None] = mapped_column(Float)
+    final_loss: Mapped[float | None] = mapped_column(Real)
+    """Loss of the last measured step; null where it was NaN (see nonfinite_loss_steps)."""
+    nonfinite_loss_steps: Mapped[int | None] = mapped_column(Integer)
+    """Measured steps whose loss was NaN or infinite (0 for a training that works); such a run
+    gets numerics_warning. Null for runs stored before schema 0013."""
+    flops_per_token: Mapped[float | None] = mapped_column(Real)
     """Training FLOPs per token (forward + backward, no recomputation); null for a samples model."""
-    flops_per_sample: Mapped[float | None] = mapped_column(Float)
+    flops_per_sample: Mapped[float | None] = mapped_column(Real)
     """Training FLOPs per sample (a sequence, an image): what model_tflops_per_s and MFU use."""
     flops_method: Mapped[str | None] = mapped_column(String(16))
     """formula (the model's flops_per_token, like perfsweep's GPT) or flop_counter (torch's
     FlopCounterMode over one meta-device step); null where neither could count: MFU null."""
-    model_tflops_per_s: Mapped[float | None] = mapped_column(Float)
-    mfu: Mapped[float | None] = mapped_column(Float)
-    cpu_flops_utilisation: Mapped[float | None] = mapped_column(Float)
+    model_tflops_per_s: Mapped[float | None] = mapped_column(Real)
+    mfu: Mapped[float | None] = mapped_column(Real)
+    cpu_flops_utilisation: Mapped[float | None] = mapped_column(Real)
     """CPU runs: model FLOP/s over the best matmul rate measured in the run's compute dtype, the
     sweep's (sweeps.cpu_matmul_*_flops) or the run's own (cpu_matmul_flops), not a published peak."""
-    cpu_matmul_flops: Mapped[float | None] = mapped_column(Float)
+    cpu_matmul_flops: Mapped[float | None] = mapped_column(Real)
     """CPU runs: the best matmul FLOP/s in the run's compute dtype, measured by the job right after
     its measured steps with its threads (perfsweep.cpu_peak). Load on the machine while the sweep
     measured its own peak lowered that one, and utilisation read above 1; this one sees the load
     the steps saw."""
     # speedup against the sweep's baseline config, written at the end of the sweep
-    speedup: Mapped[float | None] = mapped_column(Float)
+    speedup: Mapped[float | None] = mapped_column(Real)
     """tokens/s of this run's config over the baseline config's (medians over repeats or steps)."""
-    speedup_ci_lo: Mapped[float | None] = mapped_column(Float)
-    speedup_ci_hi: Mapped[float | None] = mapped_column(Float)
+    speedup_ci_lo: Mapped[float | None] = mapped_column(Real)
+    speedup_ci_hi: Mapped[float | None] = mapped_column(Real)
     """95% bootstrap interval of ``speedup`` (see speedup_basis)."""
     speedup_basis: Mapped[str | None] = mapped_column(String(16))
     """repeats (resampled runs, N > 1) or steps (resampled measured steps, in blocks)."""
@@ -268,13 +288,13 @@ class Run(Base):
     """faster, slower, no measurable difference (the interval contains 1) or baseline."""
     baseline_config_hash: Mapped[str | None] = mapped_column(String(64))
     """model_tflops_per_s over mfu_peak_flops (CUDA devices in envinfo.PEAK_FLOPS; else null)."""
-    mfu_peak_flops: Mapped[float | None] = mapped_column(Float)
+    mfu_peak_flops: Mapped[float | None] = mapped_column(Real)
     """The dense peak FLOP/s the MFU was taken against: the device's, in mfu_compute_dtype."""
     mfu_compute_dtype: Mapped[str | None] = mapped_column(String(8))
     """fp32, tf32, bf16 or fp16: what the run's matmuls executed in (autocast dtype or torch's TF32 setting)."""
     # bottleneck verdict (CUDA only; null on CPU, never guessed): see perfsweep.metrics.bottleneck
-    gpu_busy_ms: Mapped[float | None] = mapped_column(Float)
-    gpu_busy_fraction: Mapped[float | None] = mapped_column(Float)
+    gpu_busy_ms: Mapped[float | None] = mapped_column(Real)
+    gpu_busy_fraction: Mapped[float | None] = mapped_column(Real)
     bottleneck: Mapped[str | None] = mapped_column(String(8), index=True)
     bottleneck_rule: Mapped[str | None] = mapped_column(String(200))
     profile_error: Mapped[str | None] = mapped_column(Text)
@@ -306,24 +326,25 @@ class Run(Base):
     """Predicted peak_allocated_bytes."""
     predicted_peak_phase: Mapped[str | None] = mapped_column(String(16))
     """backward_start or backward_end: the moment the ledger puts the peak at."""
-    predicted_peak_error: Mapped[float | None] = mapped_column(Float)
+    predicted_peak_error: Mapped[float | None] = mapped_column(Real)
     """predicted_peak_bytes / peak_allocated_bytes - 1 (negative: the ledger predicted too little)."""
     # numerics: fp16's GradScaler and the loss against the sweep's FP32-eager twin (perfsweep.audit)
-    grad_scaler_final_scale: Mapped[float | None] = mapped_column(Float)
+    grad_scaler_final_scale: Mapped[float | None] = mapped_column(Real)
     grad_scaler_skipped_steps: Mapped[int | None] = mapped_column(Integer)
     """Optimizer steps GradScaler skipped for inf/NaN gradients (fp16 only)."""
     numerics_twin_run_id: Mapped[int | None] = mapped_column(Integer)
     """The run this one's losses were compared with: same sweep, settings, seed and steps, with
     amp, ckpt and compile off."""
-    loss_max_rel_diff: Mapped[float | None] = mapped_column(Float)
+    loss_max_rel_diff: Mapped[float | None] = mapped_column(Real)
     """Largest |loss - twin loss| / |twin loss| over the steps both ran."""
     numerics_diverged_step: Mapped[int | None] = mapped_column(Integer)
     """First step whose loss left the tolerance (names.LOSS_TOLERANCE); null when none did."""
     numerics_warning: Mapped[bool | None] = mapped_column(Boolean)
-    """A step left the tolerance, or a GradScaler skipped steps after warmup."""
+    """A step left the tolerance, a GradScaler skipped steps after warmup, or a measured step's
+    loss was NaN or infinite."""
     # torch.compile
-    compile_time_ms: Mapped[float | None] = mapped_column(Float)
-    compile_payback_steps: Mapped[float | None] = mapped_column(Float)
+    compile_time_ms: Mapped[float | None] = mapped_column(Real)
+    compile_payback_steps: Mapped[float | None] = mapped_column(Real)
     n_graphs: Mapped[int | None] = mapped_column(Integer)
     n_graph_breaks: Mapped[int | None] = mapped_column(Integer)
     n_recompiles: Mapped[int | None] = mapped_column(Integer)
@@ -369,8 +390,8 @@ class BatchSearch(Base):
     n_tried: Mapped[int | None] = mapped_column(Integer)
     best_run_id: Mapped[int | None] = mapped_column(Integer)
     """The ok run at max_batch."""
-    tokens_per_s: Mapped[float | None] = mapped_column(Float)
-    samples_per_s: Mapped[float | None] = mapped_column(Float)
+    tokens_per_s: Mapped[float | None] = mapped_column(Real)
+    samples_per_s: Mapped[float | None] = mapped_column(Real)
     peak_allocated_bytes: Mapped[int | None] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
@@ -385,9 +406,10 @@ class Step(Base):
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
     step: Mapped[int] = mapped_column(Integer)
     phase: Mapped[str] = mapped_column(String(16))  # warmup | measure
-    step_time_ms: Mapped[float] = mapped_column(Float)
-    data_wait_ms: Mapped[float] = mapped_column(Float)
-    loss: Mapped[float | None] = mapped_column(Float)
+    step_time_ms: Mapped[float] = mapped_column(Real)
+    data_wait_ms: Mapped[float] = mapped_column(Real)
+    loss: Mapped[float | None] = mapped_column(Real)
+    """Null where the loss was NaN (every step has one otherwise)."""
 
 
 class Stage(Base):
@@ -398,8 +420,8 @@ class Stage(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
     stage: Mapped[str] = mapped_column(String(64))
-    cpu_time_ms: Mapped[float] = mapped_column(Float)
-    device_time_ms: Mapped[float | None] = mapped_column(Float)
+    cpu_time_ms: Mapped[float] = mapped_column(Real)
+    device_time_ms: Mapped[float | None] = mapped_column(Real)
     device_time_source: Mapped[str] = mapped_column(String(32))
     calls: Mapped[int] = mapped_column(Integer)
 
@@ -412,8 +434,8 @@ class Kernel(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
     category: Mapped[str] = mapped_column(String(32))
-    ms_per_step: Mapped[float] = mapped_column(Float)
-    kernels_per_step: Mapped[float] = mapped_column(Float)
+    ms_per_step: Mapped[float] = mapped_column(Real)
+    kernels_per_step: Mapped[float] = mapped_column(Real)
 
 
 class Op(Base):
@@ -431,13 +453,13 @@ class Op(Base):
     rank: Mapped[int] = mapped_column(Integer)
     name: Mapped[str] = mapped_column(Text)
     calls: Mapped[int] = mapped_column(Integer)
-    self_cpu_ms: Mapped[float] = mapped_column(Float)
-    self_device_ms: Mapped[float | None] = mapped_column(Float)
-    cpu_total_ms: Mapped[float] = mapped_column(Float)
-    device_total_ms: Mapped[float | None] = mapped_column(Float)
+    self_cpu_ms: Mapped[float] = mapped_column(Real)
+    self_device_ms: Mapped[float | None] = mapped_column(Real)
+    cpu_total_ms: Mapped[float] = mapped_column(Real)
+    device_total_ms: Mapped[float | None] = mapped_column(Real)
     flops: Mapped[int | None] = mapped_column(BigInteger)
-    calls_per_step: Mapped[float | None] = mapped_column(Float)
-    flops_per_step: Mapped[float | None] = mapped_column(Float)
+    calls_per_step: Mapped[float | None] = mapped_column(Real)
+    flops_per_step: Mapped[float | None] = mapped_column(Real)
 
 
 class Artifact(Base):

@@ -154,9 +154,12 @@ def _speedup_text(verdict: str | None, value: float, lo: float, hi: float) -> st
     return f"{value:.2f}x" if pd.isna(lo) else f"{value:.2f}x ({lo:.2f}-{hi:.2f}) {verdict}"
 
 
-def numerics_text(diverged_step: Any, scaler_skipped: Any) -> str:
-    """'diverged at step 7', '3 steps skipped (fp16)', or both: why a run's numerics are flagged."""
+def numerics_text(diverged_step: Any, scaler_skipped: Any, nonfinite: Any = None) -> str:
+    """'loss NaN/inf at 3 steps', 'diverged at step 7', '3 steps skipped (fp16)', or several: why a
+    run's numerics are flagged."""
     parts = []
+    if pd.notna(nonfinite) and nonfinite:
+        parts.append(f"loss NaN/inf at {int(nonfinite)} step{'s' if nonfinite != 1 else ''}")
     if pd.notna(diverged_step):
         parts.append(f"diverged at step {int(diverged_step)}")
     if pd.notna(scaler_skipped) and scaler_skipped:
@@ -205,9 +208,13 @@ def format_summary(runs: pd.DataFrame, swept: Sequence[str] = ()) -> str:
         ]
     if per["numerics_warning"].eq(1).any():
         out["numerics"] = [
-            "-" if pd.isna(w) else ("ok" if not w else numerics_text(step, skipped))
-            for w, step, skipped in zip(
-                per["numerics_warning"], per["numerics_diverged_step"], per["grad_scaler_skipped_steps"], strict=True
+            "-" if pd.isna(w) else ("ok" if not w else numerics_text(step, skipped, nonfinite))
+            for w, step, skipped, nonfinite in zip(
+                per["numerics_warning"],
+                per["numerics_diverged_step"],
+                per["grad_scaler_skipped_steps"],
+                per["nonfinite_loss_steps"],
+                strict=True,
             )
         ]
     if per["data_bound"].eq(1).any():
@@ -244,7 +251,8 @@ def format_summary(runs: pd.DataFrame, swept: Sequence[str] = ()) -> str:
         )
     if per["numerics_warning"].eq(1).any():
         notes.append(
-            "numerics: the loss left the tolerance of its FP32-eager twin (names.LOSS_TOLERANCE) from the step "
+            "numerics: the loss was NaN or infinite at measured steps (the training blew up: its speed is not that "
+            "of one that works), left the tolerance of its FP32-eager twin (names.LOSS_TOLERANCE) from the step "
             "shown, or fp16's GradScaler skipped measured steps; see runs.loss_max_rel_diff"
         )
     if per["unsettled"].any():

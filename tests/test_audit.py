@@ -23,6 +23,9 @@ def test_first_divergence_over_the_steps_both_ran() -> None:
     assert first_divergence({0: 10.0, 1: 9.05, 2: 8.4, 3: 7.0, 4: 1.0}, twin, 0.02) == (2, pytest.approx(0.05))
     step, worst = first_divergence({0: 10.0, 1: math.nan}, twin, 0.02)
     assert step == 1 and worst == math.inf  # a non-finite loss where the twin's is finite
+    # a NaN loss is stored as NULL (every step has a loss otherwise): it is out too
+    assert first_divergence({0: 10.0, 1: None}, twin, 0.02) == (1, math.inf)
+    assert first_divergence({0: 10.0, 1: 9.0}, {0: 10.0, 1: None}, 0.02) == (None, 0.0)  # the twin's own: no comparison
     assert tolerance(False, "bf16") == LOSS_TOLERANCE["fp32"] and tolerance(True, "bf16") == LOSS_TOLERANCE["bf16"]
 
 
@@ -63,6 +66,29 @@ def test_a_diverging_setting_is_flagged_with_its_step(tmp_path: Path) -> None:
     md = next(tmp_path.glob("multirun/*/*/report/report.md")).read_text()
     assert "**Numerics warning:** amp=on" in md and "## Numerics: loss against the FP32-eager twin" in md
     assert "**numerics warning**" in md
+
+
+def test_a_training_that_blows_up_is_flagged_even_as_the_reference(tmp_path: Path) -> None:
+    """lr=1e30 sends the weights to infinity after the first step: every measured loss is NaN. The
+    run is FP32 eager (nothing to compare with), and is flagged all the same; in SQLite its NaN
+    losses are NULL, as on every backend."""
+    res = run_perfsweep(["-m", *TINY, "lr=1e30", "device=cpu"], tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    (run,) = rows(tmp_path / "results.db", "SELECT * FROM runs")
+    assert run["status"] == "ok" and run["nonfinite_loss_steps"] == 3 and run["numerics_warning"] == 1
+    assert run["final_loss"] is None and run["numerics_twin_run_id"] is None
+    losses = rows(tmp_path / "results.db", "SELECT loss FROM steps WHERE phase = 'measure'")
+    assert [r["loss"] for r in losses] == [None] * 3
+    assert "loss NaN/inf at 3 steps" in res.stdout and "numerics: the loss was NaN or infinite" in res.stdout
+    report = subprocess.run(
+        [sys.executable, "-m", "perfsweep.report", "--db", "results.db"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert report.returncode == 0, report.stderr
+    md = next(tmp_path.glob("multirun/*/*/report/report.md")).read_text()
+    assert "**Numerics warning:** tiny batch=4 seq_len=32: the loss was NaN or infinite" in md
+    table = md.split("## Numerics")[1]
+    assert "| diverged at step | NaN/inf loss steps | verdict |" in table
+    assert "| - | 0.1% | - | 3 | **numerics warning** |" in table  # no twin; the count; the verdict
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (fp16 autocast and GradScaler)")

@@ -461,6 +461,26 @@ def test_a_result_kept_before_the_noisy_rule_was_stored_is_imported_with_the_rul
     ]
 
 
+def test_a_result_kept_before_nonfinite_losses_were_counted_is_imported_with_its_count(tmp_path: Path):
+    """A result.json older than schema 0013 has NaN losses (JSON's NaN) and no count: imported, the
+    run counts its non-finite measured losses (warmup's not), stores the NaN ones as NULL, and the
+    audit that runs after an import flags it."""
+    nan, inf = float("nan"), float("inf")
+    steps = [("warmup", nan), ("measure", 2.0), ("measure", nan), ("measure", inf)]
+    run = {k: v for k, v in run_row(0, run_uid="old", final_loss=inf).items() if k != "sweep_id"}
+    run["steps"] = [
+        {"step": i, "phase": phase, "step_time_ms": 5.0, "data_wait_ms": 0.0, "loss": loss}
+        for i, (phase, loss) in enumerate(steps)
+    ]
+    importer.write_result_file(tmp_path / importer.RESULT_FILE, {"sweep_dir": str(tmp_path / "sw"), "name": "s"}, run)
+    db = tmp_path / "results.db"
+    assert importer.main([str(tmp_path / importer.RESULT_FILE), "--db", str(db)]) == 0
+    (stored,) = rows(db, "SELECT id, nonfinite_loss_steps, numerics_warning FROM runs")
+    assert stored == {"id": stored["id"], "nonfinite_loss_steps": 2, "numerics_warning": 1}
+    losses = rows(db, "SELECT loss FROM steps ORDER BY step")
+    assert [r["loss"] for r in losses] == [None, 2.0, None, inf]
+
+
 def test_import_refuses_what_is_not_a_result(tmp_path: Path, capsys: pytest.CaptureFixture):
     (tmp_path / "result.json").write_text("{}")
     assert importer.main([str(tmp_path / "nothing")]) == 2

@@ -7,6 +7,7 @@ server binaries are not installed). Nothing is mocked.
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import re
 import sqlite3
@@ -211,6 +212,7 @@ def full_result(sweep_id: int, job_num: int = 3) -> dict[str, Any]:
         "tokens_per_s": 20228.123456789012,
         "samples_per_s": 79.01610725308208,
         "final_loss": 3.2188758248682006,
+        "nonfinite_loss_steps": 0,
         "flops_per_token": 7.46e8,
         "flops_per_sample": 7.46e8 * 128,
         "flops_method": "formula",
@@ -554,6 +556,29 @@ def test_save_run_keeps_timezone_aware_datetimes(db_url, engines):
         assert run.finished_at - run.started_at == timedelta(seconds=60.25)
         sweep = s.get(store.Sweep, sid)
         assert sweep.created_at.tzinfo is not None
+
+
+def test_a_nan_is_null_on_every_backend_and_infinities_are_kept(db_url, engines):
+    """SQLite has no NaN and stores NULL; PostgreSQL would keep it. A blown-up run must read the
+    same wherever it was stored (``final_loss IS NULL``, the audit's NULL loss), so every float
+    column stores a NaN as NULL; infinities, which both keep, stay."""
+    import numpy as np
+
+    engine = engines(db_url)
+    sid = store.get_or_create_sweep(engine, "/sweeps/nan", "nan")
+    steps = [
+        {"step": i, "phase": "measure", "step_time_ms": 5.0, "data_wait_ms": 0.0, "loss": loss}
+        for i, loss in enumerate([2.5, math.nan, math.inf, np.float32("nan")])
+    ]
+    nan_fields = {"final_loss": math.nan, "step_time_cv": np.float64("nan"), "loss_max_rel_diff": math.inf}
+    rid = store.save_run(engine, minimal_result(sid, status="ok", nonfinite_loss_steps=3, steps=steps, **nan_fields))
+    with engines(db_url, migrate=False).connect() as c:
+        losses = c.execute(text("SELECT loss FROM steps WHERE run_id = :r ORDER BY step"), {"r": rid}).scalars().all()
+        assert losses == [2.5, None, math.inf, None]
+        row = c.execute(text("SELECT final_loss, step_time_cv, loss_max_rel_diff FROM runs WHERE id = :r"), {"r": rid})
+        assert tuple(row.one()) == (None, None, math.inf)
+        blown_up = "SELECT COUNT(*) FROM runs WHERE final_loss IS NULL AND nonfinite_loss_steps > 0"
+        assert c.execute(text(blown_up)).scalar() == 1
 
 
 def test_save_run_unknown_field_raises_and_writes_nothing(db_url, engines):

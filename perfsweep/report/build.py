@@ -559,6 +559,8 @@ def numerics_md(configs: pd.DataFrame) -> str:
         f"{LOSS_TOLERANCE[d if a else 'fp32']:.1%}" for a, d in zip(rows["amp"], rows["amp_dtype"], strict=True)
     ]
     out["diverged at step"] = [fmt.num(v) for v in rows["numerics_diverged_step"]]
+    if rows["nonfinite_loss_steps"].fillna(0).gt(0).any():
+        out["NaN/inf loss steps"] = [fmt.num(v) for v in rows["nonfinite_loss_steps"]]
     if rows["grad_scaler_final_scale"].notna().any():
         out["GradScaler scale"] = [fmt.num(v, "{:g}") for v in rows["grad_scaler_final_scale"]]
         out["skipped steps"] = [fmt.num(v) for v in rows["grad_scaler_skipped_steps"]]
@@ -567,7 +569,9 @@ def numerics_md(configs: pd.DataFrame) -> str:
         "Each run with AMP, checkpointing or compile on, against the sweep's run with the same settings and seed and all "
         "three off (FP32 eager), step by step over the steps both ran (`perfsweep/audit.py`): a step is out when its "
         "loss differs from the twin's by more than the tolerance of the run's compute dtype. Rows are the run "
-        "nearest each config's median.\n\n" + fmt.table(out, right=["max loss diff", "tolerance", "diverged at step"])
+        "nearest each config's median. A run whose loss was NaN or infinite at a measured step is flagged whatever "
+        "its settings: the training blew up.\n\n"
+        + fmt.table(out, right=["max loss diff", "tolerance", "diverged at step", "NaN/inf loss steps"])
     )
 
 
@@ -645,8 +649,9 @@ def headline_md(report: Report) -> list[str]:
         lines.append(f"- **Did not finish:** {counts}: {fmt.listing(bad['label'], 6)}.")
     if (flagged := ok[ok["numerics_warning"].eq(1)]).shape[0]:
         lines.append(
-            f"- **Numerics warning:** {fmt.listing(flagged['label'], 4)}: the loss left its FP32-eager twin's "
-            "(or fp16's GradScaler skipped measured steps); see Numerics below before trusting their speed."
+            f"- **Numerics warning:** {fmt.listing(flagged['label'], 4)}: the loss was NaN or infinite, left its "
+            "FP32-eager twin's, or fp16's GradScaler skipped measured steps; see Numerics below before trusting "
+            "their speed."
         )
     if (bound := ok[ok["data_bound"].eq(1)]).shape[0]:
         lines.append(
