@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 import shutil
 import time
@@ -50,31 +51,39 @@ def cache_scope(mode: str, job_dir: Path, probe_cpu: bool = False) -> Iterator[N
     ISA check in the user's usual cache, in either mode, so that no ``compile_time_ms`` holds it
     (see the module docstring).
     """
-    if probe_cpu:
-        probe_cpu_isa()
+    user_cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if mode != "isolated":
+        if probe_cpu:
+            probe_cpu_isa(user_cache)
         yield
         return
     root = job_dir / "compile_cache"
     shutil.rmtree(root, ignore_errors=True)
     try:
         with environ_set({var: str(root / folder) for var, folder in CACHE_ENV.items()}):
+            if probe_cpu:
+                probe_cpu_isa(user_cache)
             yield
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def probe_cpu_isa() -> None:
-    """Run Inductor's check of the CPU's vector instruction sets now, in the current cache.
+def probe_cpu_isa(user_cache: str | None) -> None:
+    """Run Inductor's check of the CPU's vector instruction sets now, in ``user_cache`` (None:
+    torch's default folder), whatever cache the job's compile will use.
 
-    Inductor keeps the answer for the rest of the process (``functools.cache``), so a compile
-    in another cache folder afterwards neither repeats the check nor writes it there.
+    Inductor keeps the answer for the rest of the process (``functools.cache``), so the compile
+    neither repeats the check nor writes it to its own cache. Inductor is imported first, under
+    the job's cache settings: Dynamo fixes some cache paths when it is imported. A check that
+    fails (the user's folder cannot be written) is not kept, and the compile does it, as before.
     """
     t0 = time.perf_counter()
     try:
         from torch._inductor import cpu_vec_isa
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-        isa = cpu_vec_isa.pick_vec_isa()
+        with environ_set({"TORCHINDUCTOR_CACHE_DIR": user_cache or default_cache_dir()}):
+            isa = cpu_vec_isa.pick_vec_isa()
     except Exception as exc:  # a private API: without it the check stays inside the compile, as before
         log.info("could not check the CPU's vector ISA before the compile (%s); the compile does it", exc)
         return
