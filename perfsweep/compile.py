@@ -75,7 +75,8 @@ def probe_cpu_isa(user_cache: str | None) -> None:
     Inductor keeps the answer for the rest of the process (``functools.cache``), so the compile
     neither repeats the check nor writes it to its own cache. Inductor is imported first, under
     the job's cache settings: Dynamo fixes some cache paths when it is imported. A check that
-    fails (the user's folder cannot be written) is not kept, and the compile does it, as before.
+    fails (the user's folder cannot be written, or no candidate's program built and loaded there)
+    is not kept, and the compile does it, as before.
     """
     t0 = time.perf_counter()
     try:
@@ -84,10 +85,27 @@ def probe_cpu_isa(user_cache: str | None) -> None:
 
         with environ_set({"TORCHINDUCTOR_CACHE_DIR": user_cache or default_cache_dir()}):
             isa = cpu_vec_isa.pick_vec_isa()
+        if not isa:  # no candidate built and loaded there: Inductor keeps that, and would compile scalar kernels
+            forget_isa_check(cpu_vec_isa)
+            log.info("no vector ISA passed Inductor's check in the user's cache; the compile checks again in its own")
+            return
     except Exception as exc:  # a private API: without it the check stays inside the compile, as before
         log.info("could not check the CPU's vector ISA before the compile (%s); the compile does it", exc)
         return
     log.info("CPU vector ISA for Inductor: %s (checked in %.1f s, before the compile)", isa, time.perf_counter() - t0)
+
+
+def forget_isa_check(cpu_vec_isa: Any) -> None:
+    """Drop what Inductor keeps of its ISA check for the rest of the process (``functools``
+    caches on the list of valid ISAs and on each candidate's check), so the next compile checks
+    again, in its own cache. A check whose programs did not build or load in the user's folder (a
+    ``noexec`` /tmp, Inductor's default place; a truncated ``.so`` it finds and does not rebuild)
+    fails without an error, and kept, it made every kernel of the job scalar."""
+    cpu_vec_isa.valid_vec_isa_list.cache_clear()
+    for cls in {k for isa in cpu_vec_isa.supported_vec_isa_list for k in type(isa).__mro__}:
+        for attr in vars(cls).values():
+            if callable(clear := getattr(attr, "cache_clear", None)):
+                clear()
 
 
 def apply(model: torch.nn.Module, backend: str, mode: str | None) -> torch.nn.Module:

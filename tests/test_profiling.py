@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -165,6 +166,37 @@ print(str(isa) or "none", len(inside))
     assert files_inside == "0"  # the isolated cache holds only what the job's own graphs compile
     if isa not in ("none", "skipped"):  # x86 and others whose candidates are compiled and loaded to be checked
         assert any(user.rglob("*.so")), "the check's programs belong in the user's cache"
+
+
+def test_a_user_cache_whose_check_programs_do_not_load_leaves_the_check_to_the_compile(tmp_path: Path):
+    """Inductor finds the check's programs in the user's cache and does not rebuild them; one that
+    does not load (truncated by a killed build; any .so on a noexec /tmp, Inductor's default place)
+    fails that candidate without an error, and Inductor keeps the answer for the process. An
+    isolated job must not take 'no vector ISA' from there: its kernels would all be scalar. The
+    compile checks again in the job's own cache and finds what a clean check finds."""
+    import subprocess
+    import sys
+
+    user, job = tmp_path / "user", tmp_path / "job"
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(user)}
+    ask = "from torch._inductor import cpu_vec_isa; print(str(cpu_vec_isa.pick_vec_isa()) or 'none')"
+    clean = subprocess.run([sys.executable, "-c", ask], env=env, capture_output=True, text=True, timeout=300)
+    assert clean.returncode == 0, clean.stderr[-2000:]
+    expected = clean.stdout.split("\n")[-2]
+    programs = list(user.rglob("*.so"))
+    if expected == "none" or not programs:
+        pytest.skip("no vector ISA whose check builds a program on this machine")
+    for so in programs:
+        so.write_bytes(b"")  # still found, so not rebuilt; no longer loadable
+    script = f"""
+from pathlib import Path
+from perfsweep import compile as c
+with c.cache_scope("isolated", Path({str(job)!r}), probe_cpu=True):
+    {ask}
+"""
+    res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split("\n")[-2] == expected
 
 
 def test_compile_counters_see_breaks_and_recompiles():
