@@ -71,7 +71,9 @@ def per_config(runs: pd.DataFrame) -> pd.DataFrame:
 
     ``throughput_per_s`` is the median over the config's ok runs and ``throughput_per_s_lo``/``_hi`` their
     range (with one ok run: its throughput at the p90 and p10 step time); ``runs``, ``ok_runs``
-    and ``noisy_runs`` count them, the last by their stored ``noisy`` flag; ``repeats_disagree``: their
+    and ``noisy_runs`` count them, the last by their stored ``noisy`` flag; ``numerics_runs``: the ok
+    runs with ``numerics_warning``, so that a repeat that blew up shows whichever run stands for the
+    config; ``repeats_disagree``: their
     tokens/s spread as much (:func:`metrics.noisy_iqr`); ``noisy``: either, as the summary flags it. Every
     other column is that of one run, the ok run nearest the median, whose stages, kernels and loss
     the detail charts draw: the figures of a row belong together. Repeats share their stored speedup.
@@ -83,6 +85,7 @@ def per_config(runs: pd.DataFrame) -> pd.DataFrame:
     by = ok.groupby(key, sort=False)
     c = pd.DataFrame({"median": by.median(), "lo": by.min(), "hi": by.max(), "runs": by.size(), "ok_runs": by.count()})
     c["noisy_runs"] = (runs["noisy"].eq(1) & runs["ok"]).groupby(key, sort=False).sum()
+    c["numerics_runs"] = (runs["numerics_warning"].eq(1) & runs["ok"]).groupby(key, sort=False).sum()
     c["unsettled"] = (runs["steady_state"].eq(0) & runs["ok"]).groupby(key, sort=False).any()
     c["first_job_num"] = runs["job_num"].groupby(key, sort=False).min()
     ok_ids = runs.loc[runs["ok"], "id"].to_numpy()  # one pass, no Python per group: 10,000 configs in ms

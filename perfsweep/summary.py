@@ -167,6 +167,18 @@ def numerics_text(diverged_step: Any, scaler_skipped: Any, nonfinite: Any = None
     return ", ".join(parts) or "flagged"
 
 
+def numerics_cell(warning: Any, why: str, flagged: int, ok_runs: int) -> str:
+    """The numerics of a config: its representative run's (``warning``, ``why``), and how many of
+    its ``ok_runs`` repeats were flagged where that is not all of them: a repeat that blew up is not
+    hidden behind a clean median run."""
+    share = f"{flagged} of {ok_runs} runs flagged"
+    if pd.notna(warning) and warning:
+        return why + (f" ({share})" if flagged < ok_runs else "")
+    if flagged:
+        return share
+    return "-" if pd.isna(warning) else "ok"
+
+
 def format_summary(runs: pd.DataFrame, swept: Sequence[str] = ()) -> str:
     """A compact table, one row per config (:func:`perfsweep.configs.per_config`: repeats
     combined, as the report shows them): only the axes that vary, tokens/s (samples/s for models
@@ -206,14 +218,16 @@ def format_summary(runs: pd.DataFrame, swept: Sequence[str] = ()) -> str:
             "-" if pd.isna(p) else f"{p / 2**20:,.1f}" + ("" if pd.isna(e) else f" ({e:+.0%})")
             for p, e in zip(per["predicted_peak_bytes"], per["predicted_peak_error"], strict=True)
         ]
-    if per["numerics_warning"].eq(1).any():
+    if per["numerics_runs"].gt(0).any():
         out["numerics"] = [
-            "-" if pd.isna(w) else ("ok" if not w else numerics_text(step, skipped, nonfinite))
-            for w, step, skipped, nonfinite in zip(
+            numerics_cell(w, numerics_text(step, skipped, nonfinite), flagged, ok_runs)
+            for w, step, skipped, nonfinite, flagged, ok_runs in zip(
                 per["numerics_warning"],
                 per["numerics_diverged_step"],
                 per["grad_scaler_skipped_steps"],
                 per["nonfinite_loss_steps"],
+                per["numerics_runs"],
+                per["ok_runs"],
                 strict=True,
             )
         ]
@@ -249,7 +263,7 @@ def format_summary(runs: pd.DataFrame, swept: Sequence[str] = ()) -> str:
             f"bound: more than {DATA_BOUND_WAIT_FRACTION:.0%} of the measured steps went to waiting for the next "
             "batch; the data loader sets the pace (raise workers, or prepare batches ahead)"
         )
-    if per["numerics_warning"].eq(1).any():
+    if per["numerics_runs"].gt(0).any():
         notes.append(
             "numerics: the loss was NaN or infinite at measured steps (the training blew up: its speed is not that "
             "of one that works), left the tolerance of its FP32-eager twin (names.LOSS_TOLERANCE) from the step "

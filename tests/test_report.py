@@ -1339,3 +1339,27 @@ def test_a_samples_model_beside_token_models_is_named_not_dropped(engine: Any, t
     apart = make_report(engine, [sid], where="tokens_per_s IS NULL AND samples_per_s IS NOT NULL")
     assert apart.configs["throughput_per_s"].tolist() == [160.0]  # on its own it is ranked by samples/s
     assert not [ln for ln in headline_md(apart) if ln.startswith("- **Not ranked:**")]
+
+
+def test_a_repeat_that_blew_up_is_flagged_whichever_run_stands_for_its_config(engine: Any, tmp_path: Path) -> None:
+    """amp=on ran three times and one repeat's loss went NaN (the audit flagged it). The config is
+    drawn from the run nearest its median, a clean one; the summary, the headline and the numerics
+    table still say that one of its three runs was flagged, not ok."""
+    from perfsweep.report.build import headline_md, numerics_md
+
+    sid = new_sweep(engine, tmp_path / "sw")
+    store.save_run(engine, run_row(sid, 0, [100.0] * 3, config_hash="off"))
+    blown = dict(numerics_warning=True, nonfinite_loss_steps=3, final_loss=None)
+    for i, (times, flags) in enumerate((([100.0] * 3, {}), ([90.0] * 3, blown), ([110.0] * 3, {}))):
+        clean = dict(numerics_warning=False, nonfinite_loss_steps=0, numerics_twin_run_id=1, loss_max_rel_diff=0.001)
+        row = run_row(sid, 1 + i, times, amp=True, config_hash="on", repeat_index=i, **{**clean, **flags})
+        store.save_run(engine, row)
+    rep = make_report(engine, [sid])
+    on = rep.configs[rep.configs["label"] == "amp=on"]
+    assert on["numerics_warning"].item() == 0  # the run drawn for the config is a clean repeat
+    flagged = [ln for ln in headline_md(rep) if ln.startswith("- **Numerics warning:**")]
+    assert [ln.split(": the loss")[0] for ln in flagged] == ["- **Numerics warning:** amp=on"]
+    rows = [ln for ln in numerics_md(rep.configs).splitlines() if ln.startswith("| amp=on")]
+    assert [r.rsplit("|", 2)[1].strip() for r in rows] == ["**numerics warning** in 1 of 3 runs"]
+    text = summary.format_summary(summary.summary_frame(engine, sid))
+    assert "1 of 3 runs flagged" in text and "numerics:" in text, text

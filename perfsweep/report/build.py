@@ -546,7 +546,7 @@ def ledger_md(configs: pd.DataFrame) -> str:
 def numerics_md(configs: pd.DataFrame) -> str:
     """The numerics audit per config (perfsweep.audit): its FP32-eager twin, the largest relative
     loss difference, the step it left the tolerance, fp16's GradScaler; "" where nothing was audited."""
-    rows = configs[configs["numerics_warning"].notna()]
+    rows = configs[configs["numerics_warning"].notna() | configs["numerics_runs"].gt(0)]
     if rows.empty:
         return ""
     labels = dict(zip(configs["id"], configs["label"], strict=True))
@@ -564,13 +564,16 @@ def numerics_md(configs: pd.DataFrame) -> str:
     if rows["grad_scaler_final_scale"].notna().any():
         out["GradScaler scale"] = [fmt.num(v, "{:g}") for v in rows["grad_scaler_final_scale"]]
         out["skipped steps"] = [fmt.num(v) for v in rows["grad_scaler_skipped_steps"]]
-    out["verdict"] = ["**numerics warning**" if w else "ok" for w in rows["numerics_warning"]]
+    out["verdict"] = [
+        "**numerics warning**" + (f" in {n} of {k} runs" if k > 1 else "") if n else "ok" if w == 0 else "-"
+        for w, n, k in zip(rows["numerics_warning"], rows["numerics_runs"], rows["ok_runs"], strict=True)
+    ]
     return (
         "Each run with AMP, checkpointing or compile on, against the sweep's run with the same settings and seed and all "
         "three off (FP32 eager), step by step over the steps both ran (`perfsweep/audit.py`): a step is out when its "
         "loss differs from the twin's by more than the tolerance of the run's compute dtype. Rows are the run "
-        "nearest each config's median. A run whose loss was NaN or infinite at a measured step is flagged whatever "
-        "its settings: the training blew up.\n\n"
+        "nearest each config's median; the verdict counts every repeat. A run whose loss was NaN or infinite at a "
+        "measured step is flagged whatever its settings: the training blew up.\n\n"
         + fmt.table(out, right=["max loss diff", "tolerance", "diverged at step", "NaN/inf loss steps"])
     )
 
@@ -647,7 +650,7 @@ def headline_md(report: Report) -> list[str]:
     if not bad.empty:
         counts = ", ".join(f"{c} {s}" for s, c in bad["status"].value_counts().items())
         lines.append(f"- **Did not finish:** {counts}: {fmt.listing(bad['label'], 6)}.")
-    if (flagged := ok[ok["numerics_warning"].eq(1)]).shape[0]:
+    if (flagged := ok[ok["numerics_runs"].gt(0)]).shape[0]:
         lines.append(
             f"- **Numerics warning:** {fmt.listing(flagged['label'], 4)}: the loss was NaN or infinite, left its "
             "FP32-eager twin's, or fp16's GradScaler skipped measured steps; see Numerics below before trusting "
