@@ -1363,3 +1363,20 @@ def test_a_repeat_that_blew_up_is_flagged_whichever_run_stands_for_its_config(en
     assert [r.rsplit("|", 2)[1].strip() for r in rows] == ["**numerics warning** in 1 of 3 runs"]
     text = summary.format_summary(summary.summary_frame(engine, sid))
     assert "1 of 3 runs flagged" in text and "numerics:" in text, text
+
+
+def test_compare_says_which_side_blew_up(engine: Any, tmp_path: Path) -> None:
+    """Sweep A's amp=on trained into NaN losses (flagged by the audit); B's did not. compare.md does
+    not hand the blown-up side its verdict unqualified: a numerics column names A, and says why."""
+    ref, new = (new_sweep(engine, tmp_path / n, n) for n in ("ref", "new"))
+    for sid in (ref, new):
+        store.save_run(engine, run_row(sid, 0, [100.0] * 3, config_hash=f"{sid}-off"))
+    store.save_run(engine, run_row(ref, 1, [100.0] * 3, amp=True, numerics_warning=False, nonfinite_loss_steps=0))
+    blown = dict(numerics_warning=True, nonfinite_loss_steps=3, final_loss=None)
+    store.save_run(engine, run_row(new, 1, [50.0] * 3, amp=True, **blown))
+    md = (build_compare(engine, new, ref, tmp_path / "cmp") / "compare.md").read_text()
+    header = next(ln for ln in md.splitlines() if ln.startswith("| config |"))
+    assert header.endswith("| noisy | numerics |"), header
+    amp = next(ln for ln in md.splitlines() if ln.startswith("| amp=on"))
+    assert amp.endswith("| A |"), amp
+    assert "**numerics**: a run of that side had a loss that was NaN or infinite" in md

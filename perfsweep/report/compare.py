@@ -41,6 +41,7 @@ VALUES = (
     "step_time_ms_median",
     "noisy",
     "noisy_rule",
+    "numerics_runs",
 )
 CHANGE = ("change_pct", "change_pct_ci_lo", "change_pct_ci_hi", "change_basis")
 VERDICT_COLORS = {"faster": charts.GOOD, "slower": charts.BAD, metrics.NO_DIFFERENCE: charts.LIGHT}
@@ -179,6 +180,9 @@ def compare_md(
         **{f"peak mem {s.upper()}": cmp[f"peak_mem_bytes_{s}"].map(fmt.mem) for s in "ab"},
         noisy=[", ".join(flags.columns[row]) for row in flags.to_numpy()],
     )
+    numerics = pd.DataFrame({s.upper(): cmp[f"numerics_runs_{s}"].gt(0) for s in "ab"})  # perfsweep.audit's flag
+    if numerics.any(axis=None):
+        table["numerics"] = [", ".join(numerics.columns[row]) for row in numerics.to_numpy()]
     counts = ", ".join(f"{c} {v}" for v, c in cmp["verdict"].value_counts().items())
     if flags.any(axis=None):
         flagged = pd.concat([cmp.loc[flags[s.upper()], f"noisy_rule_{s}"] for s in "ab"]).rename("noisy_rule")
@@ -186,6 +190,12 @@ def compare_md(
             f". **noisy**: that side's step times broke the rule stored with its runs ({stored_rules(flagged.to_frame())}), "
             f"or its repeats' tokens/s spread by more than {NOISY_IQR_FRACTION:.0%} of their median; its verdict may "
             "not hold on a quieter machine"
+        )
+    if numerics.any(axis=None):
+        counts += (
+            ". **numerics**: a run of that side had a loss that was NaN or infinite, left its FP32-eager twin's, or "
+            "fp16's GradScaler skipped measured steps (see each sweep's report): its speed is not that of the "
+            "training you meant"
         )
     image = "![compare](compare.png)\n\n" if chart else ""
     scope = f"\n\nFilter (`--where`): `{where}`" if where else ""
@@ -199,7 +209,7 @@ for one run the throughput at its p90 and p10 step time).
 
 **{len(cmp)} config{"s" if len(cmp) != 1 else ""}:** {counts}.{scope}
 
-{image}{fmt.table(table, right=[c for c in table.columns if c not in ("config", "verdict", "noisy")])}
+{image}{fmt.table(table, right=[c for c in table.columns if c not in ("config", "verdict", "noisy", "numerics")])}
 
 ## Environment
 
