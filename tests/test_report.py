@@ -1365,6 +1365,23 @@ def test_a_repeat_that_blew_up_is_flagged_whichever_run_stands_for_its_config(en
     assert "1 of 3 runs flagged" in text and "numerics:" in text, text
 
 
+def test_the_headline_says_when_the_fastest_config_or_the_baseline_blew_up(engine: Any, tmp_path: Path) -> None:
+    """With lr=1e30 every loss is NaN, and on a CPU NaN arithmetic can run at another speed than
+    a working training: the fastest config and the baseline it is measured against say so where
+    they are named, not only in a later line."""
+    from perfsweep.report.build import headline_md
+
+    sid = new_sweep(engine, tmp_path / "sw")
+    blown = dict(numerics_warning=True, nonfinite_loss_steps=3, final_loss=None)
+    store.save_run(engine, run_row(sid, 0, [500.0] * 3, config_hash="off", **blown))
+    store.save_run(engine, run_row(sid, 1, [10.0] * 3, amp=True, config_hash="on", **blown))
+    lines = headline_md(make_report(engine, [sid]))
+    fastest = next(ln for ln in lines if ln.startswith("- **Fastest:** amp=on"))
+    baseline = next(ln for ln in lines if ln.startswith("- **Baseline:** amp=off"))
+    assert fastest.endswith("vs the baseline (numerics warning: see Numerics below)."), fastest
+    assert baseline.endswith("(numerics warning: see Numerics below)."), baseline
+
+
 def test_compare_says_which_side_blew_up(engine: Any, tmp_path: Path) -> None:
     """Sweep A's amp=on trained into NaN losses (flagged by the audit); B's did not. compare.md does
     not hand the blown-up side its verdict unqualified: a numerics column names A, and says why."""

@@ -627,14 +627,21 @@ def intervals_md(report: Report) -> str:
 def headline_md(report: Report) -> list[str]:
     configs, lines = report.configs, []
     ok, bad, base = configs[configs["ok"]], configs[configs["status"] != "ok"], configs[configs["is_baseline"]]
+    flag = " (numerics warning: see Numerics below)"  # a training that blew up is no baseline and no win
     for b in base.itertuples():
         tokens, memory = fmt.num(b.throughput_per_s), fmt.mem(b.peak_mem_bytes)
-        lines.append(f"- **Baseline:** {b.label} ({report.baseline}): {tokens} tokens/s, peak memory {memory}.")
+        lines.append(
+            f"- **Baseline:** {b.label} ({report.baseline}): {tokens} tokens/s, peak memory {memory}"
+            + (flag if b.numerics_runs else "")
+            + "."
+        )
     if len(ok) > 1:
         fast = ok.loc[ok["throughput_per_s"].idxmax()]
         speed = fmt.speedup(fast["speedup"], fast["speedup_ci_lo"], fast["speedup_ci_hi"])
         lines.append(
-            f"- **Fastest:** {fast['label']}: {fast['throughput_per_s']:,.0f} tokens/s, {speed} vs the baseline."
+            f"- **Fastest:** {fast['label']}: {fast['throughput_per_s']:,.0f} tokens/s, {speed} vs the baseline"
+            + (flag if fast["numerics_runs"] else "")
+            + "."
         )
         if ok["peak_mem_bytes"].notna().any():
             lean = ok.loc[ok["peak_mem_bytes"].idxmin()]
