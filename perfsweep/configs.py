@@ -163,7 +163,7 @@ def value_text(axis: str, value: Any) -> str:
         return "on" if bool(value) else "off"
     if isinstance(value, float) and value != value:  # NaN: the key was null in that config
         return "null"
-    if isinstance(value, float) and value.is_integer():
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:  # lr=1e30: 1e+30, not 31 digits
         return str(int(value))
     return str(value)
 

@@ -996,6 +996,12 @@ def test_labels_name_only_differing_axes() -> None:
     ]
 
 
+def test_a_large_float_setting_is_labelled_as_written() -> None:
+    """lr=1e30 (a training sent to NaN on purpose) is a float that is an integer: not 31 digits."""
+    df = pd.DataFrame({"id": [1, 2], **{a: [0, 0] for a in CONFIG_AXES}, "cfg.lr": [1e-3, 1e30]})
+    assert config_labels(df, label_axes(df)).tolist() == ["lr=0.001", "lr=1e+30"]
+
+
 def test_one_config_label_names_the_techniques_that_are_on() -> None:
     """A single compiled AMP run (nothing differs) is not labelled like a plain eager one."""
     df = pd.DataFrame({"id": [1], **{a: [0] for a in CONFIG_AXES}}).assign(model_name="tiny", batch=8, seq_len=256)
