@@ -5,10 +5,11 @@ Revises: 0012
 Create Date: 2026-11-25 12:00:00
 
 SQLite stores a NaN loss as NULL, and the numerics audit skipped a NULL loss as missing, so a
-training that blew up was reported as a clean benchmark there (PostgreSQL kept the NaN and the
-audit flagged it). From this revision every backend stores a NaN as NULL and the run counts its
-non-finite losses. Rows stored before keep their values and flags; their count stays NULL
-(not counted), since an old NULL loss cannot be told apart from a missing one by SQL alone.
+training that blew up was reported as a clean benchmark there. PostgreSQL kept the NaN, and the
+audit flagged a run with AMP, checkpointing or compile against a finite twin, but never the
+FP32-eager reference itself. From this revision every backend stores a NaN as NULL, the run
+counts its non-finite losses, and a count above zero is a numerics warning. Rows stored before
+keep their values (NaN on PostgreSQL) and flags; their count stays NULL (not counted).
 """
 
 from collections.abc import Sequence
