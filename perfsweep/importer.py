@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import sys
 import tempfile
 from datetime import datetime
@@ -23,7 +22,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.engine import Engine
 
-from perfsweep import store
+from perfsweep import metrics, store
 from perfsweep.cli import OneLineParser, first_line, waiting_for_database
 from perfsweep.names import FINAL_STATUSES, NOISY_RULE_IQR_ONLY
 
@@ -74,7 +73,7 @@ def import_file(engine: Engine, path: Path) -> tuple[str, int]:
         run["noisy_rule"] = NOISY_RULE_IQR_ONLY
     if run.get("final_loss") is not None and "nonfinite_loss_steps" not in run:  # older than schema 0013
         measured = [s.get("loss") for s in run.get("steps") or [] if s.get("phase") == "measure"]
-        run["nonfinite_loss_steps"] = sum(not math.isfinite(x) for x in measured if x is not None)
+        run["nonfinite_loss_steps"] = metrics.nonfinite_count(x for x in measured if x is not None)
     run["sweep_id"] = store.get_or_create_sweep(
         engine,
         sweep["sweep_dir"],

@@ -10,7 +10,7 @@ functions at the end, which the summary, the report and the comparison call.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -128,8 +128,14 @@ def summarize(
         tokens_per_s=tokens_per_step * len(measured) / window_s if tokens_per_step is not None else None,
         samples_per_s=samples_per_step * len(measured) / window_s,
         final_loss=measured[-1].loss,
-        nonfinite_loss_steps=sum(not math.isfinite(r.loss) for r in measured),
+        nonfinite_loss_steps=nonfinite_count(r.loss for r in measured),
     )
+
+
+def nonfinite_count(losses: Iterable[float]) -> int:
+    """How many of ``losses`` are NaN or infinite: ``runs.nonfinite_loss_steps`` of the measured
+    steps' losses, for a job's own steps and for a result.json kept before the column existed."""
+    return sum(not math.isfinite(x) for x in losses)
 
 
 def slowest_rank_steps(per_rank: Sequence[Sequence[StepRecord]]) -> list[StepRecord]:

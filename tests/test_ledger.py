@@ -93,7 +93,7 @@ def test_block_activations_are_what_torch_saves(dropout: float, amp: bool, shape
     assert predicted == pytest.approx(measured, rel=0.005)
 
 
-# Runs of the shared H100 databases (../shared/gpu/h100-2026-11-22, results-bf16-seed-gpt2-batch-seq.db,
+# Runs of the shared H100 databases (the shared folder gpu/h100-2026-11-22, results-bf16-seed-gpt2-batch-seq.db,
 # sweeps 1 and 2, 2026-11-22; torch 2.11, H100 80GB HBM3, 79.1 GiB): shape, vocabulary as stored
 # (before padding), settings, measured peak_allocated_bytes in MiB (None: the run ran out of memory).
 MINIGPT = GPTShape(12, 4, 768, 3072, 1024, 10_000, True, 0.1)
