@@ -63,7 +63,9 @@ def test_notebook_runs_against_a_real_sweep(
         ).fetchall()
     assert len(stored) == 4 * len(STAGES)  # four configs, every stage
     for amp, ckpt, stage, ms in stored:
-        assert shown[f"amp={amp} ckpt={ckpt}"][stage] == pytest.approx(round(ms, 2), abs=0.006)
+        # pandas rounds 0.075 to 0.08 where Python's round gives 0.07, so compare with the stored value itself:
+        # a figure shown to 2 decimals is within half a unit of its last place (plus float noise)
+        assert shown[f"amp={amp} ckpt={ckpt}"][stage] == pytest.approx(ms, abs=0.005 + 1e-9)
 
 
 def _breakdown_cell(nb) -> dict[str, dict[str, float]]:
