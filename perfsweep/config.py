@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import math
 import re
 import typing
 import uuid
@@ -596,7 +597,8 @@ class PerfsweepConfig:
                 "perfsweep's GPT trains on token data (stdlib, textfile, synthetic); a custom data factory needs a custom model",
             )
         _require(self.workers >= 0, "workers", self.workers, "must be >= 0")
-        _require(self.lr > 0, "lr", self.lr, "must be > 0")
+        _require(0 < self.lr < math.inf, "lr", self.lr, "must be a finite number > 0")
+        _require(0 <= self.weight_decay < math.inf, "weight_decay", self.weight_decay, "must be a finite number >= 0")
         _require(self.max_batch_cap >= 1, "max_batch_cap", self.max_batch_cap, "must be a positive integer")
         if self.job_memory_limit_mib is not None:
             _require(
@@ -611,7 +613,12 @@ class PerfsweepConfig:
                 self.job_memory_limit_mib,
                 "needs device=cpu (it limits host address space, which CUDA reserves in bulk)",
             )
-        _require(self.grad_scaler_init_scale > 0, "grad_scaler_init_scale", self.grad_scaler_init_scale, "must be > 0")
+        _require(
+            0 < self.grad_scaler_init_scale < math.inf,
+            "grad_scaler_init_scale",
+            self.grad_scaler_init_scale,
+            "must be a finite number > 0",
+        )
         _require(self.timeout_s > 0, "timeout_s", self.timeout_s, "must be > 0 seconds")
         _require(self.repeat >= 1, "repeat", self.repeat, "must be a positive integer")
         _require(0 <= self.seed < 2**64, "seed", self.seed, "must be an integer from 0 to 2**64-1 (torch's seeds)")

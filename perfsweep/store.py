@@ -12,6 +12,7 @@ single short transaction, so a crash between jobs cannot leave half a run behind
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
@@ -89,8 +90,34 @@ class Real(TypeDecorator):
         return None if value is not None and value != value else value  # NaN is the one value unequal to itself
 
 
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)  # 'inf', '-inf', 'nan': what float() reads back
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+class PortableJSON(TypeDecorator):
+    """JSON that every backend takes and every JSON reader parses.
+
+    Python writes an infinite or NaN float as the bare word ``Infinity`` or ``NaN``, which is not
+    JSON: PostgreSQL refused the whole row (a run with a factory argument ``max_norm=inf`` was
+    not stored) and SQLite's ``json_extract`` called the text malformed. Such a float is stored
+    as the string ``"inf"``, ``"-inf"`` or ``"nan"`` instead, which ``float()`` reads back.
+    """
+
+    impl = JSON
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):  # noqa: ARG002
+        return _json_safe(value)
+
+
 class Base(DeclarativeBase):
-    type_annotation_map = {dict[str, Any]: JSON, int: BigInteger}
+    type_annotation_map = {dict[str, Any]: PortableJSON, int: BigInteger}
 
 
 class Sweep(Base):
@@ -144,7 +171,7 @@ class Run(Base):
     amp_dtype: Mapped[str] = mapped_column(String(8))
     model_name: Mapped[str] = mapped_column(String(100))
     data_name: Mapped[str] = mapped_column(String(100))
-    config_json: Mapped[dict[str, Any]] = mapped_column(JSON)
+    config_json: Mapped[dict[str, Any]] = mapped_column(PortableJSON)
     config_hash: Mapped[str] = mapped_column(String(64), index=True)
     # outcome
     status: Mapped[str] = mapped_column(String(16), index=True)
@@ -348,7 +375,7 @@ class Run(Base):
     n_graphs: Mapped[int | None] = mapped_column(Integer)
     n_graph_breaks: Mapped[int | None] = mapped_column(Integer)
     n_recompiles: Mapped[int | None] = mapped_column(Integer)
-    graph_break_reasons: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    graph_break_reasons: Mapped[dict[str, Any] | None] = mapped_column(PortableJSON)
     compile_cache: Mapped[str | None] = mapped_column(String(16))
     compile_cache_hits: Mapped[int | None] = mapped_column(Integer)
 

@@ -49,6 +49,10 @@ def test_defaults_compose_and_validate():
         (["amp=true", "amp_dtype=fp16", "device=cpu"], "amp_dtype='fp16'"),
         (["data=textfile"], "data.path=None"),
         (["timeout_s=0"], "timeout_s=0"),
+        (["lr=inf"], "lr=inf"),  # was taken, and PostgreSQL then refused the run's config JSON
+        (["lr=nan"], "lr=nan"),
+        (["weight_decay=-0.1"], "weight_decay=-0.1"),  # AdamW's own error came only inside the job
+        (["grad_scaler_init_scale=inf"], "grad_scaler_init_scale=inf"),
     ],
 )
 def test_range_errors_name_key_value_and_rule(overrides, key):

@@ -7,6 +7,7 @@ server binaries are not installed). Nothing is mocked.
 
 from __future__ import annotations
 
+import json
 import math
 import multiprocessing
 import re
@@ -579,6 +580,33 @@ def test_a_nan_is_null_on_every_backend_and_infinities_are_kept(db_url, engines)
         assert tuple(row.one()) == (None, None, math.inf)
         blown_up = "SELECT COUNT(*) FROM runs WHERE final_loss IS NULL AND nonfinite_loss_steps > 0"
         assert c.execute(text(blown_up)).scalar() == 1
+
+
+def test_an_infinite_or_nan_setting_is_stored_as_json_every_reader_parses(db_url, engines):
+    """Python writes inf as the bare word Infinity, which is not JSON: PostgreSQL refused the row
+    (a factory argument ``max_norm=inf`` lost the run's database write) and SQLite's json_extract
+    called it malformed. Such a value is stored as the string "inf", "-inf" or "nan"."""
+    engine = engines(db_url)
+    sid = store.get_or_create_sweep(engine, "/sweeps/inf", "inf")
+    config = {"model": {"args": {"max_norm": math.inf, "floor": -math.inf}}, "betas": [0.9, math.nan], "lr": 3e-4}
+    rid = store.save_run(engine, minimal_result(sid, config_json=config, graph_break_reasons={"ratio": math.inf}))
+
+    def refuse(word: str) -> None:
+        raise AssertionError(f"{word} is not JSON")
+
+    with engines(db_url, migrate=False).connect() as c:
+        raw = c.execute(text("SELECT config_json, graph_break_reasons FROM runs WHERE id = :r"), {"r": rid}).one()
+        stored = [json.loads(v, parse_constant=refuse) if isinstance(v, str) else v for v in raw]
+        assert stored == [
+            {"model": {"args": {"max_norm": "inf", "floor": "-inf"}}, "betas": [0.9, "nan"], "lr": 3e-4},
+            {"ratio": "inf"},
+        ]
+        extract = (
+            "SELECT json_extract(config_json, '$.model.args.max_norm') FROM runs WHERE id = :r"
+            if db_url.startswith("sqlite")
+            else "SELECT config_json::jsonb #>> '{model,args,max_norm}' FROM runs WHERE id = :r"
+        )
+        assert float(c.execute(text(extract), {"r": rid}).scalar()) == math.inf
 
 
 def test_save_run_unknown_field_raises_and_writes_nothing(db_url, engines):
