@@ -144,7 +144,7 @@ def hydra_main(cfg: DictConfig) -> str:
     url = launcher.db_url(run_cfg, launch_dir)
     assert sweep_id is not None  # reserved above for a single run
     try:
-        with launcher.SweepHeartbeat(url, sweep_id):
+        with interrupts.unmasked(), launcher.SweepHeartbeat(url, sweep_id):
             run_id, status = launcher.run_job(spec)
     except KeyboardInterrupt as exc:
         with interrupts.held(interrupts.STOPPING_NOTE):
@@ -294,7 +294,8 @@ def main() -> None:
     interrupts.install()
     preflight.note_launch_dir()  # before Hydra makes a plain run's folder: what a refusal may remove
     try:
-        hydra_main()
+        with interrupts.unmasked():  # a Ctrl-C inside Hydra's own code may surface as another error
+            hydra_main()
     except preflight.COMPOSE_ERRORS as exc:
         if full_error:
             raise

@@ -164,7 +164,7 @@ class PerfsweepSweeper(BasicSweeper):
         if slotted:
             launcher.start_concurrent(placements)
         try:
-            with launcher.SweepHeartbeat(url, sweep_id):
+            with interrupts.unmasked(), launcher.SweepHeartbeat(url, sweep_id):
                 for start, batch in _contiguous([p for p in todo if p not in searches], jobs):
                     self.validate_batch_is_legal(batch)
                     try:
