@@ -7,7 +7,9 @@ report (perfsweep.summary calls build_report), so the fixture exercises that pat
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -54,16 +56,36 @@ def run_sweep(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return proc
 
 
-@pytest.fixture(scope="session")
-def report_sweeps(tmp_path_factory: pytest.TempPathFactory) -> ReportSweeps:
-    """Two real tiny sweeps (8 jobs, about 40-60 s on 2 cores) shared by all report tests."""
-    workdir = tmp_path_factory.mktemp("report-sweeps")
+def _build(workdir: Path) -> tuple[int, int]:
     run_sweep(["amp=true,false", "ckpt=true,false", "batch=4", "seq_len=32"], workdir)
     run_sweep(["batch=2,4", "seq_len=16,32"], workdir)
-    db = workdir / "results.db"
     import sqlite3
 
-    with sqlite3.connect(db) as conn:
+    with sqlite3.connect(workdir / "results.db") as conn:
         ids = [r[0] for r in conn.execute("SELECT id FROM sweeps ORDER BY id")]
     assert len(ids) == 2, ids
-    return ReportSweeps(workdir, db, amp_ckpt=ids[0], batch_seq=ids[1])
+    return ids[0], ids[1]
+
+
+@pytest.fixture(scope="session")
+def report_sweeps(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> ReportSweeps:
+    """Two real tiny sweeps (8 jobs, about 30 s on 2 cores) shared by all report tests.
+
+    Under pytest-xdist the report and notebook tests may run in different workers: the first one
+    to ask builds the sweeps in the run's shared temp folder while the other waits on a lock,
+    and both read the same results.db (nothing writes to it after). Built twice, they cost the
+    suite 30 s of its 2 cores."""
+    if worker_id == "master":  # no xdist: a session is the whole run
+        workdir = tmp_path_factory.mktemp("report-sweeps")
+        return ReportSweeps(workdir, workdir / "results.db", *_build(workdir))
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp().parent  # the folder of this run's workers
+    workdir, built = shared / "report-sweeps", shared / "report-sweeps.json"
+    with FileLock(str(shared / "report-sweeps.lock")):
+        if not built.exists():
+            shutil.rmtree(workdir, ignore_errors=True)  # what a worker that failed to build left
+            workdir.mkdir()
+            built.write_text(json.dumps(_build(workdir)))
+        amp_ckpt, batch_seq = json.loads(built.read_text())
+    return ReportSweeps(workdir, workdir / "results.db", amp_ckpt, batch_seq)
