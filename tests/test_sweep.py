@@ -409,23 +409,23 @@ def test_two_sweeps_started_at_once_in_one_folder_stay_apart(tmp_path: Path):
 
 
 def test_repeats_run_in_rounds_share_the_config_and_get_intervals(tmp_path: Path):
-    """repeat=3 order=shuffle over 2 configs: 6 fresh processes in 3 rounds, never one config twice
+    """repeat=2 order=shuffle over 2 configs: 4 fresh processes in 2 rounds, never one config twice
     in a row; repeats share their config hash; the speedup over the baseline is over repeats."""
-    res = run_perfsweep(["-m", "amp=true,false", "repeat=3", "order=shuffle", "profile.enabled=false", *TINY], tmp_path)
+    res = run_perfsweep(["-m", "amp=true,false", "repeat=2", "order=shuffle", "profile.enabled=false", *TINY], tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     runs = rows(tmp_path / "results.db", "SELECT * FROM runs ORDER BY job_num")
-    assert [r["job_num"] for r in runs] == list(range(6))
-    rounds = [sorted(r["amp"] for r in runs[i : i + 2]) for i in (0, 2, 4)]
-    assert rounds == [[0, 1]] * 3  # every round runs every config once
-    assert [r["repeat_index"] for r in runs] == [0, 0, 1, 1, 2, 2]
+    assert [r["job_num"] for r in runs] == list(range(4))
+    rounds = [sorted(r["amp"] for r in runs[i : i + 2]) for i in (0, 2)]
+    assert rounds == [[0, 1]] * 2  # every round runs every config once
+    assert [r["repeat_index"] for r in runs] == [0, 0, 1, 1]
     assert all(a["amp"] != b["amp"] for a, b in zip(runs, runs[1:], strict=False))  # never back to back
-    assert len({r["config_hash"] for r in runs}) == 2 and len({r["job_dir"] for r in runs}) == 6
+    assert len({r["config_hash"] for r in runs}) == 2 and len({r["job_dir"] for r in runs}) == 4
     assert all("repeat" not in r["overrides"] and "sweep." not in r["overrides"] for r in runs)
     base = [r for r in runs if r["amp"] == 0]
     amp = [r for r in runs if r["amp"] == 1]
     assert {r["speedup_verdict"] for r in base} == {"baseline"}
     expected = metrics.ratio_interval([r["tokens_per_s"] for r in amp], [r["tokens_per_s"] for r in base])
-    for r in amp:  # the stored interval is the bootstrap over the three repeats of each side
+    for r in amp:  # the stored interval is the bootstrap over the two repeats of each side
         assert r["speedup_basis"] == "repeats" and r["baseline_config_hash"] == base[0]["config_hash"]
         assert (r["speedup"], r["speedup_ci_lo"], r["speedup_ci_hi"]) == pytest.approx(
             (expected.value, expected.lo, expected.hi)
