@@ -122,7 +122,8 @@ def _with_settings(engine: Engine, runs: pd.DataFrame, settings: Sequence[str] =
         return runs
     ids = runs["id"].tolist()  # every loaded run: another sweep's matching configs (compare) need the values too
     configs = pd.read_sql_query(f"SELECT id, config_json FROM runs WHERE id IN ({_ids_sql(ids)})", engine)
-    flat = pd.json_normalize([json.loads(c) if isinstance(c, str) else c or {} for c in configs["config_json"]])
+    loaded = (json.loads(c) if isinstance(c, str) else c or {} for c in configs["config_json"])
+    flat = pd.json_normalize([store.json_safe(c) for c in loaded])  # an older row's Infinity as the newer "inf"
     flat = flat.drop(columns=[c for c in flat.columns if c.split(".")[0] in NOT_MEASURED], errors="ignore")
     flat = flat.map(lambda v: json.dumps(v) if isinstance(v, (list, dict)) else v)
     flat.index = configs["id"].to_numpy()

@@ -90,13 +90,14 @@ class Real(TypeDecorator):
         return None if value is not None and value != value else value  # NaN is the one value unequal to itself
 
 
-def _json_safe(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
+    """``value`` with every infinite or NaN float in it as the string ``float()`` reads back."""
     if isinstance(value, float) and not math.isfinite(value):
-        return repr(value)  # 'inf', '-inf', 'nan': what float() reads back
+        return str(float(value))  # 'inf', '-inf', 'nan': what float() reads back (repr of numpy's: np.float64(inf))
     if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
 
 
@@ -111,9 +112,13 @@ class PortableJSON(TypeDecorator):
 
     impl = JSON
     cache_ok = True
+    should_evaluate_none = True  # as JSON has it: a run's unset column stays SQL NULL (a TypeDecorator wrote 'null')
 
     def process_bind_param(self, value, dialect):  # noqa: ARG002
-        return _json_safe(value)
+        return json_safe(value)
+
+    def process_result_value(self, value, dialect):  # noqa: ARG002
+        return json_safe(value)  # a row stored before (SQLite kept Infinity) reads as the rows stored now
 
 
 class Base(DeclarativeBase):

@@ -168,6 +168,44 @@ def test_a_signal_that_another_exception_hides_is_unwound_as_itself():
             raise AttributeError("x")
 
 
+def test_a_hidden_signal_keeps_what_it_unwound():
+    """A Ctrl-C held and delivered after a SIGTERM carries the SIGTERM (and its hint) as its
+    context; unmasked keeps them after what hid it: the exit code and hint are the first one's."""
+    interrupts._received.extend([signal.SIGTERM, signal.SIGINT])
+    try:
+        with pytest.raises(KeyboardInterrupt) as raised, interrupts.unmasked():
+            try:
+                try:
+                    first = interrupts.Terminated()
+                    first.perfsweep_hint = "resume it"
+                    raise first
+                finally:
+                    raise KeyboardInterrupt
+            finally:
+                raise AttributeError("cleanup")
+    finally:
+        interrupts._received.clear()
+    assert isinstance(raised.value.__context__, AttributeError)
+    assert interrupts.first_cause(raised.value) is first
+
+
+def test_an_error_after_the_signal_was_handled_is_shown_as_itself():
+    """Once perfsweep has handled a Ctrl-C (its hint on what to do next is set), an error in what
+    follows, the summary say, is perfsweep's own bug: shown, not taken for the Ctrl-C."""
+    interrupts._received.append(signal.SIGINT)
+    try:
+        with pytest.raises(RuntimeError, match="summary bug"), interrupts.unmasked():
+            try:
+                handled = KeyboardInterrupt()
+                handled.perfsweep_hint = "the run is stored as interrupted; run the command again to measure it"
+                raise handled
+            except KeyboardInterrupt:
+                raise RuntimeError("summary bug")  # noqa: B904 - the chain is the point
+        assert not interrupts.hides_signal(RuntimeError("no context"))
+    finally:
+        interrupts._received.clear()
+
+
 # Ctrl-C as Hydra composes the second job's config: OmegaConf stops half way and its own cleanup
 # fails, so an AttributeError with the Ctrl-C as its context reaches the sweeper. Seen in CI once
 # (test_scale_out's Ctrl-C while jobs start); made to happen every time here.

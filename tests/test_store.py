@@ -609,6 +609,19 @@ def test_an_infinite_or_nan_setting_is_stored_as_json_every_reader_parses(db_url
         assert float(c.execute(text(extract), {"r": rid}).scalar()) == math.inf
 
 
+def test_a_json_column_left_out_stays_sql_null(db_url, engines):
+    """graph_break_reasons of a running or eager run is SQL NULL, as it was with plain JSON
+    (a TypeDecorator does not inherit JSON's should_evaluate_none: it wrote JSON 'null')."""
+    engine = engines(db_url)
+    sid = store.get_or_create_sweep(engine, "/sweeps/null", "null")
+    row = minimal_result(sid)
+    row.pop("status")
+    rid = store.begin_run(engine, row)
+    store.save_run(engine, {**minimal_result(sid), "status": "ok", "graph_break_reasons": None}, run_id=rid)
+    with engine.connect() as c:
+        assert c.execute(text("SELECT COUNT(*) FROM runs WHERE graph_break_reasons IS NULL")).scalar() == 1
+
+
 def test_save_run_unknown_field_raises_and_writes_nothing(db_url, engines):
     engine = engines(db_url)
     sid = store.get_or_create_sweep(engine, "/sweeps/u", "u")

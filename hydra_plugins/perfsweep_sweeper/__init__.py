@@ -170,8 +170,8 @@ class PerfsweepSweeper(BasicSweeper):
                     try:
                         returns.append(self.launcher.launch(batch, initial_job_idx=start))
                     except Exception as exc:
-                        if hydra_launcher == "BasicLauncher":
-                            raise
+                        if hydra_launcher == "BasicLauncher" or interrupts.hides_signal(exc):
+                            raise  # a Ctrl-C that another launcher's error hides: unwound as one (unmasked)
                         # e.g. submitit's UncompletedJobError for a job the scheduler killed outright:
                         # the other jobs' rows are stored, and this one's row says what is known
                         print(
