@@ -27,6 +27,7 @@ from omegaconf.errors import OmegaConfBaseException
 from perfsweep.cli import first_line, waiting_for_database
 from perfsweep.config import (
     GPT_TARGET,
+    NODE_SCHEMAS,
     AmpDtype,
     ConfigError,
     DataKind,
@@ -105,6 +106,35 @@ def _missing_primary_config(name: str, message: str) -> str:
     return f"-cn {name}: no config {name}.yaml in {where}; {hint}choices: {', '.join(sorted(choices))}"
 
 
+def presets_with(key: str) -> list[str]:
+    """perfsweep's own ``model`` or ``data`` presets whose YAML sets ``key`` (``data.path``:
+    ``["textfile"]``): the schema declares every key of every preset, a preset only its own."""
+    group, _, leaf = key.partition(".")
+    if group not in NODE_SCHEMAS or not leaf or "." in leaf:
+        return []
+    from omegaconf import OmegaConf
+
+    folder = resources.files("perfsweep.conf") / group
+    found = []
+    for entry in sorted(folder.iterdir(), key=lambda p: p.name):
+        if entry.name.endswith(".yaml") and leaf in (OmegaConf.create(entry.read_text()) or {}):
+            found.append(entry.name.removesuffix(".yaml"))
+    return found
+
+
+def _key_of_other_presets(key: str, as_typed: str, owners: list[str]) -> str:
+    """A key perfsweep knows, set on a preset that lacks it (``data.path=x`` with the default
+    data=stdlib): which presets have it; for a model key, how model=custom's factory takes it."""
+    group, _, leaf = key.partition(".")
+    as_typed = as_typed.lstrip("+")
+    if len(owners) == 1:
+        have = f"{group}={owners[0]} has it: add {group}={owners[0]}"
+    else:
+        have = f"{group}={', '.join(owners[:-1])} and {owners[-1]} have it"
+    custom = f"; a model=custom factory takes it as +{as_typed}" if group == "model" and "custom" not in owners else ""
+    return f"{as_typed}: the {group} preset in use has no key {leaf}; {have}{custom}"
+
+
 def error_line(exc: BaseException) -> str:
     """One line for a composition or validation error: key, value and what is allowed.
 
@@ -135,9 +165,12 @@ def error_line(exc: BaseException) -> str:
     typed = re.search(r"use \+(\S+)", str(exc))  # Hydra's own advice quotes key=value as typed
     if unknown is not None:
         key = override.group(1) if override else unknown.group(1)
+        as_typed = typed.group(1) if typed else key
+        if key in config_keys() and (owners := presets_with(key)):
+            return _key_of_other_presets(key, as_typed, owners)
         close = difflib.get_close_matches(key, config_keys(), n=1)
         hint = f"did you mean {close[0]}? " if close else ""
-        return f"{typed.group(1) if typed else key}: no such key; {hint}python -m perfsweep --help lists them"
+        return f"{as_typed}: no such key; {hint}python -m perfsweep --help lists them"
     wrong_type = r"override ([\w.]+)=(.*?)\W+Value '.*' (?:is not a valid (bool)|.* converted to (Integer|Float))"
     if (bad := re.search(wrong_type, f"{exc} {exc.__cause__}")) is not None:  # one line: key, value, allowed
         kind = bad.group(3) or bad.group(4)

@@ -63,6 +63,10 @@ CASES = {
     # a preset's keys: Hydra's own answer was "use +model.n_layer=2", which only moved the mistake
     "model_key_typo": (["model.n_layer=2"], "model.n_layer=2"),
     "data_key_typo": (["data.vocab_limt=100"], "data.vocab_limt=100"),
+    # a key of another preset: Hydra's answer led to "did you mean data.path?" for data.path itself
+    "key_of_another_preset": (["data.path=/x"], "data.path=/x"),
+    # ...and with + it was added, then ignored: the job trained on the preset's own data
+    "added_key_of_another_kind": (["+data.glob=*.md"], "data.glob='*.md'"),
 }
 HINTS = {  # what is allowed or what to do, beyond naming key and value
     "device_cuda_without_cuda": "device=cpu",
@@ -82,6 +86,8 @@ HINTS = {  # what is allowed or what to do, beyond naming key and value
     "db_url_unparsable": "db.url=sqlite:///",  # a path (--db's form) is shown as the URL it would be
     "model_key_typo": "did you mean model.n_layers?",
     "data_key_typo": "did you mean data.vocab_limit?",
+    "key_of_another_preset": "data=textfile has it: add data=textfile",
+    "added_key_of_another_kind": "only data.kind=textfile reads it",
 }
 
 
