@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
@@ -580,6 +581,59 @@ def test_a_nan_is_null_on_every_backend_and_infinities_are_kept(db_url, engines)
         assert tuple(row.one()) == (None, None, math.inf)
         blown_up = "SELECT COUNT(*) FROM runs WHERE final_loss IS NULL AND nonfinite_loss_steps > 0"
         assert c.execute(text(blown_up)).scalar() == 1
+
+
+def test_upgrade_counts_the_nonfinite_losses_of_rows_stored_before_0013(db_url, engines):
+    """Rows stored at schema 0013's predecessor: PostgreSQL kept their NaN, and no row has a
+    count, so a blown-up training read as clean. The upgrade makes every NaN NULL and counts an
+    ok run's NaN or infinite measured losses from its steps; a run it cannot count stays NULL."""
+    from alembic import command
+
+    if db_url.startswith("sqlite:///"):
+        Path(db_url.removeprefix("sqlite:///")).parent.mkdir()
+    engine = engines(db_url, migrate=False)
+    cfg = store._alembic_config()
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0013")
+    sid = store.get_or_create_sweep(engine, "/sweeps/old", "old")
+    meta = sa.MetaData()
+    with engine.begin() as conn:  # reflected tables: plain floats, so PostgreSQL keeps a NaN as perfsweep once did
+        runs, steps = (sa.Table(t, meta, autoload_with=conn) for t in ("runs", "steps"))
+
+        def run(losses: list[tuple[str, float]] | None, **kw) -> int:
+            row = {k: v for k, v in run_row(sid, **kw).items() if k in runs.c}
+            rid = conn.execute(runs.insert().values(row)).inserted_primary_key[0]
+            for i, (phase, loss) in enumerate(losses or []):
+                conn.execute(
+                    steps.insert().values(
+                        run_id=rid, step=i, phase=phase, step_time_ms=5.0, data_wait_ms=0.0, loss=loss
+                    )
+                )
+            return rid
+
+        blew_up = run(
+            [("warmup", math.nan), ("measure", 2.5), ("measure", math.nan), ("measure", math.inf)],
+            final_loss=math.inf,
+            step_time_cv=math.nan,
+        )
+        clean = run([("warmup", 3.0), ("measure", 2.5), ("measure", 2.4)], final_loss=2.4)
+        warmup_only_nan = run([("warmup", math.nan), ("measure", 2.5)], final_loss=2.5)
+        no_steps = run(None, final_loss=math.nan)
+        failed = run([("measure", math.nan)], status="failed")
+        counted = run([("measure", 2.5)], nonfinite_loss_steps=7)  # a count already there is not redone
+    engines(db_url)  # perfsweep opens it: upgrade to head
+    with engine.connect() as c:
+        got = dict(c.execute(text("SELECT id, nonfinite_loss_steps FROM runs")).all())
+        assert got == {blew_up: 2, clean: 0, warmup_only_nan: 0, no_steps: None, failed: None, counted: 7}
+        floats = [
+            *c.execute(text("SELECT loss FROM steps")).scalars(),
+            *c.execute(text("SELECT step_time_cv FROM runs")).scalars(),
+        ]
+        assert not any(isinstance(x, float) and math.isnan(x) for x in floats)
+        assert c.execute(text("SELECT COUNT(*) FROM steps WHERE loss IS NULL")).scalar() == 4
+        row = c.execute(text("SELECT final_loss, step_time_cv FROM runs WHERE id = :r"), {"r": blew_up}).one()
+        assert tuple(row) == (math.inf, None)
 
 
 def test_an_infinite_or_nan_setting_is_stored_as_json_every_reader_parses(db_url, engines):
