@@ -23,8 +23,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import platform
 import re
 import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,7 +56,7 @@ def cache_scope(mode: str, job_dir: Path, probe_cpu: bool = False) -> Iterator[N
     user_cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if mode != "isolated":
         if probe_cpu:
-            probe_cpu_isa(user_cache)
+            probe_cpu_isa(user_cache, job_dir)
         yield
         return
     root = job_dir / "compile_cache"
@@ -62,21 +64,26 @@ def cache_scope(mode: str, job_dir: Path, probe_cpu: bool = False) -> Iterator[N
     try:
         with environ_set({var: str(root / folder) for var, folder in CACHE_ENV.items()}):
             if probe_cpu:
-                probe_cpu_isa(user_cache)
+                probe_cpu_isa(user_cache, job_dir)
             yield
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def probe_cpu_isa(user_cache: str | None) -> None:
+def probe_cpu_isa(user_cache: str | None, job_dir: Path) -> None:
     """Run Inductor's check of the CPU's vector instruction sets now, in ``user_cache`` (None:
     torch's default folder), whatever cache the job's compile will use.
 
     Inductor keeps the answer for the rest of the process (``functools.cache``), so the compile
     neither repeats the check nor writes it to its own cache. Inductor is imported first, under
-    the job's cache settings: Dynamo fixes some cache paths when it is imported. A check that
-    fails (the user's folder cannot be written, or no candidate's program built and loaded there)
-    is not kept, and the compile does it, as before.
+    the job's cache settings: Dynamo fixes some cache paths when it is imported.
+
+    A candidate the CPU has (by its flags) can fail the check in the user's folder without an
+    error: a program truncated by a killed build is found there and not rebuilt, and ``/tmp``,
+    Inductor's default place, may be ``noexec``. Kept, that answer made every kernel of the job
+    scalar, or of a weaker ISA (AVX2 on an AVX-512 machine). The check is then redone in a fresh
+    folder in ``job_dir``, still before the timed compile, and removed; if it fails there too,
+    nothing is kept and the compile checks in its own cache, as it would without perfsweep.
     """
     t0 = time.perf_counter()
     try:
@@ -85,14 +92,43 @@ def probe_cpu_isa(user_cache: str | None) -> None:
 
         with environ_set({"TORCHINDUCTOR_CACHE_DIR": user_cache or default_cache_dir()}):
             isa = cpu_vec_isa.pick_vec_isa()
-        if not isa:  # no candidate built and loaded there: Inductor keeps that, and would compile scalar kernels
+        if not isa or (failed := failed_candidates(cpu_vec_isa)):
+            why = f"{', '.join(failed)} failed" if isa else "no candidate passed"
             forget_isa_check(cpu_vec_isa)
-            log.info("no vector ISA passed Inductor's check in the user's cache; the compile checks again in its own")
-            return
+            job_dir.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=job_dir, prefix="isa_check_") as fresh:
+                with environ_set({"TORCHINDUCTOR_CACHE_DIR": fresh}):
+                    isa = cpu_vec_isa.pick_vec_isa()
+                if not isa or (failed := failed_candidates(cpu_vec_isa)):
+                    forget_isa_check(cpu_vec_isa)
+                    log.warning(
+                        "Inductor's CPU vector ISA check: %s in the user's cache (%s) and in a fresh folder; "
+                        "the compile checks again in its own, inside compile_time_ms",
+                        why,
+                        user_cache or default_cache_dir(),
+                    )
+                    return
+            log.warning(
+                "Inductor's CPU vector ISA check: %s in the user's cache (%s), a stale or unloadable build; "
+                "checked again in a fresh folder. Removing that cache's check programs (*.so) stops this",
+                why,
+                user_cache or default_cache_dir(),
+            )
     except Exception as exc:  # a private API: without it the check stays inside the compile, as before
         log.info("could not check the CPU's vector ISA before the compile (%s); the compile does it", exc)
         return
     log.info("CPU vector ISA for Inductor: %s (checked in %.1f s, before the compile)", isa, time.perf_counter() - t0)
+
+
+def failed_candidates(cpu_vec_isa: Any) -> list[str]:
+    """The ISAs this x86 CPU has by its flags whose check did not pass (Inductor's own rule
+    for which candidates to check); [] elsewhere, where Inductor has one candidate at most."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return []
+    flags = cpu_vec_isa.x86_isa_checker()
+    passed = {str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()}
+    has = [str(isa) for isa in cpu_vec_isa.supported_vec_isa_list if all(f in flags for f in str(isa).split())]
+    return [isa for isa in has if isa not in passed]
 
 
 def forget_isa_check(cpu_vec_isa: Any) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -152,7 +153,7 @@ print(str(isa) or "none", len(inside))
 """
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
-    isa, files_inside = res.stdout.split()[-2:]
+    isa, files_inside = res.stdout.strip().splitlines()[-1].rsplit(" ", 1)  # an ISA's name has spaces
     return isa, int(files_inside)
 
 
@@ -164,19 +165,42 @@ def test_an_isolated_job_checks_the_cpu_isa_in_the_users_cache_not_its_own(tmp_p
 
     Then the user's check programs stop loading (truncated by a killed build; any .so on a noexec
     /tmp, Inductor's default place): Inductor finds them, does not rebuild them, and fails each
-    candidate without an error. The job must not take 'no vector ISA' from there (its kernels
-    would all be scalar): the compile checks again in the job's own cache and finds the same ISA.
+    candidate without an error. First all but the weakest candidate's: the check there passes it
+    alone, and the job took that ISA (AVX2 on an AVX-512 machine) for every kernel. Then all of
+    them: the job took 'no vector ISA', every kernel scalar. Each time the job must find the ISA a
+    fresh check finds, checked again before the compile, outside the compile's own cache.
     """
+    import platform
+    import subprocess
+    import sys
+
+    from torch._inductor import cpu_vec_isa
+
     user = tmp_path / "user"
     isa, inside = _isa_in_an_isolated_job(user, tmp_path / "job")
     assert inside == 0  # the isolated cache holds only what the job's own graphs compile
     programs = list(user.rglob("*.so"))
     if isa == "none" or not programs:
         pytest.skip("no vector ISA whose check builds a program on this machine")
+    if platform.machine() in ("x86_64", "AMD64"):
+        flags = cpu_vec_isa.x86_isa_checker()
+        has = [i for i in cpu_vec_isa.supported_vec_isa_list if all(f in flags for f in str(i).split())]
+        if len(has) >= 2 and isa != str(has[-1]):  # something weaker to fall to
+            weakest = tmp_path / "weakest"  # its program alone, to know its file: names hash the source and flags
+            build = f"from torch._inductor import cpu_vec_isa as c; assert c.{type(has[-1]).__name__}()"
+            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(weakest)}
+            subprocess.run([sys.executable, "-c", build], env=env, check=True, timeout=300)
+            keep = {p.name for p in weakest.rglob("*.so")}
+            assert keep and any(so.name not in keep for so in programs)
+            for so in programs:
+                if so.name not in keep:
+                    so.write_bytes(b"")  # still found, so not rebuilt; no longer loadable
+            again, inside = _isa_in_an_isolated_job(user, tmp_path / "job2")
+            assert (again, inside) == (isa, 0)
     for so in programs:
-        so.write_bytes(b"")  # still found, so not rebuilt; no longer loadable
-    again, inside = _isa_in_an_isolated_job(user, tmp_path / "job2")
-    assert again == isa and inside > 0  # checked again, in the job's own cache
+        so.write_bytes(b"")
+    again, inside = _isa_in_an_isolated_job(user, tmp_path / "job3")
+    assert (again, inside) == (isa, 0)
 
 
 def test_a_user_cache_that_cannot_be_a_folder_leaves_the_job_working(tmp_path: Path):
