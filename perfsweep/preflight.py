@@ -124,9 +124,12 @@ def presets_with(key: str) -> list[str]:
 
 def _key_of_other_presets(key: str, as_typed: str, owners: list[str]) -> str:
     """A key perfsweep knows, set on a preset that lacks it (``data.path=x`` with the default
-    data=stdlib): which presets have it; for a model key, how model=custom's factory takes it."""
+    data=stdlib): which presets have it (``owners``); for a model key, how model=custom's factory
+    takes it."""
     group, _, leaf = key.partition(".")
     as_typed = as_typed.lstrip("+")
+    if not owners:  # declared, but no preset sets it: added, it is read
+        return f"{as_typed}: the {group} preset in use does not set {leaf}; add it: +{as_typed}"
     if len(owners) == 1:
         have = f"{group}={owners[0]} has it: add {group}={owners[0]}"
     else:
@@ -166,8 +169,8 @@ def error_line(exc: BaseException) -> str:
     if unknown is not None:
         key = override.group(1) if override else unknown.group(1)
         as_typed = typed.group(1) if typed else key
-        if key in config_keys() and (owners := presets_with(key)):
-            return _key_of_other_presets(key, as_typed, owners)
+        if key in config_keys() and key.partition(".")[0] in NODE_SCHEMAS:
+            return _key_of_other_presets(key, as_typed, presets_with(key))
         close = difflib.get_close_matches(key, config_keys(), n=1)
         hint = f"did you mean {close[0]}? " if close else ""
         return f"{as_typed}: no such key; {hint}python -m perfsweep --help lists them"

@@ -33,6 +33,19 @@ def test_defaults_compose_and_validate():
     assert (cfg.batch, cfg.seq_len) == (8, 128)  # the documented defaults
 
 
+@pytest.mark.parametrize("preset", ["stdlib", "textfile", "synthetic"])
+def test_every_data_preset_takes_the_keys_its_kind_reads_and_refuses_another_kind_s(preset: str):
+    """``data.cache_dir=...`` was refused on every preset ('did you mean data.cache_dir?'): no
+    preset set it, so only ``+data.cache_dir`` worked. A key another kind reads, added with ``+``,
+    was taken and ignored (``+data.path`` on the stdlib trained on the stdlib)."""
+    path = ["data.path=/corpus"] if preset == "textfile" else []
+    cfg = to_run_config(compose_cfg([f"data={preset}", "data.cache_dir=/tokens", *path]))
+    assert cfg.data.cache_dir == "/tokens"
+    other = {"textfile": "+data.synthetic_vocab=99", "stdlib": "+data.glob=*.md", "synthetic": "+data.path=/x"}[preset]
+    with pytest.raises(ConfigError, match=rf"only data.kind=\w+ reads it, and data={preset} is data.kind={preset}"):
+        to_run_config(compose_cfg([f"data={preset}", *path, other]))
+
+
 @pytest.mark.parametrize(
     ("overrides", "key"),
     [
