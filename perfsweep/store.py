@@ -290,7 +290,8 @@ class Run(Base):
     """Loss of the last measured step; null where it was NaN (see nonfinite_loss_steps)."""
     nonfinite_loss_steps: Mapped[int | None] = mapped_column(Integer)
     """Measured steps whose loss was NaN or infinite (0 for a training that works); such a run
-    gets numerics_warning. Null for runs stored before schema 0013."""
+    gets numerics_warning. Null where not counted: a run not ok, or one stored before schema 0013
+    without its steps."""
     flops_per_token: Mapped[float | None] = mapped_column(Real)
     """Training FLOPs per token (forward + backward, no recomputation); null for a samples model."""
     flops_per_sample: Mapped[float | None] = mapped_column(Real)

@@ -586,7 +586,9 @@ def test_a_nan_is_null_on_every_backend_and_infinities_are_kept(db_url, engines)
 def test_upgrade_counts_the_nonfinite_losses_of_rows_stored_before_0013(db_url, engines):
     """Rows stored at schema 0013's predecessor: PostgreSQL kept their NaN, and no row has a
     count, so a blown-up training read as clean. The upgrade makes every NaN NULL and counts an
-    ok run's NaN or infinite measured losses from its steps; a run it cannot count stays NULL."""
+    ok run's NaN or infinite measured losses from its steps, warned about as the audit does now;
+    a run it cannot count stays NULL. Another application's table in the same database, and a NOT
+    NULL column (NULL would be refused and block every later connect), keep their NaN."""
     from alembic import command
 
     if db_url.startswith("sqlite:///"):
@@ -600,6 +602,8 @@ def test_upgrade_counts_the_nonfinite_losses_of_rows_stored_before_0013(db_url, 
     meta = sa.MetaData()
     with engine.begin() as conn:  # reflected tables: plain floats, so PostgreSQL keeps a NaN as perfsweep once did
         runs, steps = (sa.Table(t, meta, autoload_with=conn) for t in ("runs", "steps"))
+        conn.execute(text("CREATE TABLE other_app (id INTEGER PRIMARY KEY, reading FLOAT)"))
+        conn.execute(text("INSERT INTO other_app VALUES (1, :nan)"), {"nan": math.nan})
 
         def run(losses: list[tuple[str, float]] | None, **kw) -> int:
             row = {k: v for k, v in run_row(sid, **kw).items() if k in runs.c}
@@ -622,16 +626,30 @@ def test_upgrade_counts_the_nonfinite_losses_of_rows_stored_before_0013(db_url, 
         no_steps = run(None, final_loss=math.nan)
         failed = run([("measure", math.nan)], status="failed")
         counted = run([("measure", 2.5)], nonfinite_loss_steps=7)  # a count already there is not redone
+        audited = run([("measure", math.nan)], numerics_warning=False)  # the audit skipped its NULL loss
+        not_null = run([("measure", 2.5)])
+        if engine.dialect.name == "postgresql":  # SQLite would store NULL, which NOT NULL refuses
+            nan_step = {"step_time_ms": math.nan, "data_wait_ms": 0.0, "loss": 2.5}
+            conn.execute(steps.insert().values(run_id=not_null, step=1, phase="warmup", **nan_step))
     engines(db_url)  # perfsweep opens it: upgrade to head
     with engine.connect() as c:
         got = dict(c.execute(text("SELECT id, nonfinite_loss_steps FROM runs")).all())
-        assert got == {blew_up: 2, clean: 0, warmup_only_nan: 0, no_steps: None, failed: None, counted: 7}
+        assert got == {
+            **{blew_up: 2, clean: 0, warmup_only_nan: 0, no_steps: None, failed: None, counted: 7},
+            **{audited: 1, not_null: 0},
+        }
+        warned = c.execute(text("SELECT id FROM runs WHERE numerics_warning")).scalars().all()
+        assert sorted(warned) == sorted([blew_up, counted, audited])
+        if engine.dialect.name == "postgresql":  # SQLite has no NaN
+            assert math.isnan(c.execute(text("SELECT reading FROM other_app")).scalar())
+            kept = text("SELECT step_time_ms FROM steps WHERE run_id = :r AND step = 1")
+            assert math.isnan(c.execute(kept, {"r": not_null}).scalar())
         floats = [
-            *c.execute(text("SELECT loss FROM steps")).scalars(),
+            *c.execute(text("SELECT loss FROM steps")).scalars(),  # loss is nullable: its NaN went
             *c.execute(text("SELECT step_time_cv FROM runs")).scalars(),
         ]
         assert not any(isinstance(x, float) and math.isnan(x) for x in floats)
-        assert c.execute(text("SELECT COUNT(*) FROM steps WHERE loss IS NULL")).scalar() == 4
+        assert c.execute(text("SELECT COUNT(*) FROM steps WHERE loss IS NULL")).scalar() == 5
         row = c.execute(text("SELECT final_loss, step_time_cv FROM runs WHERE id = :r"), {"r": blew_up}).one()
         assert tuple(row) == (math.inf, None)
 

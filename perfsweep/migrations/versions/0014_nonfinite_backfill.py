@@ -11,7 +11,8 @@ stored before 0013 that blew up read as a clean benchmark. This revision finishe
 what the rows already hold: every NaN in a float column becomes NULL, and an ``ok`` run with
 measured steps gets its count from them (a NULL step loss is a NaN one: every step has a loss
 otherwise, and SQLite always stored NaN as NULL). A run without stored steps keeps NULL: not
-counted. Nothing is recomputed beyond that count.
+counted. A run with a count above zero gets ``numerics_warning``, as the audit gives it since
+0013; nothing else is recomputed.
 """
 
 from collections.abc import Sequence
@@ -26,14 +27,18 @@ depends_on: str | Sequence[str] | None = None
 
 FLOAT_TYPES = (sa.Float, sa.REAL, sa.DOUBLE_PRECISION)
 
+TABLES = ("sweeps", "runs", "batch_searches", "steps", "stages", "kernels", "ops", "artifacts")
+"""perfsweep's tables at 0013: a database it shares with other applications keeps theirs as they are."""
+
 
 def _nan_to_null(bind: sa.engine.Connection) -> None:
     """PostgreSQL keeps NaN and compares it equal to itself ('NaN' = 'NaN' is true there);
-    SQLite never stored one."""
+    SQLite never stored one. A NOT NULL column keeps its NaN: perfsweep never wrote one there,
+    and NULL would be refused."""
     inspector = sa.inspect(bind)
-    for table in inspector.get_table_names():
+    for table in set(TABLES) & set(inspector.get_table_names()):
         for column in inspector.get_columns(table):
-            if isinstance(column["type"], FLOAT_TYPES):
+            if isinstance(column["type"], FLOAT_TYPES) and column["nullable"]:
                 name = column["name"]
                 t = sa.table(table, sa.column(name, sa.Float()))
                 op.execute(t.update().where(t.c[name] == sa.literal(float("nan"), sa.Float())).values({name: None}))
@@ -66,6 +71,10 @@ def upgrade() -> None:
         )
         .values(nonfinite_loss_steps=count)
     )
+    # the rule of perfsweep.audit since 0013: a run with a non-finite measured loss is warned
+    # about, whatever its twin (the report and the summary read numerics_warning)
+    warned = sa.table("runs", sa.column("nonfinite_loss_steps"), sa.column("numerics_warning", sa.Boolean()))
+    op.execute(warned.update().where(warned.c.nonfinite_loss_steps > 0).values(numerics_warning=True))
 
 
 def downgrade() -> None:
