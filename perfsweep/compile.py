@@ -82,42 +82,68 @@ def probe_cpu_isa(user_cache: str | None, job_dir: Path) -> None:
     error: a program truncated by a killed build is found there and not rebuilt, and ``/tmp``,
     Inductor's default place, may be ``noexec``. Kept, that answer made every kernel of the job
     scalar, or of a weaker ISA (AVX2 on an AVX-512 machine). The check is then redone in a fresh
-    folder in ``job_dir``, still before the timed compile, and removed; if it fails there too,
-    nothing is kept and the compile checks in its own cache, as it would without perfsweep.
+    folder in ``job_dir``, still before the timed compile, and removed (:func:`_check_again_fresh`).
     """
     t0 = time.perf_counter()
     try:
         from torch._inductor import cpu_vec_isa
         from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-        with environ_set({"TORCHINDUCTOR_CACHE_DIR": user_cache or default_cache_dir()}):
+        where = user_cache or default_cache_dir()
+        with environ_set({"TORCHINDUCTOR_CACHE_DIR": where}):
             isa = cpu_vec_isa.pick_vec_isa()
-        if not isa or (failed := failed_candidates(cpu_vec_isa)):
-            why = f"{', '.join(failed)} failed" if isa else "no candidate passed"
-            forget_isa_check(cpu_vec_isa)
-            job_dir.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=job_dir, prefix="isa_check_") as fresh:
-                with environ_set({"TORCHINDUCTOR_CACHE_DIR": fresh}):
-                    isa = cpu_vec_isa.pick_vec_isa()
-                if not isa or (failed := failed_candidates(cpu_vec_isa)):
-                    forget_isa_check(cpu_vec_isa)
-                    log.warning(
-                        "Inductor's CPU vector ISA check: %s in the user's cache (%s) and in a fresh folder; "
-                        "the compile checks again in its own, inside compile_time_ms",
-                        why,
-                        user_cache or default_cache_dir(),
-                    )
-                    return
-            log.warning(
-                "Inductor's CPU vector ISA check: %s in the user's cache (%s), a stale or unloadable build; "
-                "checked again in a fresh folder. Removing that cache's check programs (*.so) stops this",
-                why,
-                user_cache or default_cache_dir(),
-            )
+        if not isa or failed_candidates(cpu_vec_isa):
+            isa = _check_again_fresh(cpu_vec_isa, job_dir, where)
+            if isa is None:
+                return
     except Exception as exc:  # a private API: without it the check stays inside the compile, as before
         log.info("could not check the CPU's vector ISA before the compile (%s); the compile does it", exc)
         return
     log.info("CPU vector ISA for Inductor: %s (checked in %.1f s, before the compile)", isa, time.perf_counter() - t0)
+
+
+def _check_again_fresh(cpu_vec_isa: Any, job_dir: Path, where: str) -> Any:
+    """The user's cache passed fewer ISAs than the CPU has by its flags: check again in a fresh
+    folder and keep what passes there (it is what the compile would find in its own cache).
+
+    The same answer means the machine cannot do the rest (a g++ too old for ``-mamx-tile``, a
+    kernel without AMX, ``TORCHINDUCTOR_VEC_ISA_OK=0``): kept, and said at info level. More passing
+    there means the user's programs were stale or unloadable: kept, with a warning. Less passing
+    (the job's folder cannot run programs) keeps nothing: the compile checks in its own cache, as
+    it would without perfsweep. Returns the ISA kept, None for nothing kept."""
+    in_user = passed_candidates(cpu_vec_isa)
+    failed = failed_candidates(cpu_vec_isa)
+    forget_isa_check(cpu_vec_isa)
+    job_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=job_dir, prefix="isa_check_") as fresh:
+        with environ_set({"TORCHINDUCTOR_CACHE_DIR": fresh}):
+            isa = cpu_vec_isa.pick_vec_isa()
+        in_fresh = passed_candidates(cpu_vec_isa)
+    why = f"{', '.join(failed)} failed" if failed else "no candidate passed"
+    if in_fresh == in_user:
+        log.info("Inductor's CPU vector ISA check: %s in the user's cache (%s) and in a fresh folder alike", why, where)
+        return isa
+    if in_fresh > in_user:
+        log.warning(
+            "Inductor's CPU vector ISA check: %s in the user's cache (%s), a stale or unloadable build; checked "
+            "again in a fresh folder. Removing that cache's check programs (*.so) stops this",
+            why,
+            where,
+        )
+        return isa
+    forget_isa_check(cpu_vec_isa)
+    log.warning(
+        "Inductor's CPU vector ISA check: fewer or other candidates passed in a fresh folder in %s than in the "
+        "user's cache (%s); the compile checks again in its own, inside compile_time_ms",
+        job_dir,
+        where,
+    )
+    return None
+
+
+def passed_candidates(cpu_vec_isa: Any) -> set[str]:
+    """The ISAs whose check passed (Inductor keeps the list for the process)."""
+    return {str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()}
 
 
 def failed_candidates(cpu_vec_isa: Any) -> list[str]:
@@ -126,7 +152,7 @@ def failed_candidates(cpu_vec_isa: Any) -> list[str]:
     if platform.machine() not in ("x86_64", "AMD64"):
         return []
     flags = cpu_vec_isa.x86_isa_checker()
-    passed = {str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()}
+    passed = passed_candidates(cpu_vec_isa)
     has = [str(isa) for isa in cpu_vec_isa.supported_vec_isa_list if all(f in flags for f in str(isa).split())]
     return [isa for isa in has if isa not in passed]
 

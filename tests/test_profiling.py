@@ -203,6 +203,41 @@ def test_an_isolated_job_checks_the_cpu_isa_in_the_users_cache_not_its_own(tmp_p
     assert (again, inside) == (isa, 0)
 
 
+def test_candidates_that_fail_in_a_fresh_folder_too_are_the_machines_answer_and_kept(tmp_path: Path):
+    """A g++ that cannot build the vector ISAs' check programs (too old for -mamx-tile, say; here a
+    wrapper that refuses every -mavx*/-mamx* flag) fails them in the user's cache and in a fresh
+    folder alike: that is the machine's answer. It is kept, so the compile does not check a third
+    time inside compile_time_ms, and no warning blames the user's cache: every compile job of such
+    a machine printed one and checked again inside its compile."""
+    import platform
+    import subprocess
+    import sys
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the wrapper refuses x86 vector flags; Inductor checks other ISAs elsewhere")
+    wrapper = tmp_path / "gxx"
+    wrapper.write_text('#!/bin/sh\nfor a in "$@"; do case "$a" in -mavx*|-mamx*) exit 1;; esac; done\nexec g++ "$@"\n')
+    wrapper.chmod(0o755)
+    job = tmp_path / "job"
+    script = f"""
+import logging, os
+from pathlib import Path
+from perfsweep import compile as c
+logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = {str(tmp_path / "user")!r}
+with c.cache_scope("isolated", Path({str(job)!r}), probe_cpu=True):
+    from torch._inductor import cpu_vec_isa
+    isa = cpu_vec_isa.pick_vec_isa()
+    inside = [p.name for p in Path({str(job)!r}).rglob("*") if p.is_file()]
+print(str(isa) if isa else "none", len(inside))
+"""
+    env = {**os.environ, "CXX": str(wrapper)}
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split() == ["none", "0"]  # no vector ISA, and no check redone in the job's own cache
+    assert "in a fresh folder alike" in res.stderr and "WARNING" not in res.stderr, res.stderr[-2000:]
+
+
 def test_a_user_cache_that_cannot_be_a_folder_leaves_the_job_working(tmp_path: Path):
     """TORCHINDUCTOR_CACHE_DIR under a file: the check cannot run there; Inductor and Dynamo,
     imported under the job's own cache, still work, and the compile does the check as before."""
