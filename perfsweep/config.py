@@ -248,11 +248,17 @@ class GPTConfig:
         _require(self.vocab_multiple >= 1, "model.vocab_multiple", self.vocab_multiple, "must be a positive integer")
 
 
-KIND_KEYS: dict[DataKind, tuple[str, ...]] = {
-    DataKind.textfile: ("path", "glob"),
-    DataKind.synthetic: ("synthetic_vocab", "synthetic_tokens"),
+DATA_KEY_READERS: dict[str, frozenset[DataKind]] = {
+    "path": frozenset({DataKind.textfile}),
+    "glob": frozenset({DataKind.textfile}),
+    "encoding": frozenset({DataKind.stdlib, DataKind.textfile}),
+    "vocab_limit": frozenset({DataKind.stdlib, DataKind.textfile}),
+    "synthetic_vocab": frozenset({DataKind.synthetic}),
+    "synthetic_tokens": frozenset({DataKind.synthetic}),
 }
-"""The data keys only one kind reads; set on another kind they are refused, not ignored."""
+"""The data kinds that read each kind-specific data key (perfsweep.data). A key set on the
+command line that no grid point's kind reads is refused (perfsweep.preflight.data_keys_read):
+``+data.path`` on the stdlib trained on the stdlib without a word."""
 
 
 @dataclass
@@ -310,16 +316,6 @@ class DataConfig:
         _no_unknown(
             self.args, {f.name for f in dataclasses.fields(self)} - {"args"}, "data", f"data.kind={self.kind.value}"
         )
-        defaults = {f.name: f.default for f in dataclasses.fields(self)}
-        for owner, keys in KIND_KEYS.items():
-            for key in keys:  # +data.path=x on data=stdlib trained on the stdlib, without a word
-                _require(
-                    owner == self.kind or getattr(self, key) == defaults[key],
-                    f"data.{key}",
-                    getattr(self, key),
-                    f"only data.kind={owner.value} reads it, and data={self.name} is data.kind={self.kind.value}; "
-                    f"add data={owner.value}",
-                )
         if self.kind == DataKind.textfile:
             _require(bool(self.path), "data.path", self.path, "must name a file or folder when data.kind=textfile")
         if self.vocab_limit is not None:

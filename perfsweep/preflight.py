@@ -26,6 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from perfsweep.cli import first_line, waiting_for_database
 from perfsweep.config import (
+    DATA_KEY_READERS,
     GPT_TARGET,
     NODE_SCHEMAS,
     AmpDtype,
@@ -136,6 +137,45 @@ def _key_of_other_presets(key: str, as_typed: str, owners: list[str]) -> str:
         have = f"{group}={', '.join(owners[:-1])} and {owners[-1]} have it"
     custom = f"; a model=custom factory takes it as +{as_typed}" if group == "model" and "custom" not in owners else ""
     return f"{as_typed}: the {group} preset in use has no key {leaf}; {have}{custom}"
+
+
+def data_keys_read(points: list[tuple[list[str], PerfsweepConfig]]) -> list[str]:
+    """Each kind-specific ``data.<key>`` the command line sets (``points``: a grid point's
+    overrides and config), against the data kinds of the grid points (config.DATA_KEY_READERS).
+
+    Refused when no grid point's kind reads it: ``+data.path`` on data=stdlib trained on the
+    stdlib without a word. Where only some do (data=synthetic,textfile ++data.path=...), the
+    others run without it, and the returned notes say so."""
+    seen: dict[str, tuple[Any, frozenset[DataKind], set[DataKind], bool]] = {}
+    for overrides, cfg in points:
+        if cfg.data.kind == DataKind.custom:  # a factory's keys are its own
+            continue
+        for override in overrides:
+            key = override.split("=", 1)[0].lstrip("+")
+            group, _, leaf = key.partition(".")
+            if override.startswith("~") or group != "data" or (readers := DATA_KEY_READERS.get(leaf)) is None:
+                continue
+            value, _, ignoring, read = seen.get(key, (getattr(cfg.data, leaf), readers, set(), False))
+            if cfg.data.kind in readers:
+                read = True
+            else:
+                ignoring.add(cfg.data.kind)
+            seen[key] = (value, readers, ignoring, read)
+    notes = []
+    for key, (value, readers, ignoring, read) in seen.items():
+        if not ignoring:
+            continue
+        kinds = " or ".join(sorted(k.value for k in readers))
+        only = f"only data.kind={kinds} read{'s' if len(readers) == 1 else ''} it"
+        other = ", ".join(sorted(k.value for k in ignoring))
+        if not read:
+            add = " or ".join(f"data={k.value}" for k in sorted(readers, key=lambda k: k.value))
+            raise ConfigError(
+                f"invalid config: {key}={value!r}: {only}, and the data in use is data.kind={other}; "
+                f"use {add}, or leave {key} out"
+            )
+        notes.append(f"perfsweep: {key}={value!r}: {only}; the grid points with data.kind={other} run without it")
+    return notes
 
 
 def error_line(exc: BaseException) -> str:

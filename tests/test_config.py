@@ -15,6 +15,7 @@ from perfsweep.config import (
     to_plain_dict,
     to_run_config,
 )
+from perfsweep.preflight import data_keys_read
 from tests.util import REPO, TINY, run_perfsweep
 
 register()  # the schema, and the sweeper config.yaml names
@@ -41,9 +42,35 @@ def test_every_data_preset_takes_the_keys_its_kind_reads_and_refuses_another_kin
     path = ["data.path=/corpus"] if preset == "textfile" else []
     cfg = to_run_config(compose_cfg([f"data={preset}", "data.cache_dir=/tokens", *path]))
     assert cfg.data.cache_dir == "/tokens"
-    other = {"textfile": "+data.synthetic_vocab=99", "stdlib": "+data.glob=*.md", "synthetic": "+data.path=/x"}[preset]
-    with pytest.raises(ConfigError, match=rf"only data.kind=\w+ reads it, and data={preset} is data.kind={preset}"):
-        to_run_config(compose_cfg([f"data={preset}", *path, other]))
+    assert data_keys_read([([f"data={preset}", "data.cache_dir=/tokens", *path], cfg)]) == []
+    other = {"textfile": "+data.synthetic_vocab=99", "stdlib": "+data.glob=*.md", "synthetic": "data.vocab_limit=99"}
+    point = [f"data={preset}", *path, other[preset]]
+    with pytest.raises(
+        ConfigError, match=rf"only data.kind=\w+( or \w+)? reads? it, and the data in use is data.kind={preset}"
+    ):
+        data_keys_read([(point, to_run_config(compose_cfg(point)))])
+
+
+def test_a_data_key_some_grid_points_read_is_a_note_for_the_others():
+    """data=synthetic,textfile ++data.path=x is a grid over data kinds: refused by grid point
+    when each was checked alone; now the synthetic points run without the path, and say so."""
+    points = [["data=synthetic", "++data.path=/corpus"], ["data=textfile", "++data.path=/corpus"]]
+    notes = data_keys_read([(p, to_run_config(compose_cfg(p))) for p in points])
+    assert notes == [
+        "perfsweep: data.path='/corpus': only data.kind=textfile reads it; "
+        "the grid points with data.kind=synthetic run without it"
+    ]
+    removing = ["data=synthetic", "~data.path"]  # a removal sets nothing
+    assert data_keys_read([(removing, to_run_config(compose_cfg(removing[:1])))]) == []
+    custom = [
+        "model=custom",
+        "model._target_=my_pkg.model",
+        "data=custom",
+        "data._target_=my_pkg.data",
+        "+data.path=/x",
+    ]
+    # a data factory takes +data.path as its own argument
+    assert data_keys_read([(custom, to_run_config(compose_cfg(custom)))]) == []
 
 
 @pytest.mark.parametrize(

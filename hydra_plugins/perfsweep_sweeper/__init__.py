@@ -79,9 +79,12 @@ class PerfsweepSweeper(BasicSweeper):
         except ConfigError as exc:
             _refuse(str(exc))
         try:  # a batch=max point is checked at batch 1, where its search may start
+            data_notes = preflight.data_keys_read(list(zip([list(j) for j in jobs], run_cfgs, strict=True)))
             preflight.check_all([_at_batch_1(c) if search.is_search(c) else c for c in run_cfgs], jobs_run_here=here)
         except ConfigError as exc:
             _refuse(str(exc))
+        for note in data_notes:
+            print(note, file=sys.stderr)
         launch_dir = Path(self.config.hydra.runtime.cwd).resolve()
         sweep_dir = Path(self.config.hydra.sweep.dir).resolve()
         url = launcher.db_url(first, launch_dir)
