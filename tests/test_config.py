@@ -73,6 +73,16 @@ def test_a_data_key_some_grid_points_read_is_a_note_for_the_others():
     assert data_keys_read([(custom, to_run_config(compose_cfg(custom)))]) == []
 
 
+def test_a_grid_over_data_kinds_passes_the_key_check_in_the_sweeper(tmp_path: Path):
+    """The sweeper checks the grid as a whole: the refusal that stops this sweep before any job
+    is the textfile point's short text, not the key the synthetic point does not read."""
+    (tmp_path / "short.txt").write_text("a few words")
+    res = run_perfsweep(
+        ["-m", "data=synthetic,textfile", f"++data.path={tmp_path / 'short.txt'}", "device=cpu"], tmp_path
+    )
+    assert res.returncode == 2 and "fewer than one batch" in res.stderr and "reads it" not in res.stderr, res.stderr
+
+
 @pytest.mark.parametrize(
     ("overrides", "key"),
     [
