@@ -58,6 +58,18 @@ def current_vm_bytes() -> int:
     return kib * 1024 if kib is not None else 0
 
 
+def limit_used_bytes(limit_mib: int | None) -> int | None:
+    """``job_memory_limit_mib``: how much of the limit the process has used at its peak so far:
+    its address-space peak (VmPeak) above the size it had when the limit was set (the soft
+    RLIMIT_AS less the limit). This is what an allocation past the limit runs into, thread stacks
+    and malloc's unreturned memory included, so batch=max calibrates its next try with it (the
+    ledger counts tensors alone). None without a limit or without /proc."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
+    if limit_mib is None or soft == resource.RLIM_INFINITY or (peak_kib := _status_kib("VmPeak")) is None:
+        return None
+    return peak_kib * 1024 - (soft - limit_mib * 2**20)
+
+
 def peak_rss_bytes() -> int:
     kib = _status_kib("VmHWM")
     if kib is not None:

@@ -35,7 +35,14 @@ from perfsweep import data as data_mod
 from perfsweep.cli import first_line
 from perfsweep.config import AmpDtype, Device, PerfsweepConfig, to_run_config
 from perfsweep.envinfo import compute_dtype, environment, peak_flops
-from perfsweep.memory import MemoryProbe, MemorySnapshot, free_bytes, persistent_bytes, step_alloc_peak_bytes
+from perfsweep.memory import (
+    MemoryProbe,
+    MemorySnapshot,
+    free_bytes,
+    limit_used_bytes,
+    persistent_bytes,
+    step_alloc_peak_bytes,
+)
 from perfsweep.metrics import (
     StepRecord,
     bottleneck_verdict,
@@ -375,6 +382,8 @@ def _train(
         step_peak = step_alloc_peak_bytes(lambda: run_step("memory"))
         result["peak_allocated_bytes"] = persistent_bytes(raw, trainer.optimizer) + step_peak
         result["peak_mem_bytes"] = result["peak_allocated_bytes"]
+        # read before the profiled window, whose own buffers do not decide whether a batch fits
+        result["memory_limit_used_bytes"] = limit_used_bytes(cfg.job_memory_limit_mib)
         if not distributed.active():  # a utilisation's denominator (perfsweep.summary), after the memory figures
             matmul_dtype = "bf16" if dtype == "bf16" else "fp32"
             result["cpu_matmul_flops"] = cpu_peak.matmul_flops(matmul_dtype, seconds=cpu_peak.RUN_SECONDS)

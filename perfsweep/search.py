@@ -4,7 +4,9 @@ The memory ledger (perfsweep.ledger) predicts the largest fitting batch from the
 memory, as a job process sees it; real jobs then decide. From the prediction the search grows
 (x1.25 once: the ledger is within a few percent on the runs we measured; then x2) until a job runs
 out of memory, or shrinks (/1.25 once, then /2) until one trains, and then bisects between the largest ok and the
-smallest oom batch until they are neighbours. Every try is an ordinary job of the sweep, stored
+smallest oom batch until they are neighbours. The first ok try's measured use of the memory (CUDA's peak reserved
+bytes; a CPU job's address space under ``job_memory_limit_mib``) calibrates the ledger, which counts tensors
+alone, and the batch that calibration puts at the edge is tried next (:class:`Calibration`). Every try is an ordinary job of the sweep, stored
 in ``runs`` with its status (oom rows included) and ``batch_search_id``; the outcome is a row of
 ``batch_searches`` with the figures of the run at the largest batch. A model without a ledger
 starts at batch 1 and doubles. A try that ends neither ok nor oom (a timeout, a failure) ends
@@ -43,6 +45,8 @@ class Outcome:
     tried: list[tuple[int, str]] = field(default_factory=list)
     status: str = "running"
     error: str | None = None
+    calibrated_max_batch: int | None = None
+    """The largest fitting batch by the first ok try's measured peak (``estimate``), tried next."""
 
     @property
     def exit_status(self) -> str:
@@ -51,59 +55,140 @@ class Outcome:
         return {"done": "ok", "none_fit": "oom"}.get(self.status, "failed")
 
 
+class _TryEnded(Exception):
+    """A try ended neither ok nor oom: the search stops (Outcome.status is set)."""
+
+
 def search(
-    try_batch: Callable[[int], str], start: int, cap: int, predicted: bool = True, out: Outcome | None = None
+    try_batch: Callable[[int], str],
+    start: int,
+    cap: int,
+    predicted: bool = True,
+    out: Outcome | None = None,
+    estimate: Callable[[int], int | None] | None = None,
 ) -> Outcome:
     """Find the largest batch in [1, cap] for which ``try_batch`` returns ``ok`` (it returns a run
     status), assuming every batch above an oom one runs out of memory too. ``out`` is filled as the
-    tries go, so a caller interrupted midway still has them."""
+    tries go, so a caller interrupted midway still has them.
+
+    ``estimate(b)`` is asked after each ok try until it answers: the largest batch that fits by
+    what the try at b measured (None: not known yet). Its answer is tried next, then batches at
+    distance 1, 2, 4, ... from it on the side it missed, until an ok and an oom batch are
+    neighbours or the gap between them is left to the bisection. A good estimate ends the search
+    in two or three tries; a poor one costs about twice the log of its error."""
     out = Outcome() if out is None else out
     lo, hi = 0, None  # the largest ok batch so far, the smallest oom batch so far
-    batch, moved = max(1, min(start, cap)), False  # moved: the first step away from the prediction was taken
+    first_move = [predicted]  # the first step away from the prediction is x1.25 (or /1.25), later ones x2
 
-    def attempt(b: int) -> str | None:
+    def attempt(b: int) -> bool:
+        nonlocal lo, hi
         status = try_batch(b)
         out.tried.append((b, status))
         if status not in ("ok", "oom"):
             out.status, out.error = "failed", f"the try at batch={b} ended {status}: the memory limit is unknown"
-            return None
-        return status
-
-    while hi is None or lo == 0:  # bracket: one ok batch and the oom batch above it
-        status = attempt(batch)
-        if status is None:
-            return out
+            raise _TryEnded
         if status == "ok":
-            lo = batch
-            if batch >= cap:
-                out.capped = True
-                break
-            factor = FIRST_GROWTH if predicted and not moved else 2.0
-            moved = True
-            batch = min(cap, max(batch + 1, math.floor(batch * factor)))
-            if hi is not None:
-                batch = min(batch, hi - 1)
+            lo = max(lo, b)
         else:
-            hi = batch
+            hi = b if hi is None else min(hi, b)
+        return status == "ok"
+
+    def factor() -> float:
+        f = FIRST_GROWTH if first_move[0] else 2.0
+        first_move[0] = False
+        return f
+
+    def top() -> int:
+        """The largest batch still worth trying."""
+        return min(cap, hi - 1) if hi is not None else cap
+
+    def calibrated() -> bool:
+        """Ask the estimate after an ok try; True when it answered and its tries were made."""
+        if estimate is None or out.calibrated_max_batch is not None:
+            return False
+        if (guess := estimate(lo)) is None:
+            return False
+        out.calibrated_max_batch = guess
+        if (b := max(lo + 1, min(guess, top()))) > top():
+            return True  # nothing is left between lo and the cap or the oom batch
+        step = 1
+        if attempt(b):
+            while lo < top() and attempt(min(lo + step, top())):
+                step *= 2
+        else:
+            while hi is not None and hi - lo > 1 and not attempt(max(hi - step, lo + 1)):
+                step *= 2
+        return True
+
+    try:
+        batch = max(1, min(start, cap))
+        while not attempt(batch):  # down from the start until a batch trains
             if batch == 1:
-                out.status = "none_fit"
-                out.first_oom_batch = 1
+                out.status, out.first_oom_batch = "none_fit", 1
                 return out
-            factor = FIRST_GROWTH if predicted and not moved else 2.0
-            moved = True
-            batch = (
-                max(lo + 1, math.floor(batch / factor)) if lo else max(1, min(batch - 1, math.floor(batch / factor)))
-            )
-        if lo and hi is not None and hi - lo <= 1:
-            break
-    while hi is not None and hi - lo > 1:  # bisect
-        mid = (lo + hi) // 2
-        status = attempt(mid)
-        if status is None:
-            return out
-        lo, hi = (mid, hi) if status == "ok" else (lo, mid)
-    out.max_batch, out.first_oom_batch, out.status = lo, hi, "done"
+            batch = max(1, min(batch - 1, math.floor(batch / factor())))
+        if not calibrated():
+            while hi is None and lo < cap:  # up until a batch runs out of memory
+                attempt(min(cap, max(lo + 1, math.floor(lo * factor()))))
+                if hi is None and calibrated():
+                    break
+        while hi is not None and hi - lo > 1:  # bisect
+            attempt((lo + hi) // 2)
+    except _TryEnded:
+        return out
+    out.max_batch, out.first_oom_batch, out.status, out.capped = lo, hi, "done", hi is None and lo >= cap
     return out
+
+
+@dataclass
+class Calibration:
+    """batch=max's estimate of the largest fitting batch from what ok tries measured.
+
+    The ledger predicts the bytes of live tensors; what runs into the limit is more: the CUDA
+    caching allocator's reserved segments, or on a CPU under ``job_memory_limit_mib`` the whole
+    address space (thread stacks, malloc's unreturned memory: 134 to 144 MiB of a 300 MiB limit
+    for the tiny GPT, which put the ledger's first try at 321 where 177 to 184 fit). Both grow with the
+    batch as the ledger does, so one measured try fixes the offset: the estimate is the largest
+    batch b with used(tried) + ledger(b) - ledger(tried) within ``free_bytes``. Without a ledger
+    the line through the two largest measured tries stands in for it."""
+
+    free_bytes: int
+    ledger_peak: Callable[[int], int] | None
+    """The ledger's predicted peak bytes at a batch; None: no ledger for this model."""
+    used: dict[int, int] = field(default_factory=dict)
+    """batch -> bytes used, as measured by the ok tries so far."""
+
+    def estimate(self, batch: int, used: int | None) -> int | None:
+        """The estimate after an ok try at ``batch`` that used ``used`` bytes (None: not measured
+        on this device); None while there is too little to go on."""
+        if used is None:
+            return None
+        self.used[batch] = used
+        if (peak := self.ledger_peak) is not None:
+            offset = used - peak(batch)
+            return predicted_max_batch(peak, self.free_bytes, lambda p, free: p + offset <= free)
+        if len(self.used) < 2:
+            return None
+        (b1, u1), (b2, u2) = sorted(self.used.items())[-2:]
+        if u2 <= u1:  # no growth seen yet: nothing to extrapolate
+            return None
+        return b2 + math.floor((self.free_bytes - u2) * (b2 - b1) / (u2 - u1))
+
+
+def measured_use(engine: Any, search_id: int, batch: int) -> int | None:
+    """What the search's ok try at ``batch`` used of the memory free to a job: on CUDA its peak
+    reserved bytes, on a CPU its ``memory_limit_used_bytes`` (null without a limit: MemAvailable
+    moves with everything else on the machine, so there is nothing to calibrate against)."""
+    Run = store.Run
+    with store.session(engine) as s:
+        row = s.execute(
+            select(Run.device_type, Run.peak_reserved_bytes, Run.memory_limit_used_bytes)
+            .where(Run.batch_search_id == search_id, Run.batch == batch, Run.status == "ok")
+            .order_by(Run.id.desc())
+        ).first()
+    if row is None:
+        return None
+    return row.peak_reserved_bytes if row.device_type == "cuda" else row.memory_limit_used_bytes
 
 
 def with_batch(overrides: list[str], batch: int, **context: Any) -> list[str]:
@@ -176,6 +261,7 @@ def finish(engine: Any, search_id: int, out: Outcome) -> None:
                 first_oom_batch=out.first_oom_batch,
                 capped=out.capped,
                 n_tried=len(out.tried),
+                calibrated_max_batch=out.calibrated_max_batch,
                 best_run_id=best.id if best else None,
                 tokens_per_s=best.tokens_per_s if best else None,
                 samples_per_s=best.samples_per_s if best else None,
@@ -226,6 +312,22 @@ def run(
         file=sys.stderr,
         flush=True,
     )
+    calibration = None
+    if free is not None:
+        calibration = Calibration(free, (lambda b: predict_at(b).peak_bytes) if predicted is not None else None)
+
+    def estimate(batch: int) -> int | None:
+        used = measured_use(engine, search_id, batch)
+        guess = calibration.estimate(batch, used) if calibration is not None else None
+        if guess is not None and used is not None:
+            print(
+                f"perfsweep: batch=max: batch {batch} used {used / 2**20:,.1f} of the {free / 2**20:,.1f} MiB free; "
+                f"calibrated by that, {guess} fits",
+                file=sys.stderr,
+                flush=True,
+            )
+        return guess
+
     out = Outcome()
     try:
         search(
@@ -234,6 +336,7 @@ def run(
             cfg.max_batch_cap,
             predicted=predicted is not None,
             out=out,
+            estimate=estimate,
         )
     except BaseException:
         interrupted(engine, search_id, out)

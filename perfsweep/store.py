@@ -342,6 +342,9 @@ class Run(Base):
     rss_before_train_bytes: Mapped[int | None] = mapped_column(BigInteger)
     peak_rss_bytes: Mapped[int | None] = mapped_column(BigInteger)
     rss_growth_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    memory_limit_used_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    """CPU with ``job_memory_limit_mib``: the job's address-space peak above its size when the limit
+    was set, up to the profiled window (memory.limit_used_bytes); null without a limit."""
     num_alloc_retries: Mapped[int | None] = mapped_column(Integer)
     num_ooms: Mapped[int | None] = mapped_column(Integer)
     memory_snapshot_path: Mapped[str | None] = mapped_column(String(1000))
@@ -414,6 +417,10 @@ class BatchSearch(Base):
     """Device memory free to a job when the search began (what the prediction was held against)."""
     predicted_max_batch: Mapped[int | None] = mapped_column(Integer)
     """The ledger's largest fitting batch, where the search started (null: no ledger; it starts at 1)."""
+    calibrated_max_batch: Mapped[int | None] = mapped_column(Integer)
+    """The largest fitting batch by the first ok try's measured memory use (search.Calibration),
+    tried next; null where the device gives nothing to calibrate with (a CPU without
+    job_memory_limit_mib) or no try trained."""
     max_batch: Mapped[int | None] = mapped_column(Integer)
     """The largest batch that trained ok."""
     first_oom_batch: Mapped[int | None] = mapped_column(Integer)

@@ -297,6 +297,10 @@ def format_searches(searches: pd.DataFrame) -> str:
             lines.append(f"  {where}: {s.status}" + (f" ({s.error})" if isinstance(s.error, str) else ""))
         if pd.notna(s.predicted_max_batch):
             lines[-1] += f"; the ledger predicted {int(s.predicted_max_batch)}"
+        calibrated = getattr(s, "calibrated_max_batch", None)  # a database older than schema 0015 has none
+        if pd.notna(calibrated):
+            lead = "," if pd.notna(s.predicted_max_batch) else "; measured tries put it at"
+            lines[-1] += f"{lead} {int(calibrated)} once calibrated by a measured try"
     return "\n".join(lines)
 
 

@@ -234,6 +234,7 @@ def full_result(sweep_id: int, job_num: int = 3) -> dict[str, Any]:
         "rss_before_train_bytes": 3 * GiB + 5,
         "peak_rss_bytes": 5 * GiB + 17,
         "rss_growth_bytes": 2 * GiB + 12,
+        "memory_limit_used_bytes": 300 * 2**20 - 5,
         "num_alloc_retries": 2,
         "num_ooms": 0,
         "memory_snapshot_path": f"/sweeps/2026-03-14/job-{job_num}/memory.pickle",

@@ -593,26 +593,18 @@ def searches_md(searches: pd.DataFrame) -> str:
     out["peak mem at max"] = [fmt.mem(v) for v in searches["peak_allocated_bytes"]]
     out["first oom"] = [fmt.num(v) for v in searches["first_oom_batch"]]
     out["ledger predicted"] = [fmt.num(v) for v in searches["predicted_max_batch"]]
+    if "calibrated_max_batch" in searches:  # schema 0015 on: read-only reports of older databases lack it
+        out["calibrated"] = [fmt.num(v) for v in searches["calibrated_max_batch"]]
     out["jobs"] = [fmt.num(v) for v in searches["n_tried"]]
     out["status"] = [
         s if not isinstance(e, str) else f"{s}: {first_line(e, 60)}" for s, e in searches[["status", "error"]].values
     ]
     return (
         "`batch=max` (`perfsweep/search.py`): from the memory ledger's prediction for the memory free to a job, real "
-        "jobs grew or shrank the batch until one ran out of memory, then bisected; every try is a row of `runs` "
-        "(`batch_search_id`), the outcome a row of `batch_searches`.\n\n"
-        + fmt.table(
-            out,
-            right=[
-                "seq_len",
-                "max batch",
-                "tokens/s at max",
-                "peak mem at max",
-                "first oom",
-                "ledger predicted",
-                "jobs",
-            ],
-        )
+        "jobs grew or shrank the batch until one trained; its measured memory use calibrated the ledger (calibrated: "
+        "the batch that put at the edge, tried next), and later jobs closed in on the edge from there; every try is a "
+        "row of `runs` (`batch_search_id`), the outcome a row of `batch_searches`.\n\n"
+        + fmt.table(out, right=[c for c in out.columns if c not in ("config", "status")])
     )
 
 
