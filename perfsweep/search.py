@@ -4,10 +4,10 @@ The memory ledger (perfsweep.ledger) predicts the largest fitting batch from the
 memory, as a job process sees it; real jobs then decide. From the prediction the search grows
 (x1.25 once: the ledger is within a few percent on the runs we measured; then x2) until a job runs
 out of memory, or shrinks (/1.25 once, then /2) until one trains, and then bisects between the largest ok and the
-smallest oom batch until they are neighbours. The first ok try's measured use of the memory (CUDA's peak reserved
-bytes; a CPU job's address space under ``job_memory_limit_mib``) calibrates the ledger, which counts tensors
-alone, and the batch that calibration puts at the edge is tried next (:class:`Calibration`). Every try is an ordinary job of the sweep, stored
-in ``runs`` with its status (oom rows included) and ``batch_search_id``; the outcome is a row of
+smallest oom batch until they are neighbours. The first ok try's measured use of the memory (CUDA's peak
+reserved bytes; a CPU job's address space under ``job_memory_limit_mib``) calibrates the ledger, which counts
+tensors alone, and the batch that calibration puts at the edge is tried next (:class:`Calibration`). Every try
+is an ordinary job of the sweep, stored in ``runs`` with its status (oom rows included) and ``batch_search_id``; the outcome is a row of
 ``batch_searches`` with the figures of the run at the largest batch. A model without a ledger
 starts at batch 1 and doubles. A try that ends neither ok nor oom (a timeout, a failure) ends
 the search as ``failed``: its memory limit is then unknown.
@@ -55,6 +55,11 @@ class Outcome:
         return {"done": "ok", "none_fit": "oom"}.get(self.status, "failed")
 
 
+CALIBRATED_WALK = 3
+"""How many batches (at distance 1, 2 and 4) the search tries beyond a calibrated estimate that
+missed before it bisects: the estimate was 0 to 6 batches off in docs/benchmarks.md's runs."""
+
+
 class _TryEnded(Exception):
     """A try ended neither ok nor oom: the search stops (Outcome.status is set)."""
 
@@ -72,10 +77,11 @@ def search(
     tries go, so a caller interrupted midway still has them.
 
     ``estimate(b)`` is asked after each ok try until it answers: the largest batch that fits by
-    what the try at b measured (None: not known yet). Its answer is tried next, then batches at
-    distance 1, 2, 4, ... from it on the side it missed, until an ok and an oom batch are
-    neighbours or the gap between them is left to the bisection. A good estimate ends the search
-    in two or three tries; a poor one costs about twice the log of its error."""
+    what the try at b measured (None: not known yet). Its answer is tried next, then up to
+    :data:`CALIBRATED_WALK` batches at distance 1, 2, 4 from it on the side it missed; what is
+    left is grown into or bisected as without it. An estimate a few batches off (the run-to-run
+    noise of a measured peak) ends the search in two to six tries; a wild one (a line through two
+    tiny batches) costs at most four tries more than the bisection it leaves."""
     out = Outcome() if out is None else out
     lo, hi = 0, None  # the largest ok batch so far, the smallest oom batch so far
     first_move = [predicted]  # the first step away from the prediction is x1.25 (or /1.25), later ones x2
@@ -102,23 +108,21 @@ def search(
         """The largest batch still worth trying."""
         return min(cap, hi - 1) if hi is not None else cap
 
-    def calibrated() -> bool:
-        """Ask the estimate after an ok try; True when it answered and its tries were made."""
-        if estimate is None or out.calibrated_max_batch is not None:
-            return False
-        if (guess := estimate(lo)) is None:
-            return False
+    def calibrate() -> None:
+        """After an ok try: the estimate, if it answers (once), and a short walk from it."""
+        if estimate is None or out.calibrated_max_batch is not None or (guess := estimate(lo)) is None:
+            return
         out.calibrated_max_batch = guess
-        if (b := max(lo + 1, min(guess, top()))) > top():
-            return True  # nothing is left between lo and the cap or the oom batch
-        step = 1
+        if guess < lo or lo >= top():
+            return  # below a batch that trained, the estimate is wrong; or nothing is left to try
+        b = max(lo + 1, min(guess, top()))
+        walk = iter(2**i for i in range(CALIBRATED_WALK))
         if attempt(b):
-            while lo < top() and attempt(min(lo + step, top())):
-                step *= 2
+            while lo < top() and (step := next(walk, None)) is not None and attempt(min(lo + step, top())):
+                pass
         else:
-            while hi is not None and hi - lo > 1 and not attempt(max(hi - step, lo + 1)):
-                step *= 2
-        return True
+            while hi - lo > 1 and (step := next(walk, None)) is not None and not attempt(max(hi - step, lo + 1)):
+                pass
 
     try:
         batch = max(1, min(start, cap))
@@ -127,11 +131,11 @@ def search(
                 out.status, out.first_oom_batch = "none_fit", 1
                 return out
             batch = max(1, min(batch - 1, math.floor(batch / factor())))
-        if not calibrated():
-            while hi is None and lo < cap:  # up until a batch runs out of memory
-                attempt(min(cap, max(lo + 1, math.floor(lo * factor()))))
-                if hi is None and calibrated():
-                    break
+        calibrate()
+        while hi is None and lo < cap:  # up until a batch runs out of memory
+            attempt(min(cap, max(lo + 1, math.floor(lo * factor()))))
+            if hi is None:
+                calibrate()
         while hi is not None and hi - lo > 1:  # bisect
             attempt((lo + hi) // 2)
     except _TryEnded:
@@ -147,8 +151,8 @@ class Calibration:
     The ledger predicts the bytes of live tensors; what runs into the limit is more: the CUDA
     caching allocator's reserved segments, or on a CPU under ``job_memory_limit_mib`` the whole
     address space (thread stacks, malloc's unreturned memory: 134 to 144 MiB of a 300 MiB limit
-    for the tiny GPT, which put the ledger's first try at 321 where 177 to 184 fit). Both grow with the
-    batch as the ledger does, so one measured try fixes the offset: the estimate is the largest
+    for the tiny GPT, which put the ledger's first try at 321 where 177 to 184 fit). Both grow with
+    the batch as the ledger does, so one measured try fixes the offset: the estimate is the largest
     batch b with used(tried) + ledger(b) - ledger(tried) within ``free_bytes``. Without a ledger
     the line through the two largest measured tries stands in for it."""
 

@@ -59,8 +59,25 @@ def test_an_estimate_from_a_measured_try_is_tried_next_and_its_error_costs_its_l
     first_ok = next(i for i, (_, s) in enumerate(out.tried) if s == "ok")
     after = log[first_ok + 1 :]
     below = min([b for b, s in out.tried[:first_ok] if s == "oom"] or [4097]) - 1  # the oom batches known then
-    assert after[0] == max(asked[0] + 1, min(limit + error, below))  # the estimate, held inside the bracket
+    if limit + error >= asked[0]:
+        assert after[0] == max(asked[0] + 1, min(limit + error, below))  # the estimate, held inside the bracket
+    else:  # below a batch that trained: wrong, and not followed
+        assert out.tried == search(oracle(limit, []), start, cap=4096).tried
     assert len(after) <= 2 + 2 * math.ceil(math.log2(abs(error) + 1)), (log, asked)
+    if abs(error) <= 7 and limit + error > asked[0]:  # within reach of the walk: every later try is near it
+        assert all(abs(b - (limit + error)) <= 8 for b in after), (log, asked)
+
+
+def test_a_wild_estimate_costs_at_most_the_walk_more_than_the_bisection_it_leaves() -> None:
+    """A line through two tiny batches can put the edge at the cap: the search tries it and three
+    batches below, then bisects what is left, as it would have without the estimate."""
+    log: list[int] = []
+    answers = iter([None, 10**6])
+    out = search(oracle(700, log), 1, cap=4096, predicted=False, estimate=lambda b: next(answers))
+    assert out.max_batch == 700 and log[:7] == [1, 2, 4096, 4095, 4093, 4089, (2 + 4089) // 2], log
+    plain: list[int] = []
+    search(oracle(700, plain), 1, cap=4096, predicted=False)
+    assert len(log) <= len(plain) + 4, (log, plain)
 
 
 def test_an_estimate_that_is_not_known_yet_is_asked_again_and_the_cap_holds() -> None:
@@ -69,7 +86,7 @@ def test_an_estimate_that_is_not_known_yet_is_asked_again_and_the_cap_holds() ->
     log: list[int] = []
     answers = iter([None, 1000])
     out = search(oracle(700, log), 1, cap=4096, predicted=False, estimate=lambda b: next(answers))
-    assert out.max_batch == 700 and log[:3] == [1, 2, 1000] and len(log) <= 3 + 2 * 9
+    assert out.max_batch == 700 and log[:3] == [1, 2, 1000] and len(log) <= 3 + 3 + math.ceil(math.log2(1000))
     out = search(oracle(10**9, []), 100, cap=500, estimate=lambda b: 10**6)
     assert (out.status, out.max_batch, out.capped, [b for b, _ in out.tried]) == ("done", 500, True, [100, 500])
 
