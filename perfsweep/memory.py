@@ -58,16 +58,33 @@ def current_vm_bytes() -> int:
     return kib * 1024 if kib is not None else 0
 
 
-def limit_used_bytes(limit_mib: int | None) -> int | None:
-    """``job_memory_limit_mib``: how much of the limit the process has used at its peak so far:
-    its address-space peak (VmPeak) above the size it had when the limit was set (the soft
-    RLIMIT_AS less the limit). This is what an allocation past the limit runs into, thread stacks
-    and malloc's unreturned memory included, so batch=max calibrates its next try with it (the
-    ledger counts tensors alone). None without a limit or without /proc."""
-    soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
-    if limit_mib is None or soft == resource.RLIM_INFINITY or (peak_kib := _status_kib("VmPeak")) is None:
+_limit_base: tuple[int, int] | None = None
+"""(VmSize, VmPeak) when :func:`limit_address_space` set this process's limit."""
+
+
+def limit_address_space(extra_bytes: int) -> None:
+    """Cap this process's address space at its present size plus ``extra_bytes`` (RLIMIT_AS, what
+    ``ulimit -v`` sets), so an allocation past it fails as torch's CPU out-of-memory error; the
+    size and peak at this moment are kept for :func:`limit_used_bytes`."""
+    global _limit_base
+    size, peak = current_vm_bytes(), (_status_kib("VmPeak") or 0) * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (size + extra_bytes, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    _limit_base = (size, peak)
+
+
+def limit_used_bytes() -> int | None:
+    """How much of :func:`limit_address_space`'s limit the process has used at its peak so far:
+    its address-space peak (VmPeak) above its size when the limit was set. This is what an
+    allocation past the limit runs into, thread stacks and malloc's unreturned memory included, so
+    batch=max calibrates its next try with it (the ledger counts tensors alone). None without a
+    limit, without /proc, or while the peak is one from before the limit (the process had shrunk
+    by then, and what it used since is not known)."""
+    if _limit_base is None or (peak_kib := _status_kib("VmPeak")) is None:
         return None
-    return peak_kib * 1024 - (soft - limit_mib * 2**20)
+    size, peak_then = _limit_base
+    if peak_then > size and peak_kib * 1024 <= peak_then:
+        return None
+    return peak_kib * 1024 - size
 
 
 def peak_rss_bytes() -> int:

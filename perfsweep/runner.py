@@ -39,6 +39,7 @@ from perfsweep.memory import (
     MemoryProbe,
     MemorySnapshot,
     free_bytes,
+    limit_address_space,
     limit_used_bytes,
     persistent_bytes,
     step_alloc_peak_bytes,
@@ -383,7 +384,7 @@ def _train(
         result["peak_allocated_bytes"] = persistent_bytes(raw, trainer.optimizer) + step_peak
         result["peak_mem_bytes"] = result["peak_allocated_bytes"]
         # read before the profiled window, whose own buffers do not decide whether a batch fits
-        result["memory_limit_used_bytes"] = limit_used_bytes(cfg.job_memory_limit_mib)
+        result["memory_limit_used_bytes"] = limit_used_bytes()
         if not distributed.active():  # a utilisation's denominator (perfsweep.summary), after the memory figures
             matmul_dtype = "bf16" if dtype == "bf16" else "fp32"
             result["cpu_matmul_flops"] = cpu_peak.matmul_flops(matmul_dtype, seconds=cpu_peak.RUN_SECONDS)
@@ -520,13 +521,8 @@ def apply_memory_limit(cfg: PerfsweepConfig) -> None:
     limit (RLIMIT_AS), so an allocation past it fails as torch's CPU out-of-memory error."""
     if cfg.job_memory_limit_mib is None:
         return
-    import resource
-
-    from perfsweep.memory import current_vm_bytes
-
     single_malloc_arena()
-    limit = current_vm_bytes() + cfg.job_memory_limit_mib * 2**20
-    resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    limit_address_space(cfg.job_memory_limit_mib * 2**20)
 
 
 M_ARENA_MAX = -8

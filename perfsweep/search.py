@@ -56,8 +56,9 @@ class Outcome:
 
 
 CALIBRATED_WALK = 3
-"""How many batches (at distance 1, 2 and 4) the search tries beyond a calibrated estimate that
-missed before it bisects: the estimate was 0 to 6 batches off in docs/benchmarks.md's runs."""
+"""How many batches the search tries beyond a calibrated estimate that missed, in steps of 1, 2
+and 4 (1, 3 and 7 away from it), before it bisects: the estimate was 0 to 6 batches off in
+docs/benchmarks.md's runs."""
 
 
 class _TryEnded(Exception):
@@ -76,12 +77,16 @@ def search(
     status), assuming every batch above an oom one runs out of memory too. ``out`` is filled as the
     tries go, so a caller interrupted midway still has them.
 
-    ``estimate(b)`` is asked after each ok try until it answers: the largest batch that fits by
-    what the try at b measured (None: not known yet). Its answer is tried next, then up to
-    :data:`CALIBRATED_WALK` batches at distance 1, 2, 4 from it on the side it missed; what is
-    left is grown into or bisected as without it. An estimate a few batches off (the run-to-run
-    noise of a measured peak) ends the search in two to six tries; a wild one (a line through two
-    tiny batches) costs at most four tries more than the bisection it leaves."""
+    ``estimate(b)`` is asked after each ok try until its answer is taken: the largest batch that
+    fits by what the try at b measured (None: not known yet). An answer below a batch that trained
+    or at one that ran out of memory is wrong, and one past twice the largest ok batch while none
+    has run out is beyond the growth the search makes anyway (a line through two tiny batches);
+    neither is taken, and the estimate is asked again after the next try.
+    A taken answer is stored in ``out.calibrated_max_batch`` and tried next, then up to
+    :data:`CALIBRATED_WALK` batches on the side it missed; what is left is grown into or bisected
+    as without it. An estimate a few batches off (the run-to-run noise of a measured peak) ends
+    the search in two to six tries, and a wrong one costs at most five more than without it (the
+    walk, and one more bisection step over the wider bracket it may leave)."""
     out = Outcome() if out is None else out
     lo, hi = 0, None  # the largest ok batch so far, the smallest oom batch so far
     first_move = [predicted]  # the first step away from the prediction is x1.25 (or /1.25), later ones x2
@@ -109,12 +114,14 @@ def search(
         return min(cap, hi - 1) if hi is not None else cap
 
     def calibrate() -> None:
-        """After an ok try: the estimate, if it answers (once), and a short walk from it."""
+        """After an ok try: the estimate, if it answers and is taken (once), and a short walk from it."""
         if estimate is None or out.calibrated_max_batch is not None or (guess := estimate(lo)) is None:
             return
+        if guess < lo or (guess >= hi if hi is not None else guess > 2 * lo):
+            return  # outside what the tries have shown, or no nearer than growth would go: not taken
         out.calibrated_max_batch = guess
-        if guess < lo or lo >= top():
-            return  # below a batch that trained, the estimate is wrong; or nothing is left to try
+        if lo >= top():
+            return  # nothing is left to try
         b = max(lo + 1, min(guess, top()))
         walk = iter(2**i for i in range(CALIBRATED_WALK))
         if attempt(b):
@@ -134,10 +141,10 @@ def search(
         calibrate()
         while hi is None and lo < cap:  # up until a batch runs out of memory
             attempt(min(cap, max(lo + 1, math.floor(lo * factor()))))
-            if hi is None:
-                calibrate()
+            calibrate()
         while hi is not None and hi - lo > 1:  # bisect
             attempt((lo + hi) // 2)
+            calibrate()
     except _TryEnded:
         return out
     out.max_batch, out.first_oom_batch, out.status, out.capped = lo, hi, "done", hi is None and lo >= cap
@@ -161,6 +168,8 @@ class Calibration:
     """The ledger's predicted peak bytes at a batch; None: no ledger for this model."""
     used: dict[int, int] = field(default_factory=dict)
     """batch -> bytes used, as measured by the ok tries so far."""
+    basis: str = ""
+    """What the latest estimate rests on, for people: 'batch 128 used 250.9 of the 300.0 MiB free'."""
 
     def estimate(self, batch: int, used: int | None) -> int | None:
         """The estimate after an ok try at ``batch`` that used ``used`` bytes (None: not measured
@@ -168,14 +177,19 @@ class Calibration:
         if used is None:
             return None
         self.used[batch] = used
+        free = f"of the {self.free_bytes / 2**20:,.1f} MiB free"
         if (peak := self.ledger_peak) is not None:
             offset = used - peak(batch)
+            self.basis = f"batch {batch} used {used / 2**20:,.1f} {free}; the ledger shifted by that"
             return predicted_max_batch(peak, self.free_bytes, lambda p, free: p + offset <= free)
         if len(self.used) < 2:
             return None
         (b1, u1), (b2, u2) = sorted(self.used.items())[-2:]
         if u2 <= u1:  # no growth seen yet: nothing to extrapolate
             return None
+        self.basis = (
+            f"batches {b1} and {b2} used {u1 / 2**20:,.1f} and {u2 / 2**20:,.1f} {free}; on the line through them"
+        )
         return b2 + math.floor((self.free_bytes - u2) * (b2 - b1) / (u2 - u1))
 
 
@@ -321,21 +335,24 @@ def run(
         calibration = Calibration(free, (lambda b: predict_at(b).peak_bytes) if predicted is not None else None)
 
     def estimate(batch: int) -> int | None:
-        used = measured_use(engine, search_id, batch)
-        guess = calibration.estimate(batch, used) if calibration is not None else None
-        if guess is not None and used is not None:
+        return None if calibration is None else calibration.estimate(batch, measured_use(engine, search_id, batch))
+
+    out = Outcome()
+    told: list[int] = []
+
+    def try_batch(batch: int) -> str:
+        if out.calibrated_max_batch is not None and not told and calibration is not None:  # just taken
+            told.append(out.calibrated_max_batch)
             print(
-                f"perfsweep: batch=max: batch {batch} used {used / 2**20:,.1f} of the {free / 2**20:,.1f} MiB free; "
-                f"calibrated by that, {guess} fits",
+                f"perfsweep: batch=max: {calibration.basis}, {out.calibrated_max_batch} fits",
                 file=sys.stderr,
                 flush=True,
             )
-        return guess
+        return launch(with_batch(overrides, batch, batch_search_id=search_id))
 
-    out = Outcome()
     try:
         search(
-            lambda b: launch(with_batch(overrides, b, batch_search_id=search_id)),
+            try_batch,
             predicted or 1,
             cfg.max_batch_cap,
             predicted=predicted is not None,

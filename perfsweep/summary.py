@@ -298,9 +298,10 @@ def format_searches(searches: pd.DataFrame) -> str:
         if pd.notna(s.predicted_max_batch):
             lines[-1] += f"; the ledger predicted {int(s.predicted_max_batch)}"
         calibrated = getattr(s, "calibrated_max_batch", None)  # a database older than schema 0015 has none
-        if pd.notna(calibrated):
-            lead = "," if pd.notna(s.predicted_max_batch) else "; measured tries put it at"
-            lines[-1] += f"{lead} {int(calibrated)} once calibrated by a measured try"
+        if pd.notna(calibrated) and pd.notna(s.predicted_max_batch):
+            lines[-1] += f", {int(calibrated)} once calibrated by a measured try"
+        elif pd.notna(calibrated):  # no ledger: the line through two measured tries
+            lines[-1] += f"; {int(calibrated)} by the line through two measured tries"
     return "\n".join(lines)
 
 

@@ -599,12 +599,18 @@ def searches_md(searches: pd.DataFrame) -> str:
     out["status"] = [
         s if not isinstance(e, str) else f"{s}: {first_line(e, 60)}" for s, e in searches[["status", "error"]].values
     ]
+    calibrated = "calibrated_max_batch" in searches and searches["calibrated_max_batch"].notna().any()
+    how = (
+        "; where calibrated has a batch, a measured try's memory use calibrated the ledger, and that batch and its "
+        "neighbours were tried next"
+        if calibrated
+        else ""
+    )
     return (
-        "`batch=max` (`perfsweep/search.py`): from the memory ledger's prediction for the memory free to a job, real "
-        "jobs grew or shrank the batch until one trained; its measured memory use calibrated the ledger (calibrated: "
-        "the batch that put at the edge, tried next), and later jobs closed in on the edge from there; every try is a "
-        "row of `runs` (`batch_search_id`), the outcome a row of `batch_searches`.\n\n"
-        + fmt.table(out, right=[c for c in out.columns if c not in ("config", "status")])
+        "`batch=max` (`perfsweep/search.py`): real jobs tried batches from the memory ledger's prediction for the "
+        "memory free to a job, growing or shrinking it, then bisecting between the largest batch that trained and the "
+        f"smallest that ran out of memory{how}; every try is a row of `runs` (`batch_search_id`), the outcome a row of "
+        "`batch_searches`.\n\n" + fmt.table(out, right=[c for c in out.columns if c not in ("config", "status")])
     )
 
 
