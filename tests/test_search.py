@@ -184,7 +184,7 @@ def test_batch_max_sweep_end_to_end(tmp_path: Path) -> None:
     assert abs(calibrated - best) <= min(16, abs(found["predicted_max_batch"] - best))
     oom_before = min([r["batch"] for r in tries[:first_ok] if r["status"] == "oom"], default=10**9)
     assert tries[first_ok + 1]["batch"] == max(tries[first_ok]["batch"] + 1, min(calibrated, oom_before - 1))
-    assert "calibrated by that" in res.stderr and "once calibrated by a measured try" in res.stdout
+    assert "the ledger shifted by that" in res.stderr and "once calibrated by a measured try" in res.stdout
     assert len(tries) == found["n_tried"] >= 2 and {r["batch_search_id"] for r in tries} == {found["id"]}
     for r in tries:  # every try below the limit trained, every one above ran out of memory
         assert r["status"] == ("ok" if r["batch"] <= found["max_batch"] else "oom"), r
