@@ -164,8 +164,9 @@ class Calibration:
     the line through the two largest measured tries stands in for it."""
 
     free_bytes: int
-    ledger_peak: Callable[[int], int] | None
-    """The ledger's predicted peak bytes at a batch; None: no ledger for this model."""
+    ledger_bytes: Callable[[int], int] | None
+    """The ledger's bytes at a batch, as the measured use counts them (``Ledger.reserved_bytes``:
+    the peak, plus the CUDA allocator's slack, which grows with it); None: no ledger."""
     used: dict[int, int] = field(default_factory=dict)
     """batch -> bytes used, as measured by the ok tries so far."""
     basis: str = ""
@@ -178,7 +179,7 @@ class Calibration:
             return None
         self.used[batch] = used
         free = f"of the {self.free_bytes / 2**20:,.1f} MiB free"
-        if (peak := self.ledger_peak) is not None:
+        if (peak := self.ledger_bytes) is not None:
             offset = used - peak(batch)
             self.basis = f"batch {batch} used {used / 2**20:,.1f} {free}; the ledger shifted by that"
             return predicted_max_batch(peak, self.free_bytes, lambda p, free: p + offset <= free)
@@ -332,7 +333,7 @@ def run(
     )
     calibration = None
     if free is not None:
-        calibration = Calibration(free, (lambda b: predict_at(b).peak_bytes) if predicted is not None else None)
+        calibration = Calibration(free, (lambda b: predict_at(b).reserved_bytes) if predicted is not None else None)
 
     def estimate(batch: int) -> int | None:
         return None if calibration is None else calibration.estimate(batch, measured_use(engine, search_id, batch))

@@ -87,11 +87,11 @@ def test_an_estimate_is_asked_again_until_the_tries_allow_it_and_a_wild_one_chan
 def test_calibration_adds_what_the_ledger_does_not_count() -> None:
     """One measured try fixes the ledger's offset; without a ledger two tries give the line."""
     peak = lambda b: 100 + 10 * b  # noqa: E731 - the ledger: 100 bytes fixed, 10 a sample
-    cal = Calibration(free_bytes=1_000, ledger_peak=peak)
+    cal = Calibration(free_bytes=1_000, ledger_bytes=peak)
     assert cal.estimate(20, used=None) is None  # not measured on this device: nothing to go on
     assert cal.estimate(20, used=peak(20) + 140) == 76  # 100 + 10 b + 140 <= 1000
     assert cal.estimate(20, used=peak(20)) == 90  # the ledger was right: its own answer
-    no_ledger = Calibration(free_bytes=1_000, ledger_peak=None)
+    no_ledger = Calibration(free_bytes=1_000, ledger_bytes=None)
     assert no_ledger.estimate(1, used=300) is None  # one point is no line
     assert no_ledger.estimate(2, used=300) is None  # and a flat one extrapolates nothing
     assert no_ledger.estimate(4, used=320) == 4 + (1_000 - 320) // 10
