@@ -22,7 +22,7 @@ from omegaconf import DictConfig
 
 from perfsweep import interrupts, preflight
 from perfsweep.config import MAX_BATCH, ConfigError, register_configs, to_run_config
-from perfsweep.names import EXIT_0_STATUSES, SWEEP_MARKER
+from perfsweep.names import EXIT_0_STATUSES, NOT_OVERRIDES, SWEEP_MARKER
 
 # torch, pandas and SQLAlchemy are imported inside hydra_main: a typo, --help or a subcommand
 # answers in about a second instead of paying for torch first.
@@ -135,7 +135,7 @@ def hydra_main(cfg: DictConfig) -> str:
         launch_dir=launch_dir,
         sweep_dir=sweep_dir,
         sweep_name=run_cfg.name or hc.job.config_name or "perfsweep",
-        overrides=[o for o in hc.overrides.task if not o.startswith(launcher.NOT_OVERRIDES)],
+        overrides=[o for o in hc.overrides.task if not o.startswith(NOT_OVERRIDES)],
         job_num=hc.job.num if multirun else 0,
         command=command,
         env={str(k): str(v) for k, v in (hc.job.env_set or {}).items()},

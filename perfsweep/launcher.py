@@ -47,10 +47,6 @@ from perfsweep.store import utcnow
 
 log = logging.getLogger(__name__)
 
-NOT_OVERRIDES: tuple[str, ...] = ("resume=", "repeat=", "order=", "report=", "sweep.", "launcher.")
-"""Overrides that do not name the grid point: how the sweep runs (``resume``, ``repeat``,
-``order``, ``report``, ``launcher.*``) and the ``sweep.*`` context the sweeper adds to every job."""
-
 
 @dataclass
 class JobSpec:
@@ -387,13 +383,46 @@ def _spawning(env: dict[str, str]) -> Iterator[None]:
 
 def job_free_bytes(cfg: PerfsweepConfig) -> tuple[str | None, int | None]:
     """(device type, memory free to a job) as a fresh job process of ``cfg`` sees it (its memory
-    limit applied, its CUDA context open), for batch=max's prediction; (None, None) on failure."""
+    limit applied, its CUDA context open), for batch=max's prediction; (None, None) on failure.
+
+    A plain process and a pipe, not a Pool: a Pool replaces a worker that dies (OOM-killed,
+    ``kill -9``) and drops its task, so the search waited ``timeout_s`` in silence for an answer
+    that could not come."""
+    ctx = mp.get_context("spawn")
+    receive, send = ctx.Pipe(duplex=False)
+    with _spawning({}):
+        proc = ctx.Process(target=_report_free_bytes, args=(to_plain_dict(cfg), send), daemon=True)
+        proc.start()
+    send.close()  # the child holds the only sending end: its death closes the pipe
+    why = None
     try:
-        with _spawning({}), mp.get_context("spawn").Pool(1) as pool:
-            return pool.apply_async(runner.job_free_bytes, (to_plain_dict(cfg),)).get(timeout=cfg.timeout_s)
-    except Exception as exc:  # noqa: BLE001 - without a prediction the search starts at batch 1
-        log.warning("could not read the memory free to a job (%s); the batch search starts at 1", exc)
-        return None, None
+        if receive.poll(cfg.timeout_s):
+            kind, value = receive.recv()
+            if kind == "ok":
+                return value
+            why = value
+        else:
+            why = f"no answer in timeout_s={cfg.timeout_s:g} s"
+    except EOFError:
+        proc.join(5.0)
+        code = proc.exitcode
+        why = f"its process was killed by {signal.Signals(-code).name}" if code and code < 0 else f"exit code {code}"
+    finally:
+        receive.close()
+        if proc.is_alive():
+            proc.kill()
+        proc.join(5.0)
+    log.warning("could not read the memory free to a job (%s); the batch search starts at 1", why)
+    return None, None
+
+
+def _report_free_bytes(cfg_dict: dict[str, Any], conn: Any) -> None:
+    try:
+        conn.send(("ok", runner.job_free_bytes(cfg_dict)))
+    except Exception as exc:  # noqa: BLE001 - told to the sweep, which starts at batch 1
+        conn.send(("error", first_line(exc)))
+    finally:
+        conn.close()
 
 
 UNWIND_REPORT_S = 2.0

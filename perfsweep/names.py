@@ -181,6 +181,14 @@ EXIT_0_STATUSES: tuple[str, ...] = ("ok", "skipped")
 SWEEP_STATUSES: tuple[str, ...] = ("running", "done", "interrupted")
 """``sweeps.status``: ``done`` once the summary ran, whatever the jobs' outcomes."""
 
+NOT_OVERRIDES: tuple[str, ...] = ("resume=", "repeat=", "order=", "report=", "sweep.", "launcher.")
+"""Overrides that do not name the grid point: how the sweep runs (``resume``, ``repeat``,
+``order``, ``report``, ``launcher.*``) and the ``sweep.*`` context the sweeper adds to every job."""
+
+SEARCH_ANSWERED: tuple[str, ...] = ("done", "none_fit")
+"""``batch_searches.status`` of a search that found its answer (the largest batch, or that none
+fits): resume keeps it; one that failed, was interrupted or is still running is searched again."""
+
 SCHEDULER_TIME_MARGIN_S = 300.0
 """Time a scheduler's limit (SLURM's ``--time``, from ``hydra.launcher.timeout_min``) allows a job
 beyond twice ``timeout_s`` (start-up, then training): its data, its result, and submitit's

@@ -38,7 +38,7 @@ from perfsweep.config import (
     config_keys,
     to_plain_dict,
 )
-from perfsweep.names import MULTI_HOST_LAUNCHERS, NETWORK_FILESYSTEMS, SWEEP_MARKER
+from perfsweep.names import MULTI_HOST_LAUNCHERS, NETWORK_FILESYSTEMS, SEARCH_ANSWERED, SWEEP_MARKER
 
 COMPOSE_ERRORS: tuple[type[BaseException], ...] = (ConfigError, HydraException, OmegaConfBaseException)
 """What composing and validating a grid point can raise for bad input (anything else is a bug)."""
@@ -558,8 +558,9 @@ def check_all(cfgs: list[PerfsweepConfig], jobs_run_here: bool = True) -> None:
 
 def resume_points(url: str, sweep_dir: str, grid: list[tuple[int, str]], searched: set[int]) -> set[tuple[int, str]]:
     """(job_num, config_hash) of the grid points of the sweep in ``sweep_dir`` that have an ``ok``
-    run; opening the database marks dead runs first. ``grid``: this command's (job_num,
-    config_hash) per grid point, ``searched``: the job numbers of its batch=max searches.
+    run, or, for a batch=max point, a search that found its answer (names.SEARCH_ANSWERED); opening
+    the database marks dead runs first. ``grid``: this command's (job_num, config_hash) per grid
+    point, ``searched``: the job numbers of its batch=max searches.
 
     Refused when the database holds no sweep for the folder (a resume typed by hand without the
     sweep's db.url started a new sweep in ./results.db inside the old sweep's folder and wrote
@@ -586,6 +587,11 @@ def resume_points(url: str, sweep_dir: str, grid: list[tuple[int, str]], searche
             rows = s.execute(
                 select(store.Run.job_num, store.Run.config_hash, store.Run.status).where(store.Run.sweep_id == sweep.id)
             ).all()
+            answered = s.scalars(  # a search's first try keeps the search's place in the plan
+                select(store.Run.job_num)
+                .join(store.BatchSearch, store.Run.batch_search_id == store.BatchSearch.id)
+                .where(store.BatchSearch.sweep_id == sweep.id, store.BatchSearch.status.in_(SEARCH_ANSWERED))
+            ).all()
             n_jobs, command, sweep_id = sweep.n_jobs, sweep.command, sweep.id
     finally:
         engine.dispose()
@@ -599,7 +605,9 @@ def resume_points(url: str, sweep_dir: str, grid: list[tuple[int, str]], searche
             f"{command}); resume it with the same overrides, e.g. perfsweep resume {sweep_id} --db {url}, or run "
             "the new grid as a new sweep (without hydra.sweep.dir)"
         )
-    return {(int(j), h) for j, h, status in rows if j is not None and status == "ok"}
+    hash_of = dict(grid)
+    searches_done = {(int(j), hash_of[int(j)]) for j in answered if j is not None and int(j) in searched}
+    return {(int(j), h) for j, h, status in rows if j is not None and status == "ok"} | searches_done
 
 
 def claim_folder(folder: Path, key: str, resume: bool = False) -> list[Path]:

@@ -26,7 +26,9 @@ from typing import Any
 from sqlalchemy import select, update
 
 from perfsweep import store
+from perfsweep.cli import first_line
 from perfsweep.config import MAX_BATCH, PerfsweepConfig
+from perfsweep.names import NOT_OVERRIDES
 
 log = logging.getLogger(__name__)
 
@@ -239,8 +241,14 @@ def predicted_max_batch(
     return lo
 
 
+def point_label(overrides: list[str]) -> str:
+    """The grid point's own overrides, without how the sweep runs (names.NOT_OVERRIDES): a resumed
+    search's row read 'resume=True', and every repeat's the same 'repeat=2'."""
+    return " ".join(o for o in overrides if not o.startswith(NOT_OVERRIDES))
+
+
 def begin(engine: Any, sweep_id: int, grid_index: int, overrides: list[str], cfg: PerfsweepConfig) -> int:
-    shown = " ".join(o for o in overrides if not o.startswith("sweep."))
+    shown = point_label(overrides)
     with store.session(engine) as s:
         row = store.BatchSearch(
             sweep_id=sweep_id, grid_index=grid_index, overrides=shown, seq_len=cfg.seq_len, status="running"
@@ -261,15 +269,7 @@ def record_prediction(engine: Any, search_id: int, free_bytes: int | None, predi
 
 def finish(engine: Any, search_id: int, out: Outcome) -> None:
     """Store the outcome with the figures of the ok run at the largest batch."""
-    Run = store.Run
     with store.session(engine) as s:
-        best = None
-        if out.max_batch is not None:
-            best = s.scalars(
-                select(Run)
-                .where(Run.batch_search_id == search_id, Run.batch == out.max_batch, Run.status == "ok")
-                .order_by(Run.id.desc())
-            ).first()
         s.execute(
             update(store.BatchSearch)
             .where(store.BatchSearch.id == search_id)
@@ -281,17 +281,24 @@ def finish(engine: Any, search_id: int, out: Outcome) -> None:
                 capped=out.capped,
                 n_tried=len(out.tried),
                 calibrated_max_batch=out.calibrated_max_batch,
-                best_run_id=best.id if best else None,
-                tokens_per_s=best.tokens_per_s if best else None,
-                samples_per_s=best.samples_per_s if best else None,
-                peak_allocated_bytes=best.peak_allocated_bytes if best else None,
                 finished_at=store.utcnow(),
+                **store.search_best_figures(s, search_id, out.max_batch),
             )
         )
 
 
 def interrupted(engine: Any, search_id: int, out: Outcome) -> None:
     out.status, out.error = "interrupted", "the sweep stopped before the search finished"
+    finish(engine, search_id, out)
+
+
+def ended_by(engine: Any, search_id: int, out: Outcome, exc: BaseException) -> None:
+    """Store a search that an exception ended: a Ctrl-C or SIGTERM as interrupted, anything else as
+    failed with its first line (the search row said running for good)."""
+    if isinstance(exc, KeyboardInterrupt):
+        interrupted(engine, search_id, out)
+        return
+    out.status, out.error = "failed", f"the search stopped: {first_line(exc)}"
     finish(engine, search_id, out)
 
 
@@ -308,13 +315,32 @@ def run(
     launch: Callable[[list[str]], str],
 ) -> Outcome:
     """One ``batch=max`` grid point: predict, then try batches as jobs (``launch(overrides)``
-    runs one and returns its status) until the largest that fits is known; stored as it goes."""
+    runs one and returns its status) until the largest that fits is known; stored as it goes,
+    and stored as ended however it ends (a Ctrl-C while the prediction is made included)."""
+    search_id = begin(engine, sweep_id, grid_index, overrides, cfg)
+    out = Outcome()
+    try:
+        _predict_and_search(engine, search_id, overrides, cfg, launch, out)
+    except BaseException as exc:
+        ended_by(engine, search_id, out, exc)
+        raise
+    finish(engine, search_id, out)
+    return out
+
+
+def _predict_and_search(
+    engine: Any,
+    search_id: int,
+    overrides: list[str],
+    cfg: PerfsweepConfig,
+    launch: Callable[[list[str]], str],
+    out: Outcome,
+) -> None:
     import torch
 
     from perfsweep import data as data_mod
     from perfsweep import launcher, runner
 
-    search_id = begin(engine, sweep_id, grid_index, overrides, cfg)
     device_type, free = launcher.job_free_bytes(cfg)
     token_data = data_mod.prepare(cfg.data, cfg.seed) if cfg.data._target_ is None else None
 
@@ -325,12 +351,13 @@ def run(
 
     predicted = predicted_max_batch(predict_at, free, lambda ledger, free_bytes: ledger.fits(free_bytes))
     record_prediction(engine, search_id, free, predicted)
-    print(
-        f"perfsweep: batch=max for {' '.join(o for o in overrides if not o.startswith('sweep.')) or 'the defaults'}: "
-        + (f"the ledger predicts {predicted} fits" if predicted else "no ledger for this model, starting at 1"),
-        file=sys.stderr,
-        flush=True,
-    )
+    if predicted is not None:
+        start = f"the ledger predicts {predicted} fits"
+    elif free is None:
+        start = "the memory free to a job could not be read, starting at 1"
+    else:
+        start = "no ledger for this model, starting at 1"
+    print(f"perfsweep: batch=max for {point_label(overrides) or 'the defaults'}: {start}", file=sys.stderr, flush=True)
     calibration = None
     if free is not None:
         calibration = Calibration(free, (lambda b: predict_at(b).reserved_bytes) if predicted is not None else None)
@@ -338,7 +365,6 @@ def run(
     def estimate(batch: int) -> int | None:
         return None if calibration is None else calibration.estimate(batch, measured_use(engine, search_id, batch))
 
-    out = Outcome()
     told: list[int] = []
 
     def try_batch(batch: int) -> str:
@@ -351,17 +377,4 @@ def run(
             )
         return launch(with_batch(overrides, batch, batch_search_id=search_id))
 
-    try:
-        search(
-            try_batch,
-            predicted or 1,
-            cfg.max_batch_cap,
-            predicted=predicted is not None,
-            out=out,
-            estimate=estimate,
-        )
-    except BaseException:
-        interrupted(engine, search_id, out)
-        raise
-    finish(engine, search_id, out)
-    return out
+    search(try_batch, predicted or 1, cfg.max_batch_cap, predicted=predicted is not None, out=out, estimate=estimate)

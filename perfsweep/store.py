@@ -1025,3 +1025,37 @@ def json_default(o: Any) -> Any:
     if isinstance(o, datetime):
         return o.astimezone(timezone.utc).isoformat()
     return str(o)
+
+
+def search_best_figures(s: Session, search_id: int, max_batch: int | None) -> dict[str, Any]:
+    """The ``batch_searches`` columns copied from the search's ok run at ``max_batch``."""
+    best = None
+    if max_batch is not None:
+        best = s.scalars(
+            select(Run)
+            .where(Run.batch_search_id == search_id, Run.batch == max_batch, Run.status == "ok")
+            .order_by(Run.id.desc())
+        ).first()
+    return {
+        "best_run_id": best.id if best else None,
+        "tokens_per_s": best.tokens_per_s if best else None,
+        "samples_per_s": best.samples_per_s if best else None,
+        "peak_allocated_bytes": best.peak_allocated_bytes if best else None,
+    }
+
+
+def refresh_search_figures(engine: Engine, sweep_id: int) -> None:
+    """Copy each search's figures from its run at max_batch again: a run stored later (its result
+    kept on disk while the database refused it, then ``perfsweep import``) left them empty."""
+    with session(engine) as s:
+        found = s.execute(
+            select(BatchSearch.id, BatchSearch.max_batch).where(
+                BatchSearch.sweep_id == sweep_id, BatchSearch.max_batch.is_not(None)
+            )
+        ).all()
+        for search_id, max_batch in found:
+            s.execute(
+                update(BatchSearch)
+                .where(BatchSearch.id == search_id)
+                .values(**search_best_figures(s, search_id, max_batch))
+            )

@@ -314,8 +314,10 @@ def concurrency_note(engine: Engine, sweep_id: int) -> str:
 
 def fill_sweep_figures(engine: Engine, sweep_id: int) -> None:
     """The figures drawn from all of a sweep's runs together: compile payback, speedups over the
-    baseline, CPU utilisation, the numerics audit. Written again whenever the runs change (the end
-    of a sweep or a resume, ``perfsweep import``), so SQL never reads figures of an older set."""
+    baseline, CPU utilisation, the numerics audit, each batch=max search's figures at its largest
+    batch. Written again whenever the runs change (the end of a sweep or a resume, ``perfsweep
+    import``), so SQL never reads figures of an older set."""
+    store.refresh_search_figures(engine, sweep_id)
     fill_compile_payback(engine, sweep_id)
     fill_speedups(engine, sweep_id)
     fill_cpu_utilisation(engine, sweep_id)

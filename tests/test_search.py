@@ -197,6 +197,16 @@ def test_batch_max_sweep_end_to_end(tmp_path: Path) -> None:
     )
     md = next(tmp_path.glob("multirun/*/*/report/report.md")).read_text()
     assert "## Largest batch that fits" in md and f"| {found['max_batch']} |" in md
+    # a search that found its answer is kept by resume: its tries carry their own batches' config
+    # hashes, never the grid point's, and resume searched it all over again, a second answer beside
+    res = subprocess.run(
+        [sys.executable, "-m", "perfsweep", "resume", "1", "--db", "results.db"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 0 and "1 of 1 jobs already ok, 0 to run" in res.stderr, res.stderr[-2000:]
+    assert len(rows(db, "SELECT id FROM batch_searches")) == 1 and len(rows(db, "SELECT id FROM runs")) == len(tries)
 
 
 def test_batch_max_needs_a_multirun(tmp_path: Path) -> None:
@@ -222,4 +232,77 @@ def test_a_search_left_running_by_a_dead_sweeper_is_marked_interrupted(tmp_path:
     store.mark_interrupted(engine)
     (row,) = rows(tmp_path / "results.db", f"SELECT status, error FROM batch_searches WHERE id = {search_id}")
     assert row["status"] == "interrupted" and "went away" in row["error"]
+    engine.dispose()
+
+
+def test_a_search_stopped_before_its_first_try_is_stored_as_ended(tmp_path: Path, monkeypatch) -> None:
+    """A Ctrl-C while the free memory is read (before any try) left the row 'running' for good;
+    any other error there is the search's failure, said in its row."""
+    from perfsweep import launcher, store
+    from perfsweep import search as search_mod
+    from perfsweep.config import PerfsweepConfig
+
+    engine = store.connect(f"sqlite:///{tmp_path / 'results.db'}")
+    sweep_id = store.start_sweep(engine, str(tmp_path / "sweep"), "s")
+    for fault, status, said in [
+        (KeyboardInterrupt(), "interrupted", "the sweep stopped"),
+        (OSError("no space left on device"), "failed", "the search stopped: no space left on device"),
+    ]:
+
+        def free_bytes(cfg, fault=fault):
+            raise fault
+
+        monkeypatch.setattr(launcher, "job_free_bytes", free_bytes)
+        with pytest.raises(type(fault)):
+            search_mod.run(
+                engine, sweep_id, 0, ["batch=max", "repeat=2", "sweep.id=1"], PerfsweepConfig(batch="max"), print
+            )
+        row = rows(tmp_path / "results.db", "SELECT status, error, overrides FROM batch_searches ORDER BY id")[-1]
+        assert (row["status"], row["overrides"]) == (status, "batch=max") and said in row["error"]
+    engine.dispose()
+
+
+def test_a_probe_killed_while_it_reads_the_free_memory_is_answered_at_once(tmp_path: Path) -> None:
+    """A Pool replaced its dead worker and dropped the task: the search waited timeout_s in
+    silence, then said 'no ledger for this model'. The pipe's end says at once that it died."""
+    import multiprocessing as mp
+    import os
+    import signal
+    import threading
+    import time
+
+    from perfsweep import launcher
+    from perfsweep.config import PerfsweepConfig
+
+    got: list = []
+    cfg = PerfsweepConfig(device="cpu", timeout_s=120.0)
+    reader = threading.Thread(target=lambda: got.append(launcher.job_free_bytes(cfg)))
+    t0 = time.monotonic()
+    reader.start()
+    while not mp.active_children() and time.monotonic() - t0 < 30:
+        time.sleep(0.05)
+    for child in mp.active_children():
+        os.kill(child.pid, signal.SIGKILL)
+    reader.join(60)
+    assert got == [(None, None)] and time.monotonic() - t0 < 30
+
+
+def test_a_run_imported_later_fills_its_searchs_figures(tmp_path: Path) -> None:
+    """The run at max_batch was kept on disk while the database refused it; once imported, the
+    sweep's figures are drawn again and the search's copy of them is filled."""
+    from perfsweep import search as search_mod
+    from perfsweep import store
+    from perfsweep.config import PerfsweepConfig
+    from perfsweep.summary import fill_sweep_figures
+    from tests.util import run_row
+
+    engine = store.connect(f"sqlite:///{tmp_path / 'results.db'}")
+    sweep_id = store.start_sweep(engine, str(tmp_path / "sweep"), "s")
+    search_id = search_mod.begin(engine, sweep_id, 0, ["batch=max"], PerfsweepConfig(batch="max"))
+    search_mod.finish(engine, search_id, Outcome(max_batch=12, first_oom_batch=13, status="done", tried=[(12, "ok")]))
+    assert rows(tmp_path / "results.db", "SELECT best_run_id FROM batch_searches")[0]["best_run_id"] is None
+    store.save_run(engine, run_row(sweep_id, batch=12, batch_search_id=search_id, tokens_per_s=1234.5))
+    fill_sweep_figures(engine, sweep_id)
+    (row,) = rows(tmp_path / "results.db", "SELECT best_run_id, tokens_per_s FROM batch_searches")
+    assert row["best_run_id"] is not None and row["tokens_per_s"] == 1234.5
     engine.dispose()
