@@ -419,6 +419,8 @@ def job_free_bytes(cfg: PerfsweepConfig) -> tuple[str | None, int | None]:
 def _report_free_bytes(cfg_dict: dict[str, Any], conn: Any) -> None:
     try:
         conn.send(("ok", runner.job_free_bytes(cfg_dict)))
+    except KeyboardInterrupt:  # the sweep got the same Ctrl-C and is stopping: no traceback here
+        pass
     except Exception as exc:  # noqa: BLE001 - told to the sweep, which starts at batch 1
         conn.send(("error", first_line(exc)))
     finally:

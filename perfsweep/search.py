@@ -95,7 +95,11 @@ def search(
 
     def attempt(b: int) -> bool:
         nonlocal lo, hi
-        status = try_batch(b)
+        try:
+            status = try_batch(b)
+        except BaseException as exc:  # the try counts in n_tried, as its runs row does
+            out.tried.append((b, "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"))
+            raise
         out.tried.append((b, status))
         if status not in ("ok", "oom"):
             out.status, out.error = "failed", f"the try at batch={b} ended {status}: the memory limit is unknown"

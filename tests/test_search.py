@@ -126,6 +126,16 @@ def test_search_ends_at_the_cap_when_nothing_runs_out() -> None:
 
 def test_nothing_fits_and_a_failed_try_end_the_search() -> None:
     assert search(oracle(0, []), 8, cap=64).status == "none_fit"
+    out = Outcome()
+
+    def stopped(b: int) -> str:
+        if b > 8:
+            raise KeyboardInterrupt
+        return "ok"
+
+    with pytest.raises(KeyboardInterrupt):  # a Ctrl-C during a try: that try is counted, as stored
+        search(stopped, 8, cap=64, out=out)
+    assert out.tried == [(8, "ok"), (10, "interrupted")]
     out = search(lambda b: "ok" if b < 10 else "timeout", 8, cap=64)
     assert out.status == "failed" and "batch=10 ended timeout" in out.error and out.max_batch is None
     assert Outcome(status="done").exit_status == "ok" and out.exit_status == "failed"
