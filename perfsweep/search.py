@@ -2,12 +2,13 @@
 
 The memory ledger (perfsweep.ledger) predicts the largest fitting batch from the device's free
 memory, as a job process sees it; real jobs then decide. From the prediction the search grows
-(x1.25 once: the ledger is within a few percent on the runs we measured; then x2) until a job runs
-out of memory, or shrinks (/1.25 once, then /2) until one trains, and then bisects between the largest ok and the
-smallest oom batch until they are neighbours. The first ok try's measured use of the memory (CUDA's peak
-reserved bytes; a CPU job's address space under ``job_memory_limit_mib``) calibrates the ledger, which counts
-tensors alone, and the batch that calibration puts at the edge is tried next (:class:`Calibration`). Every try
-is an ordinary job of the sweep, stored in ``runs`` with its status (oom rows included) and ``batch_search_id``; the outcome is a row of
+(x1.25 once: the ledger is within a few percent on the runs we measured; then x2) until a job
+runs out of memory, or shrinks (/1.25 once, then /2) until one trains, and then bisects between
+the largest ok and the smallest oom batch until they are neighbours. An ok try's measured use of
+the memory (CUDA's peak reserved bytes; a CPU job's address space under ``job_memory_limit_mib``)
+calibrates the ledger, which counts tensors alone, and the batch that calibration puts at the
+edge is tried next (:class:`Calibration`). Every try is an ordinary job of the sweep, stored in
+``runs`` with its status (oom rows included) and ``batch_search_id``; the outcome is a row of
 ``batch_searches`` with the figures of the run at the largest batch. A model without a ledger
 starts at batch 1 and doubles. A try that ends neither ok nor oom (a timeout, a failure) ends
 the search as ``failed``: its memory limit is then unknown.
@@ -91,7 +92,7 @@ def search(
     walk, and one more bisection step over the wider bracket it may leave)."""
     out = Outcome() if out is None else out
     lo, hi = 0, None  # the largest ok batch so far, the smallest oom batch so far
-    first_move = [predicted]  # the first step away from the prediction is x1.25 (or /1.25), later ones x2
+    first_move = predicted  # the first step away from the prediction is x1.25 (or /1.25), later ones x2
 
     def attempt(b: int) -> bool:
         nonlocal lo, hi
@@ -111,8 +112,8 @@ def search(
         return status == "ok"
 
     def factor() -> float:
-        f = FIRST_GROWTH if first_move[0] else 2.0
-        first_move[0] = False
+        nonlocal first_move
+        f, first_move = (FIRST_GROWTH if first_move else 2.0), False
         return f
 
     def top() -> int:
