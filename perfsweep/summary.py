@@ -297,11 +297,10 @@ def format_searches(searches: pd.DataFrame) -> str:
             lines.append(f"  {where}: {s.status}" + (f" ({s.error})" if isinstance(s.error, str) else ""))
         if pd.notna(s.predicted_max_batch):
             lines[-1] += f"; the ledger predicted {int(s.predicted_max_batch)}"
-        calibrated = getattr(s, "calibrated_max_batch", None)  # a database older than schema 0015 has none
-        if pd.notna(calibrated) and pd.notna(s.predicted_max_batch):
-            lines[-1] += f", {int(calibrated)} once calibrated by a measured try"
-        elif pd.notna(calibrated):  # no ledger: the line through two measured tries
-            lines[-1] += f"; {int(calibrated)} by the line through two measured tries"
+        if pd.notna(s.calibrated_max_batch) and pd.notna(s.predicted_max_batch):
+            lines[-1] += f", {int(s.calibrated_max_batch)} once calibrated by a measured try"
+        elif pd.notna(s.calibrated_max_batch):  # no ledger: the line through two measured tries
+            lines[-1] += f"; {int(s.calibrated_max_batch)} by the line through two measured tries"
     return "\n".join(lines)
 
 

@@ -593,17 +593,15 @@ def searches_md(searches: pd.DataFrame) -> str:
     out["peak mem at max"] = [fmt.mem(v) for v in searches["peak_allocated_bytes"]]
     out["first oom"] = [fmt.num(v) for v in searches["first_oom_batch"]]
     out["ledger predicted"] = [fmt.num(v) for v in searches["predicted_max_batch"]]
-    if "calibrated_max_batch" in searches:  # schema 0015 on: read-only reports of older databases lack it
-        out["calibrated"] = [fmt.num(v) for v in searches["calibrated_max_batch"]]
+    out["calibrated"] = [fmt.num(v) for v in searches["calibrated_max_batch"]]
     out["jobs"] = [fmt.num(v) for v in searches["n_tried"]]
     out["status"] = [
         s if not isinstance(e, str) else f"{s}: {first_line(e, 60)}" for s, e in searches[["status", "error"]].values
     ]
-    calibrated = "calibrated_max_batch" in searches and searches["calibrated_max_batch"].notna().any()
     how = (
         "; where calibrated has a batch, a measured try's memory use calibrated the ledger, and that batch and its "
         "neighbours were tried next"
-        if calibrated
+        if searches["calibrated_max_batch"].notna().any()
         else ""
     )
     return (
