@@ -406,7 +406,9 @@ def job_free_bytes(cfg: PerfsweepConfig) -> tuple[str | None, int | None]:
     except EOFError:
         proc.join(5.0)
         code = proc.exitcode
-        why = f"its process was killed by {signal.Signals(-code).name}" if code and code < 0 else f"exit code {code}"
+        why = f"its process was killed by signal {-code}" if code and code < 0 else f"exit code {code}"
+        with contextlib.suppress(ValueError):  # a real-time signal has no name
+            why = f"its process was killed by {signal.Signals(-code).name}" if code and code < 0 else why
     finally:
         receive.close()
         if proc.is_alive():

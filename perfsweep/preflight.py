@@ -585,7 +585,9 @@ def resume_points(url: str, sweep_dir: str, grid: list[tuple[int, str]], searche
                     "was run with, or resume it by its id with: perfsweep resume SWEEP --db DB"
                 )
             rows = s.execute(
-                select(store.Run.job_num, store.Run.config_hash, store.Run.status).where(store.Run.sweep_id == sweep.id)
+                select(store.Run.job_num, store.Run.config_hash, store.Run.status, store.Run.batch_search_id).where(
+                    store.Run.sweep_id == sweep.id
+                )
             ).all()
             answered = s.scalars(  # a search's first try keeps the search's place in the plan
                 select(store.Run.job_num)
@@ -596,8 +598,10 @@ def resume_points(url: str, sweep_dir: str, grid: list[tuple[int, str]], searche
     finally:
         engine.dispose()
     points = set(grid)
-    other = [
-        j for j, h, _ in rows if j is not None and j < len(grid) and j not in searched and (int(j), h) not in points
+    other = [  # a search's tries carry their own batches' hashes, never the grid point's
+        j
+        for j, h, _, search_id in rows
+        if j is not None and j < len(grid) and search_id is None and (int(j), h) not in points
     ]
     if (n_jobs is not None and n_jobs != len(grid)) or other:
         raise ConfigError(
@@ -607,7 +611,7 @@ def resume_points(url: str, sweep_dir: str, grid: list[tuple[int, str]], searche
         )
     hash_of = dict(grid)
     searches_done = {(int(j), hash_of[int(j)]) for j in answered if j is not None and int(j) in searched}
-    return {(int(j), h) for j, h, status in rows if j is not None and status == "ok"} | searches_done
+    return {(int(j), h) for j, h, status, _ in rows if j is not None and status == "ok"} | searches_done
 
 
 def claim_folder(folder: Path, key: str, resume: bool = False) -> list[Path]:

@@ -91,6 +91,7 @@ def test_calibration_adds_what_the_ledger_does_not_count() -> None:
     assert cal.estimate(20, used=None) is None  # not measured on this device: nothing to go on
     assert cal.estimate(20, used=peak(20) + 140) == 76  # 100 + 10 b + 140 <= 1000
     assert cal.estimate(20, used=peak(20)) == 90  # the ledger was right: its own answer
+    assert cal.estimate(20, used=2_000) == 0  # more than is free: not even batch 1, which the search never takes
     no_ledger = Calibration(free_bytes=1_000, ledger_bytes=None)
     assert no_ledger.estimate(1, used=300) is None  # one point is no line
     assert no_ledger.estimate(2, used=300) is None  # and a flat one extrapolates nothing
@@ -272,12 +273,12 @@ def test_a_search_stopped_before_its_first_try_is_stored_as_ended(tmp_path: Path
     engine.dispose()
 
 
-def test_a_probe_killed_while_it_reads_the_free_memory_is_answered_at_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [9, 40])  # SIGKILL, and a real-time signal, which has no name
+def test_a_probe_killed_while_it_reads_the_free_memory_is_answered_at_once(tmp_path: Path, signum: int) -> None:
     """A Pool replaced its dead worker and dropped the task: the search waited timeout_s in
     silence, then said 'no ledger for this model'. The pipe's end says at once that it died."""
     import multiprocessing as mp
     import os
-    import signal
     import threading
     import time
 
@@ -292,7 +293,7 @@ def test_a_probe_killed_while_it_reads_the_free_memory_is_answered_at_once(tmp_p
     while not mp.active_children() and time.monotonic() - t0 < 30:
         time.sleep(0.05)
     for child in mp.active_children():
-        os.kill(child.pid, signal.SIGKILL)
+        os.kill(child.pid, signum)
     reader.join(60)
     assert got == [(None, None)] and time.monotonic() - t0 < 30
 
@@ -316,3 +317,21 @@ def test_a_run_imported_later_fills_its_searchs_figures(tmp_path: Path) -> None:
     (row,) = rows(tmp_path / "results.db", "SELECT best_run_id, tokens_per_s FROM batch_searches")
     assert row["best_run_id"] is not None and row["tokens_per_s"] == 1234.5
     engine.dispose()
+
+
+def test_resume_refuses_a_grid_whose_plain_point_became_a_search(tmp_path: Path) -> None:
+    """Only a search's tries are left out of the same-grid check (their hashes are their batches'):
+    a sweep whose point 0 was batch=32, resumed with batch=max there, is another grid."""
+    from perfsweep import store
+    from perfsweep.config import ConfigError
+    from perfsweep.preflight import resume_points
+    from tests.util import run_row
+
+    url = f"sqlite:///{tmp_path / 'results.db'}"
+    engine = store.connect(url)
+    sweep_id = store.start_sweep(engine, str(tmp_path / "sweep"), "s", n_jobs=1)
+    store.save_run(engine, run_row(sweep_id, job_num=0, batch=32, config_hash="batch32"))
+    engine.dispose()
+    assert resume_points(url, str(tmp_path / "sweep"), [(0, "batch32")], set()) == {(0, "batch32")}
+    with pytest.raises(ConfigError, match="the grid is not that of sweep"):
+        resume_points(url, str(tmp_path / "sweep"), [(0, "batchmax")], {0})
