@@ -289,7 +289,7 @@ def _run_in_child(
     elif code == -signal.SIGKILL:
         outcome = _killed(kills_before, oom_kills())
     elif code is not None and code < 0:
-        outcome = ("failed", f"job process killed by {signal.Signals(-code).name}", {})
+        outcome = ("failed", f"job process {killed_by(code)}", {})
     else:
         outcome = ("failed", f"job process exited with code {code} without reporting a result", {})
     return (*outcome, decided)
@@ -406,9 +406,7 @@ def job_free_bytes(cfg: PerfsweepConfig) -> tuple[str | None, int | None]:
     except EOFError:
         proc.join(5.0)
         code = proc.exitcode
-        why = f"its process was killed by signal {-code}" if code and code < 0 else f"exit code {code}"
-        with contextlib.suppress(ValueError):  # a real-time signal has no name
-            why = f"its process was killed by {signal.Signals(-code).name}" if code and code < 0 else why
+        why = f"its process was {killed_by(code)}" if code is not None and code < 0 else f"exit code {code}"
     finally:
         receive.close()
         if proc.is_alive():
@@ -416,6 +414,14 @@ def job_free_bytes(cfg: PerfsweepConfig) -> tuple[str | None, int | None]:
         proc.join(5.0)
     log.warning("could not read the memory free to a job (%s); the batch search starts at 1", why)
     return None, None
+
+
+def killed_by(exit_code: int) -> str:
+    """'killed by SIGTERM' for a process's negative exit code; a real-time signal has no name."""
+    try:
+        return f"killed by {signal.Signals(-exit_code).name}"
+    except ValueError:
+        return f"killed by signal {-exit_code}"
 
 
 def _report_free_bytes(cfg_dict: dict[str, Any], conn: Any) -> None:
