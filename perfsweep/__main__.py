@@ -163,7 +163,7 @@ def hydra_main(cfg: DictConfig) -> str:
         summary.show_sweep(url, sweep_dir, make_report=False)
         raise
     with summary.hint_stored(url, sweep_id):  # the run is stored: only the summary (or report) is missing
-        summary.close_sweep(url, sweep_dir, "done")
+        closed = summary.close_sweep(url, sweep_dir, "done")
         kept = importer.pending_files(url, sweep_dir) if run_id is None else []  # the database refused it
         summary.show_sweep(url, sweep_dir, make_report=run_cfg.report, unsaved=importer.run_uids(kept))
     if run_id is None:
@@ -173,6 +173,11 @@ def hydra_main(cfg: DictConfig) -> str:
             else "could not be kept on disk either (see above)"
         )
         print(f"perfsweep: the result could not be written to {url} and {where}", file=sys.stderr)
+        if not closed:
+            print(summary.unclosed_line(url, sweep_id, after_import=bool(kept)), file=sys.stderr)
+        sys.exit(1)
+    if not closed:
+        print(summary.unclosed_line(url, sweep_id), file=sys.stderr)
         sys.exit(1)
     if status not in EXIT_0_STATUSES and not run_cfg.allow_failures:
         print(

@@ -4,7 +4,9 @@ Reruns, into the same sweep id and the same job folders, only the grid points th
 ``ok`` run: failed, out of memory, timed out, interrupted or never started. It runs the sweep's
 own command again from the folder it was launched in, with ``hydra.sweep.dir`` pointing at
 the sweep's folder and ``resume=true``; the sweeper then skips every grid point already done.
-Earlier failed and interrupted rows stay in the database as history.
+Earlier failed and interrupted rows stay in the database as history. With nothing left to run,
+a sweep that was never closed (the database refused its end after the last job) is closed
+``done`` with its closing figures; a single run, which is not rerun, is closed here.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from sqlalchemy import select
 
 from perfsweep import store
 from perfsweep.cli import OneLineParser, UserError, first_line, waiting_for_database
-from perfsweep.names import SWEEP_MARKER, is_multirun
+from perfsweep.names import FINAL_STATUSES, SWEEP_MARKER, is_multirun
 from perfsweep.results import resolve_sweep
 
 
@@ -111,6 +113,26 @@ def main(argv: list[str] | None = None) -> int:
             f"perfsweep resume: sweep {sweep.id} was launched in {launch_dir}, which no longer exists", file=sys.stderr
         )
         return 2
+    if not is_multirun(sweep.command) and sweep.status != "done":
+        from perfsweep import summary  # pandas: only for a single run to close
+
+        # a single run whose result is stored but whose end is not (the database refused it): close it here
+        statuses = summary.run_statuses(url, sweep.id)
+        if (
+            statuses
+            and all(s in FINAL_STATUSES for s in statuses)
+            and (late := summary.close_late(url, sweep.sweep_dir))
+        ):
+            if not late[1]:
+                print(summary.unclosed_line(url, sweep.id), file=sys.stderr)
+                return 1
+            print(
+                f"perfsweep resume: sweep {sweep.id} was a single run, finished and stored; its end and closing "
+                "figures are stored now",
+                file=sys.stderr,
+            )
+            summary.show_sweep(url, sweep.sweep_dir, make_report=False)
+            return 0
     try:  # the database named here, even when the sweep's command used the default one
         cmd = command_for(sweep, db_url=None if url == store.default_url(launch_dir) else url)
     except ValueError as exc:

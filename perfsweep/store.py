@@ -868,10 +868,15 @@ def start_sweep(engine: Engine, sweep_dir: str, name: str, **fields: Any) -> int
     return sweep_id
 
 
-def end_sweep(engine: Engine, sweep_id: int, status: str) -> None:
-    """Mark the sweep ``done`` or ``interrupted`` with its end time (database clock)."""
+def end_sweep(engine: Engine, sweep_id: int, status: str, at_last_run: bool = False) -> None:
+    """Mark the sweep ``done`` or ``interrupted`` with its end time (database clock). With
+    ``at_last_run`` (a sweep closed later than its jobs ended, by ``perfsweep resume``) the end
+    is its last run's, not the time of closing, so the sweep's span stays the time it ran."""
     with session(engine) as s:
-        s.execute(update(Sweep).where(Sweep.id == sweep_id).values(status=status, finished_at=func.now()))
+        end = func.now()
+        if at_last_run and (last := s.scalar(select(func.max(Run.finished_at)).where(Run.sweep_id == sweep_id))):
+            end = last
+        s.execute(update(Sweep).where(Sweep.id == sweep_id).values(status=status, finished_at=end))
 
 
 def begin_run(engine: Engine, row: dict[str, Any]) -> int:

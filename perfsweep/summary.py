@@ -323,24 +323,56 @@ def fill_sweep_figures(engine: Engine, sweep_id: int) -> None:
     audit.audit_sweep(engine, sweep_id)
 
 
-def close_sweep(url: str, sweep_dir: str, status: str) -> None:
+def close_sweep(url: str, sweep_dir: str, status: str, late: bool = False) -> bool:
     """Store the sweep's end (done or interrupted) and the figures drawn from all its runs
     (compile payback, speedups, CPU utilisation, the numerics audit), with Ctrl-C and SIGTERM held
-    until they are written: `perfsweep report` reads them, and a read never writes them later. A
-    failure to write is printed, never raised over the jobs' own outcome (the next command finds
-    the sweep dead from its heartbeat)."""
+    until they are written: `perfsweep report` reads them, and a read never writes them later.
+    Returns whether they were written. A failure is printed, never raised over the jobs' own
+    outcome; the caller's last line then says how to write them later (:func:`unclosed_line`).
+    ``late``: closed by ``perfsweep resume`` after the jobs ended (the end is the last run's)."""
     with interrupts.held(CLOSING_NOTE):  # from the connection on: a signal now waits for the last write
         try:
             with waiting_for_database(url):
                 engine = store.connect(url)
             try:
                 if (sweep_id := sweep_id_for(engine, sweep_dir)) is not None:
-                    store.end_sweep(engine, sweep_id, status)
+                    store.end_sweep(engine, sweep_id, status, at_last_run=late)
                     fill_sweep_figures(engine, sweep_id)
             finally:
                 engine.dispose()
         except Exception as exc:  # noqa: BLE001
             print(f"perfsweep: could not mark the sweep {status} in {url}: {first_line(exc)}", file=sys.stderr)
+            return False
+    return True
+
+
+def close_late(url: str, sweep_dir: str) -> tuple[int, bool] | None:
+    """Close, ``done``, a sweep all of whose jobs are stored but whose own end is not (the database
+    refused the closing write, or the sweeper died after its last job): ``perfsweep resume``
+    with nothing left to run. None when the sweep is closed already; else its id and whether the
+    end was written."""
+    engine = store.connect(url)
+    try:
+        with store.session(engine) as s:
+            row = s.execute(
+                select(store.Sweep.id, store.Sweep.status).where(store.Sweep.sweep_dir == sweep_dir)
+            ).one_or_none()
+    finally:
+        engine.dispose()
+    if row is None or row.status == "done":
+        return None
+    return row.id, close_sweep(url, sweep_dir, "done", late=True)
+
+
+def unclosed_line(url: str, sweep_id: int, after_import: bool = False) -> str:
+    """The last line after :func:`close_sweep` failed: the runs are safe, and one command writes
+    the rest once the database takes writes (after the import of kept results, which resume would
+    otherwise run again)."""
+    return (
+        f"perfsweep: the sweep's end and closing figures (speedups, compile payback, CPU utilisation, the numerics "
+        f"audit) are not stored; once the database takes writes{', and after the import' if after_import else ''}, "
+        f"store them with: perfsweep resume {sweep_id} --db {db_arg(url)}"
+    )
 
 
 @contextlib.contextmanager

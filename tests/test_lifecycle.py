@@ -374,6 +374,64 @@ def test_failed_database_write_is_kept_and_imported_once(tmp_path: Path, capsys:
     assert [(r["sweep_dir"], r["status"]) for r in swept] == [(str(sweep_dir), "done")] and swept[0]["finished_at"]
 
 
+# A real SQLite database that stores the runs but refuses to close the sweep (its end and closing
+# figures), as a disk filling up or a permission revoked after the last job would.
+REFUSE_CLOSE = """
+CREATE TRIGGER refuse_close BEFORE UPDATE OF status ON sweeps WHEN NEW.status = 'done'
+BEGIN SELECT RAISE(ABORT, 'disk I/O error (test trigger)'); END;
+"""
+
+
+def _sql(db: Path, script: str) -> None:
+    con = sqlite3.connect(db)
+    con.executescript(script)
+    con.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["multirun", "single"])
+def test_a_sweep_whose_end_the_database_refused_exits_1_and_resume_closes_it(mode: str, tmp_path: Path):
+    """The runs were stored, then the database refused the sweep's end: the sweep exited 0 with a
+    warning in the middle of its output, left 'running' (then 'interrupted') without its speedups,
+    and no command wrote them without running jobs again. It exits 1 saying what is missing and the
+    command that stores it; that command runs no job."""
+    db = tmp_path / "results.db"
+    store.connect(f"sqlite:///{db}").dispose()
+    _sql(db, REFUSE_CLOSE)
+    grid = ["-m", "amp=true,false"] if mode == "multirun" else ["amp=true"]
+    res = run_perfsweep([*grid, "device=cpu", *TINY], tmp_path)
+    assert res.returncode == 1, res.stderr[-3000:]
+    unclosed = (
+        "perfsweep: the sweep's end and closing figures (speedups, compile payback, CPU utilisation, the numerics "
+        f"audit) are not stored; once the database takes writes, store them with: perfsweep resume 1 --db {db}"
+    )
+    assert res.stderr.strip().splitlines()[-1] == unclosed, res.stderr[-3000:]
+    assert "could not mark the sweep done" in res.stderr and "test trigger" in res.stderr
+    n_runs = 2 if mode == "multirun" else 1
+    runs = rows(db, "SELECT status, speedup_verdict FROM runs")
+    assert [r["status"] for r in runs] == ["ok"] * n_runs and all(r["speedup_verdict"] is None for r in runs), runs
+
+    res = run_perfsweep(["resume", "1", "--db", str(db)], tmp_path)  # still refused: said again, nothing run
+    assert res.returncode == 1 and res.stderr.strip().splitlines()[-1] == unclosed, res.stderr[-3000:]
+    assert len(rows(db, "SELECT id FROM runs")) == n_runs
+
+    _sql(db, "DROP TRIGGER refuse_close;")
+    res = run_perfsweep(["resume", "1", "--db", str(db)], tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert ("missing until now" if mode == "multirun" else "its end and closing figures are stored now") in res.stderr
+    assert f"({n_runs} run{'s' if n_runs > 1 else ''}, {n_runs} ok)" in res.stdout, res.stdout
+    (sweep,) = rows(db, "SELECT status, finished_at FROM sweeps")
+    last = rows(db, "SELECT max(finished_at) AS t FROM runs")[0]["t"]
+    assert sweep == {"status": "done", "finished_at": last}  # the end is the last run's, not the resume's
+    runs = rows(db, "SELECT status, speedup_verdict FROM runs ORDER BY amp")
+    assert len(runs) == n_runs and all(r["speedup_verdict"] for r in runs), runs
+
+    if mode == "multirun":  # closed: a second resume changes nothing
+        res = run_perfsweep(["resume", "1", "--db", str(db)], tmp_path)
+        assert res.returncode == 0 and "0 to run" in res.stderr, res.stderr[-3000:]
+        assert rows(db, "SELECT status, finished_at FROM sweeps") == [sweep]
+
+
 def test_a_result_outlives_its_database_file_and_job_folder_deleted_while_it_ran(tmp_path: Path):
     """Fault injection: results.db and the job's folder are deleted while the job trains. The
     pooled connection kept writing into the deleted file and the result.json fallback raised into

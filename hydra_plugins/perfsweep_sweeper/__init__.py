@@ -107,8 +107,15 @@ class PerfsweepSweeper(BasicSweeper):
                 f"jobs already ok, {len(todo)} to run",
                 file=sys.stderr,
             )
-            if not todo:  # nothing to do: leave the sweep, its times and its report as they are
-                if first.report and not (sweep_dir / "report" / "report.md").exists():
+            if not todo:  # nothing to run: a closed sweep, its times and its report stay as they are
+                late = summary.close_late(url, str(sweep_dir))  # its end, if the database refused it before
+                if late is not None:
+                    print("perfsweep: storing the sweep's end and closing figures, missing until now", file=sys.stderr)
+                    summary.show_sweep(url, str(sweep_dir), first.report, swept=_swept_keys(jobs))
+                    if not late[1]:
+                        print(summary.unclosed_line(url, late[0]), file=sys.stderr)
+                        sys.exit(1)
+                elif first.report and not (sweep_dir / "report" / "report.md").exists():
                     print(
                         f"perfsweep: the sweep has no report yet; build it with: {summary.report_command(url, sweep_dir)}"
                     )
@@ -161,6 +168,7 @@ class PerfsweepSweeper(BasicSweeper):
             return _status(done[0])
 
         end = "interrupted"
+        closed = False  # whether the sweep's end and closing figures were written
         lost: list[int] = []  # job numbers whose returns the launcher could not give
         # perfsweep's slots: several at once, or one that narrows the GPUs a job sees (gpus_per_job)
         slotted = hydra_launcher == "BasicLauncher" and (len(placements) > 1 or placements[0].gpus is not None)
@@ -218,7 +226,7 @@ class PerfsweepSweeper(BasicSweeper):
                 with summary.hint_stored(url, sweep_id):  # all is stored: only the summary (or report) is missing
                     with interrupts.held(interrupts.STOPPING_NOTE if end != "done" else None):
                         launcher.end_concurrent()
-                        summary.close_sweep(url, str(sweep_dir), end)
+                        closed = summary.close_sweep(url, str(sweep_dir), end)
                     kept = importer.run_uids(importer.pending_files(url, str(sweep_dir)))
                     summary.show_sweep(url, str(sweep_dir), first.report, kept, swept=_swept_keys(jobs))
             except Exception as exc:  # noqa: BLE001 - never hide the jobs' own outcome
@@ -233,6 +241,9 @@ class PerfsweepSweeper(BasicSweeper):
                 f"import with: {importer.import_command(url, sweep_dir, unsaved)}",
                 file=sys.stderr,
             )
+        if not closed:  # after the import line: an import redraws the figures, but only resume closes
+            print(summary.unclosed_line(url, sweep_id, after_import=bool(unsaved)), file=sys.stderr)
+        if unsaved or not closed:
             sys.exit(1)
         if any(s not in EXIT_0_STATUSES for s in statuses) and not first.allow_failures:
             print(
