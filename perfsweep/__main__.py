@@ -165,7 +165,7 @@ def hydra_main(cfg: DictConfig) -> str:
     with summary.hint_stored(url, sweep_id):  # the run is stored: only the summary (or report) is missing
         closed = summary.close_sweep(url, sweep_dir, "done")
         kept = importer.pending_files(url, sweep_dir) if run_id is None else []  # the database refused it
-        summary.show_sweep(url, sweep_dir, make_report=run_cfg.report, unsaved=importer.run_uids(kept))
+        summary.show_sweep(url, sweep_dir, make_report=run_cfg.report, unsaved=kept)
     if run_id is None:
         where = (
             f"is kept in {kept[0]}; import with: {importer.import_command(url, sweep_dir, kept)}"

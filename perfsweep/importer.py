@@ -15,6 +15,7 @@ import json
 import logging
 import sys
 import tempfile
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -147,13 +148,15 @@ def pending_files(url: str, sweep_dir: str) -> list[Path]:
     return [f for uid, f in uids.items() if uid not in stored]
 
 
-def run_uids(files: list[Path]) -> set[str]:
-    """The ``run_uid`` of each readable result file among ``files``."""
-    uids = set()
+def kept_runs(files: Sequence[Path]) -> list[dict[str, Any]]:
+    """The ``runs`` rows kept in the readable result files among ``files`` (each with its run_uid)."""
+    runs = []
     for f in files:
-        with contextlib.suppress(ValueError, KeyError):
-            uids.add(read_result(f)[1]["run_uid"])
-    return uids
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            run = read_result(f)[1]
+            if isinstance(run.get("run_uid"), str):
+                runs.append(run)
+    return runs
 
 
 def _redraw(engine: Engine, sweep_ids: set[int]) -> None:

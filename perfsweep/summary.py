@@ -7,7 +7,7 @@ import logging
 import re
 import shlex
 import sys
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ import pandas as pd
 from sqlalchemy import or_, select, update
 from sqlalchemy.engine import Engine, make_url
 
-from perfsweep import audit, configs, interrupts, metrics, store
+from perfsweep import audit, configs, importer, interrupts, metrics, store
 from perfsweep.cli import first_line, waiting_for_database
 from perfsweep.configs import per_config, prepare_runs, value_text
 from perfsweep.names import (
@@ -130,11 +130,28 @@ def fill_speedups(engine: Engine, sweep_id: int) -> None:
             s.execute(update(Run).where(Run.id.in_(ids)).values(**values, baseline_config_hash=base_key))
 
 
-def summary_frame(engine: Engine, sweep_id: int, swept: Sequence[str] = ()) -> pd.DataFrame:
+def summary_frame(
+    engine: Engine, sweep_id: int, swept: Sequence[str] = (), kept: Sequence[dict[str, Any]] = ()
+) -> pd.DataFrame:
     """The sweep's runs as the report reads them (:func:`perfsweep.configs.prepare_runs`), with a
-    ``cfg.<key>`` column for each key of ``swept`` (the grid's override keys) outside the axes."""
+    ``cfg.<key>`` column for each key of ``swept`` (the grid's override keys) outside the axes.
+    ``kept``: results the database refused (their ``runs`` rows as kept in result.json), shown
+    ``unsaved`` in place of their stored row, or beside the stored ones where the database took
+    not even the job's first row."""
     settings = [k for k in swept if configs.axis_of(k).startswith(SETTING_PREFIX)]
-    return prepare_runs(load_runs(engine, [sweep_id], settings=settings))
+    runs = load_runs(engine, [sweep_id], settings=settings)
+    stored = {u for u, s in zip(runs["run_uid"], runs["status"], strict=True) if s in FINAL_STATUSES}
+    kept = [r for r in kept if r["run_uid"] not in stored]
+    if kept:
+        have_rows = set(runs["run_uid"])
+        rowless = [r for r in kept if r["run_uid"] not in have_rows]
+        if rowless:
+            rows = pd.DataFrame([{c: r.get(c) for c in runs.columns} for r in rowless]).assign(sweep_id=sweep_id)
+            for col in ("started_at", "finished_at"):
+                rows[col] = pd.to_datetime(rows[col], utc=True, errors="coerce", format="mixed")
+            runs = pd.concat([runs, rows], ignore_index=True)
+        runs.loc[runs["run_uid"].isin({r["run_uid"] for r in kept}), "status"] = UNSAVED_STATUS
+    return prepare_runs(runs)
 
 
 def shown_axes(runs: pd.DataFrame, swept: Sequence[str] = ()) -> list[str]:
@@ -406,12 +423,12 @@ def run_statuses(url: str, sweep_id: int) -> list[str]:
 
 
 def show_sweep(
-    url: str, sweep_dir: str, make_report: bool = True, unsaved: Collection[str] = (), swept: Sequence[str] = ()
+    url: str, sweep_dir: str, make_report: bool = True, unsaved: Sequence[Path] = (), swept: Sequence[str] = ()
 ) -> None:
     """Print the summary of the sweep at ``sweep_dir`` from the database (closed by
     :func:`close_sweep`), then build its report. Writes nothing to the database. ``unsaved``: the
-    run_uids of results kept as result.json (perfsweep.importer.pending_files), shown so;
-    ``swept``: the grid's override keys (:func:`format_summary`)."""
+    result.json files of results the database refused (perfsweep.importer.pending_files), shown
+    so; ``swept``: the grid's override keys (:func:`format_summary`)."""
     engine = store.connect(url)
     try:
         sweep_id = sweep_id_for(engine, sweep_dir)
@@ -424,14 +441,14 @@ def show_sweep(
 
 
 def _print_summary(
-    engine: Engine, sweep_id: int, make_report: bool, unsaved: Collection[str] = (), swept: Sequence[str] = ()
+    engine: Engine, sweep_id: int, make_report: bool, unsaved: Sequence[Path] = (), swept: Sequence[str] = ()
 ) -> None:
-    """The summary table, the query to type and (``make_report``) the report, from the database."""
-    df = summary_frame(engine, sweep_id, swept)
-    # a finished job whose result the database refused still reads 'running' (or 'interrupted')
-    # there: its result is not lost (the line after the summary says how to import it)
-    kept = df["run_uid"].isin(list(unsaved)) & ~df["status"].isin(FINAL_STATUSES)
-    df.loc[kept, "status"] = UNSAVED_STATUS
+    """The summary table, the query to type and (``make_report``) the report, from the database,
+    and the results it refused from their result.json files."""
+    # a finished job whose result the database refused reads 'running' (or 'interrupted') there,
+    # or has no row at all: its result is not lost (the line after the summary says how to import it)
+    df = summary_frame(engine, sweep_id, swept, kept=importer.kept_runs(unsaved))
+    kept = df["status"] == UNSAVED_STATUS
     n_ok = int((df["status"] == "ok").sum())
     print(
         f"\nSweep {sweep_id} ({len(df)} run{'s' if len(df) != 1 else ''}, {n_ok} ok{_not_started(engine, sweep_id, df)})"

@@ -374,6 +374,32 @@ def test_failed_database_write_is_kept_and_imported_once(tmp_path: Path, capsys:
     assert [(r["sweep_dir"], r["status"]) for r in swept] == [(str(sweep_dir), "done")] and swept[0]["finished_at"]
 
 
+@pytest.mark.slow
+def test_a_job_the_database_took_no_row_of_is_summarised_unsaved_not_as_not_started(tmp_path: Path):
+    """The database went read-only after the first job: the second job could not write even its
+    'running' row, ran, and kept its result. The summary counted it "not started" and left it out
+    of the table, beside a last line saying its result was kept."""
+    db = tmp_path / "results.db"
+    store.connect(f"sqlite:///{db}").dispose()
+    _sql(
+        db,
+        "CREATE TRIGGER refuse_second BEFORE INSERT ON runs WHEN (SELECT count(*) FROM runs) >= 1 "
+        "BEGIN SELECT RAISE(ABORT, 'attempt to write a readonly database (test trigger)'); END;",
+    )
+    res = run_perfsweep(["-m", "batch=4,2", "device=cpu", *[o for o in TINY if not o.startswith("batch=")]], tmp_path)
+    assert res.returncode == 1, res.stderr[-3000:]
+    table = res.stdout[res.stdout.index("Sweep 1 ") :].splitlines()
+    assert table[0] == "Sweep 1 (2 runs, 1 ok)", table  # no "1 of 2 jobs not started"
+    assert [line.split()[:3] for line in table[2:4]] == [["1", "4", "ok"], ["2", "2", "unsaved"]], table
+    assert "1 result could not be written" in res.stderr and "perfsweep import" in res.stderr
+    assert len(rows(db, "SELECT id FROM runs")) == 1
+
+    _sql(db, "DROP TRIGGER refuse_second;")
+    res = run_perfsweep(["import", str(tmp_path / "multirun"), "--db", str(db)], tmp_path)
+    assert res.returncode == 0 and "1 imported" in res.stdout, res.stdout + res.stderr
+    assert [r["status"] for r in rows(db, "SELECT status FROM runs ORDER BY job_num")] == ["ok", "ok"]
+
+
 # A real SQLite database that stores the runs but refuses to close the sweep (its end and closing
 # figures), as a disk filling up or a permission revoked after the last job would.
 REFUSE_CLOSE = """
