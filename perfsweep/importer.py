@@ -177,6 +177,24 @@ def _redraw(engine: Engine, sweep_ids: set[int]) -> None:
             )
 
 
+def _next_steps(engine: Engine, url: str, sweep_ids: set[int]) -> list[str]:
+    """What to type next for each sweep imported into: its report (the one in its folder was drawn
+    without these results), or, for a sweep never closed (its end was refused too, or its sweeper
+    stopped), ``perfsweep resume``, which runs what is missing and closes it."""
+    from perfsweep.summary import db_arg, report_command
+
+    with store.session(engine) as s:
+        statuses = dict(
+            s.execute(select(store.Sweep.id, store.Sweep.status).where(store.Sweep.id.in_(sweep_ids))).all()
+        )
+    return [
+        f"sweep {i}: see it with: {report_command(url, i)}"
+        if statuses.get(i) == "done"
+        else f"sweep {i} is not closed: run what is missing and close it with: perfsweep resume {i} --db {db_arg(url)}"
+        for i in sorted(sweep_ids)
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="perfsweep import", description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="+", metavar="PATH", help="result.json files, job folders or sweep folders")
@@ -235,10 +253,13 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         try:
             _redraw(engine, touched)
+            after = _next_steps(engine, url, touched) if "not stored" not in counts else []
         finally:
             engine.dispose()
     summary = ", ".join(f"{n} {what}" for what, n in counts.items())
     print(f"{len(files)} result file{'s' if len(files) != 1 else ''}: {summary} ({url})")
+    for line in after:
+        print(line)
     if counts.get("unreadable") == len(files):
         return 2
     return 1 if "not stored" in counts or "unreadable" in counts else 0

@@ -351,6 +351,8 @@ def test_failed_database_write_is_kept_and_imported_once(tmp_path: Path, capsys:
     res = run_perfsweep(["import", str(sweep_dir), "--db", str(db)], tmp_path)
     assert res.returncode == 0, res.stderr
     assert "2 completed" in res.stdout
+    # the report in the sweep's folder was drawn without them
+    assert res.stdout.strip().splitlines()[-1] == f"sweep 1: see it with: perfsweep report --sweep 1 --db {db}"
     runs = rows(db, "SELECT status, tokens_per_s, run_uid FROM runs ORDER BY job_num")
     assert [r["status"] for r in runs] == ["ok", "ok"] and all(r["tokens_per_s"] > 0 for r in runs)
     # the sweep's closing figures were drawn when neither run was stored: the import draws them again
@@ -372,32 +374,6 @@ def test_failed_database_write_is_kept_and_imported_once(tmp_path: Path, capsys:
     assert rows(other, "SELECT count(*) AS n FROM runs")[0]["n"] == 2
     swept = rows(other, "SELECT sweep_dir, status, finished_at FROM sweeps")
     assert [(r["sweep_dir"], r["status"]) for r in swept] == [(str(sweep_dir), "done")] and swept[0]["finished_at"]
-
-
-@pytest.mark.slow
-def test_a_job_the_database_took_no_row_of_is_summarised_unsaved_not_as_not_started(tmp_path: Path):
-    """The database went read-only after the first job: the second job could not write even its
-    'running' row, ran, and kept its result. The summary counted it "not started" and left it out
-    of the table, beside a last line saying its result was kept."""
-    db = tmp_path / "results.db"
-    store.connect(f"sqlite:///{db}").dispose()
-    _sql(
-        db,
-        "CREATE TRIGGER refuse_second BEFORE INSERT ON runs WHEN (SELECT count(*) FROM runs) >= 1 "
-        "BEGIN SELECT RAISE(ABORT, 'attempt to write a readonly database (test trigger)'); END;",
-    )
-    res = run_perfsweep(["-m", "batch=4,2", "device=cpu", *[o for o in TINY if not o.startswith("batch=")]], tmp_path)
-    assert res.returncode == 1, res.stderr[-3000:]
-    table = res.stdout[res.stdout.index("Sweep 1 ") :].splitlines()
-    assert table[0] == "Sweep 1 (2 runs, 1 ok)", table  # no "1 of 2 jobs not started"
-    assert [line.split()[:3] for line in table[2:4]] == [["1", "4", "ok"], ["2", "2", "unsaved"]], table
-    assert "1 result could not be written" in res.stderr and "perfsweep import" in res.stderr
-    assert len(rows(db, "SELECT id FROM runs")) == 1
-
-    _sql(db, "DROP TRIGGER refuse_second;")
-    res = run_perfsweep(["import", str(tmp_path / "multirun"), "--db", str(db)], tmp_path)
-    assert res.returncode == 0 and "1 imported" in res.stdout, res.stdout + res.stderr
-    assert [r["status"] for r in rows(db, "SELECT status FROM runs ORDER BY job_num")] == ["ok", "ok"]
 
 
 # A real SQLite database that stores the runs but refuses to close the sweep (its end and closing
@@ -456,6 +432,44 @@ def test_a_sweep_whose_end_the_database_refused_exits_1_and_resume_closes_it(mod
         res = run_perfsweep(["resume", "1", "--db", str(db)], tmp_path)
         assert res.returncode == 0 and "0 to run" in res.stderr, res.stderr[-3000:]
         assert rows(db, "SELECT status, finished_at FROM sweeps") == [sweep]
+
+
+@pytest.mark.slow
+def test_a_job_the_database_took_no_row_of_is_summarised_unsaved_not_as_not_started(tmp_path: Path):
+    """The database went read-only after the first job: the second job could not write even its
+    'running' row, ran, and kept its result; nor could the sweep's end be written. The summary
+    counted the job "not started" and left it out of the table, beside a last line saying its
+    result was kept; after the import the sweep stayed 'interrupted' and its report stale, and
+    nothing said so. The import now names the command that closes the sweep."""
+    db = tmp_path / "results.db"
+    store.connect(f"sqlite:///{db}").dispose()
+    _sql(
+        db,
+        "CREATE TRIGGER refuse_second BEFORE INSERT ON runs WHEN (SELECT count(*) FROM runs) >= 1 "
+        "BEGIN SELECT RAISE(ABORT, 'attempt to write a readonly database (test trigger)'); END;" + REFUSE_CLOSE,
+    )
+    res = run_perfsweep(["-m", "batch=4,2", "device=cpu", *[o for o in TINY if not o.startswith("batch=")]], tmp_path)
+    assert res.returncode == 1, res.stderr[-3000:]
+    table = res.stdout[res.stdout.index("Sweep 1 ") :].splitlines()
+    assert table[0] == "Sweep 1 (2 runs, 1 ok)", table  # no "1 of 2 jobs not started"
+    assert [line.split()[:3] for line in table[2:4]] == [["1", "4", "ok"], ["2", "2", "unsaved"]], table
+    imported, unclosed = res.stderr.strip().splitlines()[-2:]
+    assert imported.startswith("perfsweep: 1 result could not be written") and "perfsweep import" in imported
+    resume = f"perfsweep resume 1 --db {db}"
+    assert unclosed.endswith(f"once the database takes writes, and after the import, store them with: {resume}")
+    assert len(rows(db, "SELECT id FROM runs")) == 1
+
+    _sql(db, "DROP TRIGGER refuse_second; DROP TRIGGER refuse_close;")
+    res = run_perfsweep(["import", str(tmp_path / "multirun"), "--db", str(db)], tmp_path)
+    assert res.returncode == 0 and "1 imported" in res.stdout, res.stdout + res.stderr
+    assert (
+        res.stdout.strip().splitlines()[-1] == f"sweep 1 is not closed: run what is missing and close it with: {resume}"
+    )
+    assert [r["status"] for r in rows(db, "SELECT status FROM runs ORDER BY job_num")] == ["ok", "ok"]
+    res = run_perfsweep(["resume", "1", "--db", str(db)], tmp_path)
+    assert res.returncode == 0 and "2 of 2 jobs already ok, 0 to run" in res.stderr, res.stderr[-3000:]
+    assert rows(db, "SELECT status FROM sweeps") == [{"status": "done"}]
+    assert len(rows(db, "SELECT id FROM runs")) == 2
 
 
 def test_a_result_outlives_its_database_file_and_job_folder_deleted_while_it_ran(tmp_path: Path):
