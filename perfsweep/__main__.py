@@ -160,7 +160,8 @@ def hydra_main(cfg: DictConfig) -> str:
                 else "the run is stored as interrupted; run the command again to measure it"
             )
             summary.close_sweep(url, sweep_dir, "done" if finished else "interrupted")
-        summary.show_sweep(url, sweep_dir, make_report=False)
+        if not interrupts.repeated():  # a second Ctrl-C: the user wants out, not a table
+            summary.show_sweep(url, sweep_dir, make_report=False)
         raise
     with summary.hint_stored(url, sweep_id):  # the run is stored: only the summary (or report) is missing
         closed = summary.close_sweep(url, sweep_dir, "done")

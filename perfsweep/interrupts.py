@@ -35,6 +35,9 @@ class Terminated(KeyboardInterrupt):
 _received: list[int] = []
 """The signals the ``perfsweep`` process's handlers got, in order (see :func:`raise_if_lost`)."""
 
+_resent: list[int] = []
+"""The signals :func:`redeliver_lost` sent again: each is in ``_received`` twice, one user's press."""
+
 
 def raise_interrupt(signum: int, _frame: object) -> None:
     """The SIGINT handler of the ``perfsweep`` process: Python's, plus a record of it."""
@@ -76,6 +79,7 @@ def redeliver_lost(unraisable: Any) -> None:
         again = signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT
         with contextlib.suppress(RuntimeError):  # no new thread at interpreter shutdown: nothing left to stop
             threading.Timer(0.01, os.kill, (os.getpid(), again)).start()
+            _resent.append(again)
         return
     (_unraisable[-1] if _unraisable else sys.__unraisablehook__)(unraisable)
 
@@ -136,6 +140,13 @@ def unmasked() -> Iterator[None]:
         # unwound (a SIGTERM before it) goes after what hid it, not away
         link.__context__ = hidden.__context__
         raise hidden  # noqa: B904 - its context keeps what hid it
+
+
+def repeated() -> bool:
+    """Whether a second Ctrl-C or SIGTERM came: the sweep then skips its summary. Counted from the
+    handlers, so a signal held while a job was stopped (and delivered after) counts like one held
+    while the sweep was closed."""
+    return len(_received) - len(_resent) > 1
 
 
 def first_signal() -> str | None:

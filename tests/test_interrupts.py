@@ -29,6 +29,21 @@ def test_a_signal_during_the_hold_is_delivered_after_it_to_the_handler_that_was_
         interrupts._received.clear()
 
 
+def test_a_second_signal_held_and_delivered_counts_as_repeated():
+    """A second Ctrl-C skips the summary wherever it was held: it counts from the handlers."""
+    previous = signal.signal(signal.SIGINT, interrupts.raise_interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+        assert not interrupts.repeated()
+        with pytest.raises(KeyboardInterrupt), interrupts.held():
+            signal.raise_signal(signal.SIGINT)
+        assert interrupts.repeated()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        interrupts._received.clear()
+
+
 def test_an_ignored_signal_stays_ignored_and_nothing_held_raises_nothing():
     previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
@@ -137,11 +152,11 @@ def test_a_signal_that_lands_in_a_finalizer_is_sent_again_not_printed():
         "        pass\n"
         "    print('not stopped')\n"
         "except KeyboardInterrupt:\n"
-        "    print('stopped', interrupts.first_signal())\n"
+        "    print('stopped', interrupts.first_signal(), 'twice' if interrupts.repeated() else 'once')\n"
     )
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
-    assert res.stdout.strip() == "stopped SIGINT", res.stdout + res.stderr
+    assert res.stdout.strip() == "stopped SIGINT once", res.stdout + res.stderr  # sent again: still one press
     assert "Exception ignored" not in res.stderr and "callback went on" not in res.stderr, res.stderr
 
 

@@ -16,6 +16,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -773,3 +774,28 @@ def test_ctrl_c_as_a_finished_sweep_closes_keeps_its_figures_and_names_the_repor
     assert rows(db, "SELECT status FROM sweeps") == [{"status": "done"}]
     runs = rows(db, "SELECT status, speedup_verdict FROM runs ORDER BY job_num")
     assert [r["status"] for r in runs] == ["ok", "ok"] and all(r["speedup_verdict"] for r in runs), runs
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_while_a_job_stops_skips_the_summary(tmp_path: Path):
+    """Ctrl-C pressed three times, 50 ms apart, during a job of a one-at-a-time sweep: the later
+    ones were held while the job stopped, then raised, and the summary was printed all the same
+    (README: a second Ctrl-C skips it; found by a new-user review). The job is stored interrupted,
+    the last line names the resume command."""
+    proc = start_as_in_a_terminal(
+        [sys.executable, "-m", "perfsweep", "-m", "amp=true,false", "device=cpu", *TINY, "steps.measure=100000000"],
+        tmp_path,
+    )
+    db = tmp_path / "results.db"
+    wait_for(lambda: db.exists() and rows(db, "SELECT count(*) AS n FROM runs WHERE status = 'running'")[0]["n"] == 1)
+    time.sleep(3)  # training
+    for _ in range(3):
+        os.killpg(proc.pid, signal.SIGINT)
+        time.sleep(0.05)
+    out, err = proc.communicate(timeout=90)
+    assert proc.returncode == 130, err[-2000:]
+    assert "Sweep 1" not in out, out[-2000:] + err[-2000:]
+    assert [r["status"] for r in rows(db, "SELECT status FROM runs")] == ["interrupted"]
+    assert rows(db, "SELECT status FROM sweeps") == [{"status": "interrupted"}]
+    assert err.strip().splitlines()[-1].endswith(f"run the rest with: perfsweep resume 1 --db {db}"), err[-2000:]
+    assert "Traceback" not in err, err[-3000:]

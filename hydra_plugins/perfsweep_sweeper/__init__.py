@@ -227,8 +227,9 @@ class PerfsweepSweeper(BasicSweeper):
                     with interrupts.held(interrupts.STOPPING_NOTE if end != "done" else None):
                         launcher.end_concurrent()
                         closed = summary.close_sweep(url, str(sweep_dir), end)
-                    kept = importer.pending_files(url, str(sweep_dir))
-                    summary.show_sweep(url, str(sweep_dir), first.report, kept, swept=_swept_keys(jobs))
+                    if not interrupts.repeated():  # a second Ctrl-C: the user wants out, not a table
+                        kept = importer.pending_files(url, str(sweep_dir))
+                        summary.show_sweep(url, str(sweep_dir), first.report, kept, swept=_swept_keys(jobs))
             except Exception as exc:  # noqa: BLE001 - never hide the jobs' own outcome
                 print(f"perfsweep: could not print the summary from {url}: {exc}", file=sys.stderr)
         statuses = [_status(r) for batch in returns for r in batch] + search_statuses
