@@ -962,9 +962,17 @@ def test_cpu_memory_chart_draws_allocated_and_rss_growth(engine: Any, tmp_path: 
             ),
         )
     rep = make_report(engine, [sid])
-    ax = rep.charts["memory"].figure.axes[0]
+    fig = rep.charts["memory"].figure
+    ax = fig.axes[0]
     assert bar_values(ax) == pytest.approx([100.0, 60.0, 300.0, 250.0])  # MiB: allocated, then RSS growth
     assert ax.get_xlabel() == "peak memory (MiB)"
+    # the legend's four long entries fit the figure: three columns ran "...RSS growth during training:
+    # 250 MiB" off its right edge and the first marker off its left (the README's quick start)
+    charts.save(fig, tmp_path / "memory.png")
+    (legend,) = fig.legends
+    assert "baseline process RSS growth during training: 300 MiB" in [t.get_text() for t in legend.get_texts()]
+    box, page = legend.get_window_extent(fig.canvas.get_renderer()), fig.bbox
+    assert page.x0 <= box.x0 and box.x1 <= page.x1, (box, page)
 
 
 def test_pareto_front(engine: Any, tmp_path: Path) -> None:

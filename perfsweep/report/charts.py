@@ -200,9 +200,20 @@ def draw(spec: ChartSpec, frame: pd.DataFrame, note: str = "") -> Figure:
         if spec.side_by_side and len(names) == len(set(names)) and sum(bool(e) for _, e in entries) > 1:
             _legends_under(fig, [(ax, e) for ax, e in entries if e])  # panels that share no entry: each its own
         elif handles := {name: h for _, e in entries for name, h in e.items()}:
-            ncols = max(1, min(len(handles), int(width // 3.6)))
-            fig.legend(handles.values(), handles.keys(), loc="outside lower center", ncols=ncols, frameon=False)
+            _legend_below(fig, handles)
     return fig
+
+
+def _legend_below(fig: Figure, handles: dict[str, Artist]) -> None:
+    """One legend under the figure, in as many columns as fit its width: a column count from the
+    width alone ran long entries ("baseline process RSS growth during training: 44.5 MiB") off
+    both edges of memory.png."""
+    renderer = fig.canvas.get_renderer()
+    for ncols in range(len(handles), 0, -1):
+        legend = fig.legend(handles.values(), handles.keys(), loc="outside lower center", ncols=ncols, frameon=False)
+        if ncols == 1 or legend.get_window_extent(renderer).width <= 0.97 * fig.bbox.width:
+            return
+        legend.remove()
 
 
 def _log_note(ax: Axes, label: str) -> str:
