@@ -16,6 +16,7 @@ import json
 import os
 import re
 import socket
+import sys
 import time
 from importlib import resources
 from pathlib import Path
@@ -430,15 +431,18 @@ def reserve_sweep(url: str, sweep_dir: str, name: str, **fields: Any) -> int:
             return f"; a SQLite file is given as a URL: db.url=sqlite:///{os.path.abspath(url)}"
         return store.write_hint(url, exc)
 
+    folder = Path(url.removeprefix("sqlite:///").split("?")[0]).parent if url.startswith("sqlite:///") else None
+    new_folder = folder is not None and not folder.exists()
     with waiting_for_database(url):
         try:
             engine = store.connect(url, check=True)
         except store.DamagedDatabase as exc:
             raise ConfigError(f"cannot use db.url={url!r}: {exc}") from None
         except ModuleNotFoundError as exc:
+            example = "postgresql+psycopg2://..." if url.startswith("postgresql") else "sqlite:///results.db"
             raise ConfigError(
                 f"cannot open db.url={url!r}: its driver is not installed ({exc}); install it, or name "
-                "an installed one in the URL, e.g. postgresql+psycopg2://..."
+                f"an installed one in the URL (SQLite and PostgreSQL are tested: e.g. {example})"
             ) from None
         except Exception as exc:  # noqa: BLE001 - any driver error; its first line says what
             raise ConfigError(f"cannot open db.url={url!r}: {first_line(exc)}{hint(exc)}") from None
@@ -448,6 +452,8 @@ def reserve_sweep(url: str, sweep_dir: str, name: str, **fields: Any) -> int:
             raise ConfigError(f"cannot write to db.url={url!r}: {first_line(exc)}{hint(exc)}") from None
         finally:
             engine.dispose()
+    if new_folder:  # a typo in the path would otherwise scatter results into a database of its own, unsaid
+        print(f"perfsweep: db.url's folder {folder} did not exist; created it with a new database", file=sys.stderr)
     return sweep_id
 
 

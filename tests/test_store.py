@@ -1011,3 +1011,21 @@ def test_upgrade_to_scale_out_keeps_rows_and_fills_global_batch(tmp_path: Path):
     (tmp_path / "again").mkdir()
     _, sweeps = _upgraded_h100(tmp_path / "again", "sweeps")
     assert {s["parallel"] for s in sweeps} == {1} and {s["hydra_launcher"] for s in sweeps} == {None}
+
+
+def test_a_sweep_whose_database_folder_is_missing_says_it_made_it(tmp_path: Path, capsys: pytest.CaptureFixture):
+    """db.url in a folder that does not exist: the folder and a new database are made, as before,
+    but said in one line (a typo in the path scattered results into a database of its own, unsaid);
+    an existing folder says nothing."""
+    from perfsweep import preflight
+
+    url = f"sqlite:///{tmp_path / 'typo' / 'nested' / 'results.db'}"
+    sweep_id = preflight.reserve_sweep(url, str(tmp_path / "sweep"), "s", command="perfsweep -m", n_jobs=1)
+    assert sweep_id == 1 and (tmp_path / "typo" / "nested" / "results.db").is_file()
+    err = capsys.readouterr().err.strip()
+    assert (
+        err
+        == f"perfsweep: db.url's folder {tmp_path / 'typo' / 'nested'} did not exist; created it with a new database"
+    )
+    preflight.reserve_sweep(url, str(tmp_path / "sweep2"), "s", command="perfsweep -m", n_jobs=1)
+    assert capsys.readouterr().err == ""
