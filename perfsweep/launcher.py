@@ -773,7 +773,8 @@ def _begin(engine: Any, row: dict[str, Any]) -> int | None:
         return store.begin_run(engine, row)
     except Exception as exc:  # noqa: BLE001
         log.warning(
-            "could not write the running row (%s); the job runs and its result is kept on disk", first_line(exc)
+            "could not write the running row (%s); the job runs and its result is kept on disk",
+            store.why_refused(engine, row.get("sweep_id"), exc),
         )
         return None
 
@@ -801,11 +802,12 @@ def _save(
                 continue
             kept = folder / importer.RESULT_FILE
             break
+        why = store.why_refused(engine, row.get("sweep_id"), exc)
         if kept is not None:
-            print(f"  database write failed ({first_line(exc)}); result kept in {kept}", file=sys.stderr)
+            print(f"  database write failed ({why}); result kept in {kept}", file=sys.stderr)
         else:
             print(
-                f"  database write failed ({first_line(exc)}) and the result could not be kept on disk either "
+                f"  database write failed ({why}) and the result could not be kept on disk either "
                 f"({'; '.join(failures)}): this run's figures are lost; rerun it",
                 file=sys.stderr,
             )

@@ -693,6 +693,20 @@ def file_replaced(engine: Engine) -> str | None:
     return None if (st.st_dev, st.st_ino) == identity else f"the database file {path} was replaced while the job ran"
 
 
+def why_refused(engine: Engine, sweep_id: int | None, exc: BaseException) -> str:
+    """The first line of a write the database refused, or, where the job's sweep has no row there
+    any more, that: a database file deleted or replaced after the sweep began is made again empty,
+    and every later write of the sweep then failed as "FOREIGN KEY constraint failed"."""
+    try:
+        with session(engine) as s:
+            gone = sweep_id is not None and s.get(Sweep, sweep_id) is None
+    except Exception:  # noqa: BLE001 - the driver's own words then say what is wrong
+        gone = False
+    if gone:
+        return f"sweep {sweep_id} is not in the database: its file was deleted or replaced after the sweep began"
+    return first_line(exc)
+
+
 def connect(url: str, check: bool = False) -> Engine:
     """Open the database at ``url`` for writing: bring its schema to the current revision and
     mark the runs of jobs whose process is gone ``interrupted`` (see :func:`mark_interrupted`).

@@ -432,8 +432,12 @@ def show_sweep(
     engine = store.connect(url)
     try:
         sweep_id = sweep_id_for(engine, sweep_dir)
-        if sweep_id is None:
-            print(f"perfsweep: no sweep {sweep_dir} in {url}", file=sys.stderr)
+        if sweep_id is None:  # its row went with the file: the results are kept (the last line says so)
+            print(
+                f"perfsweep: no summary: the sweep {sweep_dir} is not in {url} (its file was deleted or replaced "
+                "while the sweep ran)",
+                file=sys.stderr,
+            )
             return
         _print_summary(engine, sweep_id, make_report, unsaved, swept)
     finally:

@@ -799,3 +799,36 @@ def test_a_second_ctrl_c_while_a_job_stops_skips_the_summary(tmp_path: Path):
     assert rows(db, "SELECT status FROM sweeps") == [{"status": "interrupted"}]
     assert err.strip().splitlines()[-1].endswith(f"run the rest with: perfsweep resume 1 --db {db}"), err[-2000:]
     assert "Traceback" not in err, err[-3000:]
+
+
+@pytest.mark.slow
+def test_a_database_file_deleted_between_jobs_is_named_not_a_foreign_key(tmp_path: Path):
+    """results.db is deleted while the first job runs: the next job's connection made an empty one
+    in its place, and its writes failed as "FOREIGN KEY constraint failed", the summary as "no
+    sweep ... in ..." (found by a new-user review). Each line now says the file went; both results
+    are kept and imported."""
+    tiny = [o for o in TINY if not o.startswith(("steps.measure", "profile."))]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "perfsweep", "-m", "steps.measure=1500,3", "profile.enabled=false", *tiny],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    db = tmp_path / "results.db"
+    wait_for(lambda: db.exists() and rows(db, "SELECT count(*) AS n FROM runs WHERE status = 'running'")[0]["n"] == 1)
+    for f in tmp_path.glob("results.db*"):
+        f.unlink()
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1, err[-3000:]
+    assert "FOREIGN KEY" not in out + err, (out + err)[-3000:]
+    gone = "sweep 1 is not in the database: its file was deleted or replaced after the sweep began"
+    assert f"could not write the running row ({gone})" in out + err, (out + err)[-3000:]
+    assert f"database write failed ({gone}); result kept in" in err, err[-3000:]
+    assert (
+        "perfsweep: no summary: the sweep " in err and "(its file was deleted or replaced while the sweep ran)" in err
+    )
+    assert err.strip().splitlines()[-1].startswith("perfsweep: 2 results could not be written"), err[-3000:]
+    assert importer.main([str(next((tmp_path / "multirun").glob("*/*"))), "--db", str(db)]) == 0
+    assert [r["status"] for r in rows(db, "SELECT status FROM runs ORDER BY job_num")] == ["ok", "ok"]
