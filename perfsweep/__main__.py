@@ -46,18 +46,18 @@ def register() -> None:
     register_configs()
 
 
-class _HideSweepContext(logging.Filter):
-    """Hydra's launcher logs each job's overrides; the ``sweep.*`` ones are perfsweep's own
-    bookkeeping (perfsweep.config.SweepContext), not what the user asked for."""
+class _SaidByPerfsweep(logging.Filter):
+    """Hydra's basic launcher logs "Launching 4 jobs locally" and each job's overrides ("#0 : amp=True
+    ... sweep.id=1 ..."), timestamped among perfsweep's lines; perfsweep says both already, for
+    people ("perfsweep: 4 jobs, one process each", "[1/4] amp=True ..."), without its own
+    ``sweep.*`` bookkeeping (perfsweep.config.SweepContext). Its warnings and errors still show."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.msg, str) and " sweep." in record.msg:
-            record.msg = " ".join(w for w in record.msg.split(" ") if not w.startswith("sweep."))
-        return True
+        return record.levelno > logging.INFO
 
 
 register()
-logging.getLogger("hydra._internal.core_plugins.basic_launcher").addFilter(_HideSweepContext())
+logging.getLogger("hydra._internal.core_plugins.basic_launcher").addFilter(_SaidByPerfsweep())
 log = logging.getLogger("perfsweep")
 
 

@@ -136,6 +136,8 @@ def test_summary_and_progress_are_printed(default_sweep: Path):
     err = (default_sweep / "stderr.txt").read_text()
     assert "(4 runs, 4 ok)" in out and "tokens/s" in out and "results.db" in out
     assert "[1/4]" in err and "[4/4]" in err and "left" in err
+    # Hydra's launcher said the same again, timestamped, with perfsweep's sweep.* bookkeeping
+    assert "Launching 4 jobs" not in out + err and "\t#0 : amp=True" not in out + err
     # before the jobs, a CPU without bf16 units is named as such, from its measured matmul rates
     (peak,) = rows(default_sweep / "results.db", "SELECT cpu_matmul_fp32_flops, cpu_matmul_bf16_flops FROM sweeps")
     fp32, bf16 = peak["cpu_matmul_fp32_flops"], peak["cpu_matmul_bf16_flops"]
