@@ -159,14 +159,20 @@ def hydra_main(cfg: DictConfig) -> str:
                 if finished
                 else "the run is stored as interrupted; run the command again to measure it"
             )
-            summary.close_sweep(url, sweep_dir, "done" if finished else "interrupted")
+            if not summary.close_sweep(url, sweep_dir, "done" if finished else "interrupted") and finished:
+                exc.perfsweep_hint = summary.unclosed_hint(url, sweep_id)  # not "see it": close it first
         if not interrupts.repeated():  # a second Ctrl-C: the user wants out, not a table
             summary.show_sweep(url, sweep_dir, make_report=False)
         raise
     with summary.hint_stored(url, sweep_id):  # the run is stored: only the summary (or report) is missing
         closed = summary.close_sweep(url, sweep_dir, "done")
         kept = importer.pending_files(url, sweep_dir) if run_id is None else []  # the database refused it
-        summary.show_sweep(url, sweep_dir, make_report=run_cfg.report, unsaved=kept)
+        summary.show_sweep(url, sweep_dir, make_report=run_cfg.report, unsaved=importer.kept_runs(kept))
+    not_ok = run_id is not None and status not in EXIT_0_STATUSES and not run_cfg.allow_failures
+    if not_ok:  # what went wrong, then what to type: the import, the close
+        print(
+            f"perfsweep: {launcher.not_ok_line([status])}; exit code 1 (allow_failures=true exits 0)", file=sys.stderr
+        )
     if run_id is None:
         where = (
             f"is kept in {kept[0]}; import with: {importer.import_command(url, sweep_dir, kept)}"
@@ -174,16 +180,9 @@ def hydra_main(cfg: DictConfig) -> str:
             else "could not be kept on disk either (see above)"
         )
         print(f"perfsweep: the result could not be written to {url} and {where}", file=sys.stderr)
-        if not closed:
-            print(summary.unclosed_line(url, sweep_id, after_import=bool(kept)), file=sys.stderr)
-        sys.exit(1)
     if not closed:
-        print(summary.unclosed_line(url, sweep_id), file=sys.stderr)
-        sys.exit(1)
-    if status not in EXIT_0_STATUSES and not run_cfg.allow_failures:
-        print(
-            f"perfsweep: {launcher.not_ok_line([status])}; exit code 1 (allow_failures=true exits 0)", file=sys.stderr
-        )
+        print(summary.unclosed_line(url, sweep_id, after_import=bool(kept)), file=sys.stderr)
+    if run_id is None or not_ok or not closed:
         sys.exit(1)
     return status
 

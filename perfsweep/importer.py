@@ -180,19 +180,27 @@ def _redraw(engine: Engine, sweep_ids: set[int]) -> None:
 def _next_steps(engine: Engine, url: str, sweep_ids: set[int]) -> list[str]:
     """What to type next for each sweep imported into: its report (the one in its folder was drawn
     without these results), or, for a sweep never closed (its end was refused too, or its sweeper
-    stopped), ``perfsweep resume``, which runs what is missing and closes it."""
-    from perfsweep.summary import db_arg, report_command
+    stopped), ``perfsweep resume``: ``--close`` where every grid point has finished, which runs
+    no job, else plain, which runs what is missing and then closes it."""
+    from perfsweep.summary import db_arg, report_command, unfinished_points
 
-    with store.session(engine) as s:
-        statuses = dict(
-            s.execute(select(store.Sweep.id, store.Sweep.status).where(store.Sweep.id.in_(sweep_ids))).all()
-        )
-    return [
-        f"sweep {i}: see it with: {report_command(url, i)}"
-        if statuses.get(i) == "done"
-        else f"sweep {i} is not closed: run what is missing and close it with: perfsweep resume {i} --db {db_arg(url)}"
-        for i in sorted(sweep_ids)
-    ]
+    try:
+        with store.session(engine) as s:
+            rows = s.execute(select(store.Sweep.id, store.Sweep.status).where(store.Sweep.id.in_(sweep_ids))).all()
+        left = {i: unfinished_points(engine, i) for i, status in rows if status != "done"}
+    except Exception:  # noqa: BLE001 - the import itself is done and said; only the hint is missing
+        return []
+    lines = []
+    for i in sorted(sweep_ids):
+        if i not in left:
+            lines.append(f"sweep {i}: see it with: {report_command(url, i)}")
+        elif left[i]:
+            lines.append(
+                f"sweep {i} is not closed: run what is missing and close it with: perfsweep resume {i} --db {db_arg(url)}"
+            )
+        else:
+            lines.append(f"sweep {i} is not closed: close it with: perfsweep resume {i} --close --db {db_arg(url)}")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

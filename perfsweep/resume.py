@@ -21,7 +21,7 @@ from sqlalchemy import select
 
 from perfsweep import store
 from perfsweep.cli import OneLineParser, UserError, first_line, waiting_for_database
-from perfsweep.names import FINAL_STATUSES, SWEEP_MARKER, is_multirun
+from perfsweep.names import SWEEP_MARKER, is_multirun
 from perfsweep.results import resolve_sweep
 
 
@@ -59,6 +59,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--db", default=store.DEFAULT_DB_ARG, help="SQLAlchemy URL or SQLite file (default: ./results.db)"
+    )
+    parser.add_argument(
+        "--close",
+        action="store_true",
+        help="run no job: store the end and closing figures of a sweep whose every grid point has finished "
+        "(ok or not) but whose end the database refused; a single run is closed so without it",
     )
     args = parser.parse_args(argv)
     try:
@@ -113,26 +119,13 @@ def main(argv: list[str] | None = None) -> int:
             f"perfsweep resume: sweep {sweep.id} was launched in {launch_dir}, which no longer exists", file=sys.stderr
         )
         return 2
-    if not is_multirun(sweep.command) and sweep.status != "done":
-        from perfsweep import summary  # pandas: only for a single run to close
-
-        # a single run whose result is stored but whose end is not (the database refused it): close it here
-        statuses = summary.run_statuses(url, sweep.id)
-        if (
-            statuses
-            and all(s in FINAL_STATUSES for s in statuses)
-            and (late := summary.close_late(url, sweep.sweep_dir))
-        ):
-            if not late[1]:
-                print(summary.unclosed_line(url, sweep.id), file=sys.stderr)
-                return 1
-            print(
-                f"perfsweep resume: sweep {sweep.id} was a single run, finished and stored; its end and closing "
-                "figures are stored now",
-                file=sys.stderr,
-            )
-            summary.show_sweep(url, sweep.sweep_dir, make_report=False)
-            return 0
+    if args.close or not is_multirun(sweep.command):  # a single run is never rerun here: closed, or refused
+        if sweep.status == "done":
+            if args.close:
+                print(f"perfsweep resume: sweep {sweep.id} is closed already; nothing to store", file=sys.stderr)
+                return 0
+        else:
+            return _close(url, sweep)
     try:  # the database named here, even when the sweep's command used the default one
         cmd = command_for(sweep, db_url=None if url == store.default_url(launch_dir) else url)
     except ValueError as exc:
@@ -146,6 +139,48 @@ def main(argv: list[str] | None = None) -> int:
             return proc.wait()
         except KeyboardInterrupt:  # the sweep got the same Ctrl-C: let it mark its jobs and exit
             continue
+
+
+def _close(url: str, sweep: store.Sweep) -> int:
+    """``--close`` (and a single run that was not closed): store the sweep's end and closing
+    figures, running no job, once every grid point has finished; its report is drawn again where
+    the sweep had one (drawn before, without the closing figures)."""
+    from perfsweep import summary  # pandas: only for a sweep to close
+
+    multirun = is_multirun(sweep.command)
+    engine = store.connect(url)
+    try:
+        left = summary.unfinished_points(engine, sweep.id)
+    finally:
+        engine.dispose()
+    if left:
+        todo = (
+            f"run them with: perfsweep resume {sweep.id} --db {summary.db_arg(url)}"
+            if multirun
+            else "run its command again to measure it"
+        )
+        what = f"{left} grid point{'s' if left != 1 else ''}" if multirun else "its run"
+        print(
+            f"perfsweep resume: sweep {sweep.id}: {what} did not finish (interrupted or never started); {todo}",
+            file=sys.stderr,
+        )
+        return 2
+    late = summary.close_late(url, sweep.sweep_dir)
+    if late is None:  # closed meanwhile
+        print(f"perfsweep resume: sweep {sweep.id} is closed already; nothing to store", file=sys.stderr)
+        return 0
+    if not late[1]:
+        print(summary.unclosed_line(url, sweep.id), file=sys.stderr)
+        return 1
+    statuses = summary.run_statuses(url, sweep.id)
+    counts = ", ".join(f"{statuses.count(s)} {s}" for s in dict.fromkeys(statuses))
+    print(
+        f"perfsweep resume: sweep {sweep.id} ({counts}): its end and closing figures are stored; no job was run",
+        file=sys.stderr,
+    )
+    redraw = bool(sweep.sweep_dir) and os.path.isfile(os.path.join(sweep.sweep_dir, "report", "report.md"))
+    summary.show_sweep(url, sweep.sweep_dir, make_report=redraw)
+    return 0
 
 
 if __name__ == "__main__":

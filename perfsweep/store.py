@@ -693,18 +693,26 @@ def file_replaced(engine: Engine) -> str | None:
     return None if (st.st_dev, st.st_ino) == identity else f"the database file {path} was replaced while the job ran"
 
 
+def gone_cause(url: str) -> str:
+    """Why a sweep's row would be missing from the database it was reserved in."""
+    if url.startswith("sqlite"):
+        return "its file was deleted or replaced after the sweep began"
+    return "its row was deleted, or the database dropped or replaced, after the sweep began"
+
+
 def why_refused(engine: Engine, sweep_id: int | None, exc: BaseException) -> str:
-    """The first line of a write the database refused, or, where the job's sweep has no row there
-    any more, that: a database file deleted or replaced after the sweep began is made again empty,
-    and every later write of the sweep then failed as "FOREIGN KEY constraint failed"."""
+    """The first line of a write the database refused; for a foreign-key refusal because the job's
+    sweep has no row there any more, that: a database file deleted or replaced after the sweep
+    began is made again empty, and every later write of the sweep failed as "FOREIGN KEY constraint
+    failed". Only such a refusal costs a query (a server that is down is not asked again)."""
+    if sweep_id is None or not isinstance(exc, IntegrityError) or "foreign key" not in str(exc).lower():
+        return first_line(exc)
     try:
         with session(engine) as s:
-            gone = sweep_id is not None and s.get(Sweep, sweep_id) is None
+            gone = s.get(Sweep, sweep_id) is None
     except Exception:  # noqa: BLE001 - the driver's own words then say what is wrong
         gone = False
-    if gone:
-        return f"sweep {sweep_id} is not in the database: its file was deleted or replaced after the sweep began"
-    return first_line(exc)
+    return f"sweep {sweep_id} is not in the database: {gone_cause(str(engine.url))}" if gone else first_line(exc)
 
 
 def connect(url: str, check: bool = False) -> Engine:

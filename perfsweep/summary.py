@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import re
 import shlex
@@ -15,7 +16,7 @@ import pandas as pd
 from sqlalchemy import or_, select, update
 from sqlalchemy.engine import Engine, make_url
 
-from perfsweep import audit, configs, importer, interrupts, metrics, store
+from perfsweep import audit, configs, interrupts, metrics, store
 from perfsweep.cli import first_line, waiting_for_database
 from perfsweep.configs import per_config, prepare_runs, value_text
 from perfsweep.names import (
@@ -146,12 +147,28 @@ def summary_frame(
         have_rows = set(runs["run_uid"])
         rowless = [r for r in kept if r["run_uid"] not in have_rows]
         if rowless:
-            rows = pd.DataFrame([{c: r.get(c) for c in runs.columns} for r in rowless]).assign(sweep_id=sweep_id)
+            rows = pd.DataFrame([_kept_row(r, runs.columns) for r in rowless]).assign(sweep_id=sweep_id)
             for col in ("started_at", "finished_at"):
                 rows[col] = pd.to_datetime(rows[col], utc=True, errors="coerce", format="mixed")
             runs = pd.concat([runs, rows], ignore_index=True)
         runs.loc[runs["run_uid"].isin({r["run_uid"] for r in kept}), "status"] = UNSAVED_STATUS
     return prepare_runs(runs)
+
+
+def _kept_row(run: dict[str, Any], columns: Sequence[str]) -> dict[str, Any]:
+    """A kept result's ``runs`` row in the columns of :func:`load_runs`, its ``cfg.<key>`` settings
+    read from its config as ``perfsweep.results`` reads a stored row's (else a sweep over
+    ``model.dropout`` showed the unsaved job's value as None)."""
+    config = run.get("config_json")
+    if isinstance(config, str):
+        try:
+            config = json.loads(config)
+        except ValueError:
+            config = None
+    flat = pd.json_normalize(store.json_safe(config)).iloc[0].to_dict() if isinstance(config, dict) else {}
+    return {
+        c: flat.get(c.removeprefix(SETTING_PREFIX)) if c.startswith(SETTING_PREFIX) else run.get(c) for c in columns
+    }
 
 
 def shown_axes(runs: pd.DataFrame, swept: Sequence[str] = ()) -> list[str]:
@@ -344,7 +361,8 @@ def close_sweep(url: str, sweep_dir: str, status: str, late: bool = False) -> bo
     """Store the sweep's end (done or interrupted) and the figures drawn from all its runs
     (compile payback, speedups, CPU utilisation, the numerics audit), with Ctrl-C and SIGTERM held
     until they are written: `perfsweep report` reads them, and a read never writes them later.
-    Returns whether they were written. A failure is printed, never raised over the jobs' own
+    Returns False when the database refused them (True also when it holds no such sweep: nothing
+    to close). A failure is printed, never raised over the jobs' own
     outcome; the caller's last line then says how to write them later (:func:`unclosed_line`).
     ``late``: closed by ``perfsweep resume`` after the jobs ended (the end is the last run's)."""
     with interrupts.held(CLOSING_NOTE):  # from the connection on: a signal now waits for the last write
@@ -363,33 +381,63 @@ def close_sweep(url: str, sweep_dir: str, status: str, late: bool = False) -> bo
     return True
 
 
-def close_late(url: str, sweep_dir: str) -> tuple[int, bool] | None:
+def close_late(url: str, sweep_dir: str) -> tuple[int | str, bool] | None:
     """Close, ``done``, a sweep all of whose jobs are stored but whose own end is not (the database
     refused the closing write, or the sweeper died after its last job): ``perfsweep resume``
-    with nothing left to run. None when the sweep is closed already; else its id and whether the
-    end was written."""
-    engine = store.connect(url)
+    with nothing left to run, or ``--close``. None when the sweep is closed already; else its id
+    ("ID" where the database could not even be read) and whether the end was written."""
     try:
-        with store.session(engine) as s:
-            row = s.execute(
-                select(store.Sweep.id, store.Sweep.status).where(store.Sweep.sweep_dir == sweep_dir)
-            ).one_or_none()
-    finally:
-        engine.dispose()
+        with waiting_for_database(url):
+            engine = store.connect(url)
+        try:
+            with store.session(engine) as s:
+                row = s.execute(
+                    select(store.Sweep.id, store.Sweep.status).where(store.Sweep.sweep_dir == sweep_dir)
+                ).one_or_none()
+        finally:
+            engine.dispose()
+    except Exception as exc:  # noqa: BLE001 - said; the caller's last line says what to run again
+        print(f"perfsweep: could not read the sweep {sweep_dir} in {url}: {first_line(exc)}", file=sys.stderr)
+        return "ID", False
     if row is None or row.status == "done":
         return None
     return row.id, close_sweep(url, sweep_dir, "done", late=True)
 
 
-def unclosed_line(url: str, sweep_id: int, after_import: bool = False) -> str:
-    """The last line after :func:`close_sweep` failed: the runs are safe, and one command writes
-    the rest once the database takes writes (after the import of kept results, which resume would
-    otherwise run again)."""
+def unfinished_points(engine: Engine, sweep_id: int) -> int:
+    """How many of the sweep's grid points have no final run yet (never started, interrupted, or a
+    ``batch=max`` search stopped half way): a sweep is closed by ``perfsweep resume --close`` only
+    when there are none. A grid point's latest row (and latest search) decides; earlier ones are history."""
+    with store.session(engine) as s:
+        sweep = s.get(store.Sweep, sweep_id)
+        runs = s.execute(
+            select(store.Run.job_num, store.Run.status).where(store.Run.sweep_id == sweep_id).order_by(store.Run.id)
+        ).all()
+        searches = s.execute(
+            select(store.BatchSearch.grid_index, store.BatchSearch.status)
+            .where(store.BatchSearch.sweep_id == sweep_id)
+            .order_by(store.BatchSearch.id)
+        ).all()
+    latest = dict(runs)
+    n_jobs = (sweep.n_jobs if sweep is not None else None) or 0
+    stopped = {g for g, status in dict(searches).items() if status in ("running", "interrupted")}
+    return sum(latest.get(j) not in FINAL_STATUSES for j in range(n_jobs)) + len(stopped)
+
+
+def unclosed_hint(url: str, sweep_id: int | str, after_import: bool = False) -> str:
+    """What to do after :func:`close_sweep` failed: the runs are safe, and one command writes the
+    rest once the database takes writes, running no job (after the import of kept results, which
+    it needs stored)."""
     return (
-        f"perfsweep: the sweep's end and closing figures (speedups, compile payback, CPU utilisation, the numerics "
-        f"audit) are not stored; once the database takes writes{', and after the import' if after_import else ''}, "
-        f"store them with: perfsweep resume {sweep_id} --db {db_arg(url)}"
+        f"the sweep's end and closing figures (speedups, compile payback, CPU utilisation, the numerics audit) "
+        f"are not stored; once the database takes writes{', and after the import' if after_import else ''}, "
+        f"store them with: perfsweep resume {sweep_id} --close --db {db_arg(url)}"
     )
+
+
+def unclosed_line(url: str, sweep_id: int | str, after_import: bool = False) -> str:
+    """The last line of a sweep or run whose end the database refused (:func:`unclosed_hint`)."""
+    return f"perfsweep: {unclosed_hint(url, sweep_id, after_import)}"
 
 
 @contextlib.contextmanager
@@ -423,19 +471,22 @@ def run_statuses(url: str, sweep_id: int) -> list[str]:
 
 
 def show_sweep(
-    url: str, sweep_dir: str, make_report: bool = True, unsaved: Sequence[Path] = (), swept: Sequence[str] = ()
+    url: str,
+    sweep_dir: str,
+    make_report: bool = True,
+    unsaved: Sequence[dict[str, Any]] = (),
+    swept: Sequence[str] = (),
 ) -> None:
     """Print the summary of the sweep at ``sweep_dir`` from the database (closed by
     :func:`close_sweep`), then build its report. Writes nothing to the database. ``unsaved``: the
-    result.json files of results the database refused (perfsweep.importer.pending_files), shown
-    so; ``swept``: the grid's override keys (:func:`format_summary`)."""
+    ``runs`` rows of results the database refused, as kept in result.json
+    (perfsweep.importer.kept_runs), shown so; ``swept``: the grid's override keys (:func:`format_summary`)."""
     engine = store.connect(url)
     try:
         sweep_id = sweep_id_for(engine, sweep_dir)
         if sweep_id is None:  # its row went with the file: the results are kept (the last line says so)
             print(
-                f"perfsweep: no summary: the sweep {sweep_dir} is not in {url} (its file was deleted or replaced "
-                "while the sweep ran)",
+                f"perfsweep: no summary: the sweep {sweep_dir} is not in {url} ({store.gone_cause(url)})",
                 file=sys.stderr,
             )
             return
@@ -445,13 +496,17 @@ def show_sweep(
 
 
 def _print_summary(
-    engine: Engine, sweep_id: int, make_report: bool, unsaved: Sequence[Path] = (), swept: Sequence[str] = ()
+    engine: Engine,
+    sweep_id: int,
+    make_report: bool,
+    unsaved: Sequence[dict[str, Any]] = (),
+    swept: Sequence[str] = (),
 ) -> None:
     """The summary table, the query to type and (``make_report``) the report, from the database,
     and the results it refused from their result.json files."""
     # a finished job whose result the database refused reads 'running' (or 'interrupted') there,
     # or has no row at all: its result is not lost (the line after the summary says how to import it)
-    df = summary_frame(engine, sweep_id, swept, kept=importer.kept_runs(unsaved))
+    df = summary_frame(engine, sweep_id, swept, kept=unsaved)
     kept = df["status"] == UNSAVED_STATUS
     n_ok = int((df["status"] == "ok").sum())
     print(

@@ -110,7 +110,10 @@ class PerfsweepSweeper(BasicSweeper):
             if not todo:  # nothing to run: a closed sweep, its times and its report stay as they are
                 late = summary.close_late(url, str(sweep_dir))  # its end, if the database refused it before
                 if late is not None:
-                    print("perfsweep: storing the sweep's end and closing figures, missing until now", file=sys.stderr)
+                    if late[1]:
+                        print(
+                            "perfsweep: stored the sweep's end and closing figures, missing until now", file=sys.stderr
+                        )
                     summary.show_sweep(url, str(sweep_dir), first.report, swept=_swept_keys(jobs))
                     if not late[1]:
                         print(summary.unclosed_line(url, late[0]), file=sys.stderr)
@@ -169,6 +172,7 @@ class PerfsweepSweeper(BasicSweeper):
 
         end = "interrupted"
         closed = False  # whether the sweep's end and closing figures were written
+        interrupt: KeyboardInterrupt | None = None
         lost: list[int] = []  # job numbers whose returns the launcher could not give
         # perfsweep's slots: several at once, or one that narrows the GPUs a job sees (gpus_per_job)
         slotted = hydra_launcher == "BasicLauncher" and (len(placements) > 1 or placements[0].gpus is not None)
@@ -207,6 +211,7 @@ class PerfsweepSweeper(BasicSweeper):
                         engine.dispose()
             end = "done"
         except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (perfsweep.__main__ prints this after the summary)
+            interrupt = exc
             if not searches and _all_finished(url, sweep_id, len(order)):
                 # it came as the last job's process exited, its result stored: nothing is left to resume
                 end = "done"
@@ -227,13 +232,22 @@ class PerfsweepSweeper(BasicSweeper):
                     with interrupts.held(interrupts.STOPPING_NOTE if end != "done" else None):
                         launcher.end_concurrent()
                         closed = summary.close_sweep(url, str(sweep_dir), end)
+                    if interrupt is not None and end == "done" and not closed:  # not "see them": close it first
+                        interrupt.perfsweep_hint = summary.unclosed_hint(url, sweep_id)
                     if not interrupts.repeated():  # a second Ctrl-C: the user wants out, not a table
-                        kept = importer.pending_files(url, str(sweep_dir))
+                        kept = importer.kept_runs(importer.pending_files(url, str(sweep_dir)))
                         summary.show_sweep(url, str(sweep_dir), first.report, kept, swept=_swept_keys(jobs))
             except Exception as exc:  # noqa: BLE001 - never hide the jobs' own outcome
                 print(f"perfsweep: could not print the summary from {url}: {exc}", file=sys.stderr)
         statuses = [_status(r) for batch in returns for r in batch] + search_statuses
         statuses += _stored_statuses(url, sweep_id, lost)
+        # what went wrong, then what to type: the jobs that did not finish ok, the import, the close
+        not_ok = any(s not in EXIT_0_STATUSES for s in statuses) and not first.allow_failures
+        if not_ok:
+            print(
+                f"perfsweep: {launcher.not_ok_line(statuses)}; exit code 1 (allow_failures=true exits 0)",
+                file=sys.stderr,
+            )
         unsaved = importer.pending_files(url, str(sweep_dir))
         if unsaved:
             print(
@@ -242,15 +256,9 @@ class PerfsweepSweeper(BasicSweeper):
                 f"import with: {importer.import_command(url, sweep_dir, unsaved)}",
                 file=sys.stderr,
             )
-        if not closed:  # after the import line: an import redraws the figures, but only resume closes
+        if not closed:  # last: an import redraws the figures, but only resume --close closes
             print(summary.unclosed_line(url, sweep_id, after_import=bool(unsaved)), file=sys.stderr)
-        if unsaved or not closed:
-            sys.exit(1)
-        if any(s not in EXIT_0_STATUSES for s in statuses) and not first.allow_failures:
-            print(
-                f"perfsweep: {launcher.not_ok_line(statuses)}; exit code 1 (allow_failures=true exits 0)",
-                file=sys.stderr,
-            )
+        if unsaved or not_ok or not closed:
             sys.exit(1)
         return returns
 
