@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NoReturn
 
@@ -63,7 +63,16 @@ def waiting_for_database(url: str, after_s: float = SLOW_DATABASE_S) -> Iterator
         "(a sweep or import writing, a schema upgrade, a sqlite3 shell left inside a transaction); this goes on "
         "once it is free"
     )
-    timer = threading.Timer(after_s, lambda: print(said, file=sys.stderr, flush=True))
+    with said_if_slow(lambda: print(said, file=sys.stderr, flush=True), after_s):
+        yield
+
+
+@contextmanager
+def said_if_slow(say: Callable[[], None], after_s: float) -> Iterator[None]:
+    """Call ``say`` once, from a timer thread, if the block is still running after ``after_s``: a
+    wait is explained where it is long enough to be taken for a hang, and a quick step adds no
+    line (a bad input's answer stays one line)."""
+    timer = threading.Timer(after_s, say)
     timer.daemon = True
     timer.start()
     try:

