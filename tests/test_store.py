@@ -1029,3 +1029,26 @@ def test_a_sweep_whose_database_folder_is_missing_says_it_made_it(tmp_path: Path
     )
     preflight.reserve_sweep(url, str(tmp_path / "sweep2"), "s", command="perfsweep -m", n_jobs=1)
     assert capsys.readouterr().err == ""
+
+
+def test_a_sweep_closed_late_ends_at_its_last_run_and_counts_its_unfinished_points(db_url, engines):
+    """``perfsweep resume --close`` writes a sweep's end after the fact: the end is its last run's,
+    on both databases (PostgreSQL compares timestamps across zones); a grid point whose latest row
+    is not final, one never started, or a search stopped half way keeps it from closing."""
+    from perfsweep import summary
+
+    engine = engines(db_url)
+    sid = store.start_sweep(engine, "/sweeps/late", "late", command="perfsweep -m batch=1,2,3", n_jobs=3)
+    ends = [datetime(2026, 11, 26, 10, m, tzinfo=timezone.utc) for m in (1, 7, 4)]
+    for job, end in enumerate(ends[:2]):
+        store.save_run(engine, run_row(sid, job_num=job, finished_at=end))
+    assert summary.unfinished_points(engine, sid) == 1  # job 2 never started
+    store.save_run(engine, run_row(sid, job_num=2, status="oom", finished_at=ends[2]))
+    assert summary.unfinished_points(engine, sid) == 0  # oom is final: --close does not rerun it
+    store.begin_run(engine, {k: v for k, v in run_row(sid, job_num=1).items() if k != "status"})
+    assert summary.unfinished_points(engine, sid) == 1  # job 1's latest row is running
+    store.end_sweep(engine, sid, "done", at_last_run=True)
+    with Session(engine) as s:
+        sweep = s.get(store.Sweep, sid)
+        end = sweep.finished_at if sweep.finished_at.tzinfo else sweep.finished_at.replace(tzinfo=timezone.utc)
+    assert sweep.status == "done" and end == max(ends)
