@@ -1,4 +1,4 @@
-"""``perfsweep resume SWEEP [--db URL]`` (an id or a name): finish a sweep that was interrupted or had failures.
+"""``perfsweep resume SWEEP [--db URL] [--close]`` (an id or a name): finish a sweep that was interrupted or had failures.
 
 Reruns, into the same sweep id and the same job folders, only the grid points that have no
 ``ok`` run: failed, out of memory, timed out, interrupted or never started. It runs the sweep's
