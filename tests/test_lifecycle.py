@@ -834,7 +834,7 @@ def test_a_database_file_deleted_between_jobs_is_named_not_a_foreign_key(tmp_pat
     are kept and imported."""
     tiny = [o for o in TINY if not o.startswith(("steps.measure", "profile."))]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "perfsweep", "-m", "steps.measure=400,3", "profile.enabled=false", *tiny],
+        [sys.executable, "-m", "perfsweep", "-m", "steps.measure=50,3", "profile.enabled=false", *tiny],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
