@@ -410,6 +410,8 @@ def test_interval_verdicts_and_a_baseline_of_your_own(engine: Any, tmp_path: Pat
         False,
         True,
     ]
+    # ...and report.md says so (it said they were the stored ones, over the default baseline)
+    assert "its `speedup` columns are this report's, over its baseline (as requested; `baseline_config_hash`)" in md
 
 
 def test_noise_is_the_stored_flag(engine: Any, tmp_path: Path) -> None:

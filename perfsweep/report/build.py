@@ -733,7 +733,8 @@ tensors.{" " + intervals if (intervals := intervals_md(report)) else ""}
 
 - `runs.csv`: every run with every `runs` column (but `config_json`) plus `label`, `is_baseline`, \
 `throughput_per_s_lo`/`_hi` (the range of tokens_per_s, or of samples_per_s for models that count samples); its \
-`speedup` columns are the stored ones, over each sweep's default baseline.
+`speedup` columns are this report's, over its baseline ({report.baseline}; `baseline_config_hash`), as the table \
+shows them; the database's are over each sweep's own default baseline.
 - Database: `{report.db}`, e.g. `SELECT amp, ckpt, {report.rate.replace("/", "_per_")}, speedup, speedup_verdict FROM runs WHERE sweep_id = \
 {sweeps["id"].iloc[0]}`; per-step times in `steps`, stage times in `stages`, top operators in `ops`, traces in \
 `artifacts`.
