@@ -66,6 +66,15 @@ ENVIRONMENT_COLUMNS: tuple[str, ...] = (
 """``runs`` columns that describe where a run ran: a difference in any of them can explain a
 difference in the numbers, so the report and the sweep comparison list them."""
 
+DEVICE_TIME_BY_LAUNCH = "cuda_kernels_by_launch"
+"""``stages.device_time_source`` of GPU time attributed to the stage whose CPU range launched each
+kernel, whatever thread launched it (backward's kernels come from autograd's thread)."""
+DEVICE_TIME_SAME_AS_CPU = "same_as_cpu"
+"""``stages.device_time_source`` on CPU: the device time is the CPU time, not measured apart."""
+DEVICE_TIME_BEFORE_LAUNCH = "cuda_kernels"
+"""``stages.device_time_source`` of runs stored before schema 0002: kernels counted inside the main
+thread's ranges only, so backward (launched from autograd's thread) read ~0 ms. Not drawn."""
+
 STAGES: tuple[str, ...] = ("data_to_device", "forward", "backward", "optimizer_step", "zero_grad")
 """record_function range names of one training step, in order."""
 

@@ -30,7 +30,7 @@ from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 from perfsweep import trace as trace_mod
 from perfsweep.config import ProfileConfig
-from perfsweep.names import PROFILER_STEP_PREFIX, STAGES
+from perfsweep.names import DEVICE_TIME_BY_LAUNCH, DEVICE_TIME_SAME_AS_CPU, PROFILER_STEP_PREFIX, STAGES
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +182,7 @@ def stage_rows(analysis: trace_mod.TraceAnalysis, on_cuda: bool) -> list[dict[st
             "stage": name,
             "cpu_time_ms": cpu_ms,
             "device_time_ms": analysis.stage_gpu_ms[name] if on_cuda else cpu_ms,
-            "device_time_source": "cuda_kernels_by_launch" if on_cuda else "same_as_cpu",
+            "device_time_source": DEVICE_TIME_BY_LAUNCH if on_cuda else DEVICE_TIME_SAME_AS_CPU,
             "calls": analysis.stage_calls[name],
         }
         for name, cpu_ms in analysis.stage_cpu_ms.items()

@@ -83,3 +83,31 @@ def test_breakdown_draws_the_stored_cpu_and_gpu_stage_times(h100_engine):
     assert [p.get_width() for p in ax_cpu.patches] == pytest.approx(cpu)
     assert [p.get_width() for p in ax_gpu.patches] == pytest.approx(gpu)
     assert "GPU kernel time" in ax_gpu.get_title("left")
+
+
+def test_runs_stored_before_launch_attribution_get_no_gpu_stage_panel(tmp_path: Path):
+    """The H100 database as an older perfsweep wrote it, upgraded: its stages say 'cuda_kernels'
+    (kernels counted in the main thread's ranges: backward ~0.002 ms). The breakdown drew them as
+    "GPU kernel time, by launching stage" with no backward, and nothing said why; the GPU chart's
+    skip blamed the profiled window."""
+    import shutil
+
+    from perfsweep.names import DEVICE_TIME_BEFORE_LAUNCH
+    from tests.h100 import H100, SEED_SWEEP
+
+    db = tmp_path / "old.db"
+    shutil.copy(H100 / "results-fp16-seed-snapshot-gpt2.db", db)
+    engine = store.connect(f"sqlite:///{db}")  # the upgrade perfsweep upgrade does
+    try:
+        with engine.connect() as conn:
+            sources = {s for (s,) in conn.exec_driver_sql("SELECT DISTINCT device_time_source FROM stages")}
+        assert sources == {DEVICE_TIME_BEFORE_LAUNCH}
+        rep = make_report(engine, [SEED_SWEEP])
+    finally:
+        engine.dispose()
+    chart = rep.charts["breakdown"]
+    assert not [c for c in chart.frame.columns if c.startswith("gpu_ms_")]
+    assert len(chart.figure.axes) == 1  # the CPU panel alone
+    title = chart.figure.get_suptitle().replace("\n", " ")
+    assert "no GPU time: stored by a perfsweep that missed backward's kernels; perfsweep trace gives it" in title
+    assert "older than the busy-time columns" in rep.charts["gpu"].skipped

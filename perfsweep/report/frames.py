@@ -20,7 +20,13 @@ import pandas as pd
 
 from perfsweep import metrics
 from perfsweep.configs import STATUS_ORDER, axis_name, axis_text, config_labels, label_axes
-from perfsweep.names import KERNEL_CATEGORIES, ON_OFF_AXES, STAGES
+from perfsweep.names import (
+    DEVICE_TIME_BEFORE_LAUNCH,
+    DEVICE_TIME_SAME_AS_CPU,
+    KERNEL_CATEGORIES,
+    ON_OFF_AXES,
+    STAGES,
+)
 from perfsweep.report import fmt
 from perfsweep.results import load_child
 
@@ -85,7 +91,10 @@ def gpu(r: Any) -> tuple[pd.DataFrame, str]:
     """The shown configs with GPU busy time and ``kernel_ms_<category>``: GPU ms per profiled step
     in each kernel category (0 where a config has none), whose sum is a step's GPU work."""
     if not r.configs["gpu_busy_fraction"].notna().any():
-        raise Skip("no GPU busy time: CPU runs, or GPU runs without the profiled window")
+        raise Skip(
+            "no GPU busy time: CPU runs, GPU runs without the profiled window, or runs stored by a perfsweep "
+            "older than the busy-time columns (`perfsweep trace` on their trace files gives it)"
+        )
     if (configs := shown(r)[0].dropna(subset=["gpu_busy_fraction"])).empty:
         raise Skip("none of the configs shown has GPU busy time")
     kernels = load_child(r.engine, "kernels", configs["id"])
@@ -142,10 +151,14 @@ def breakdown(r: Any) -> tuple[pd.DataFrame, str]:
     if stages.empty:
         raise Skip("no stage rows for these runs (profiling was off: profile.enabled=false)")
     cols = {}
-    measured = stages[stages["device_time_source"] != "same_as_cpu"]
+    source = stages["device_time_source"]
+    measured = stages[~source.isin([DEVICE_TIME_SAME_AS_CPU, DEVICE_TIME_BEFORE_LAUNCH])]
     for kind, rows, value in (("cpu", stages, "cpu_time_ms"), ("gpu", measured, "device_time_ms")):
         wide = rows.pivot_table(index="run_id", columns="stage", values=value, aggfunc="sum")
         cols |= {f"{kind}_ms_{s}": configs["id"].map(wide[s]) for s in STAGES if s in wide}
+    if (source == DEVICE_TIME_BEFORE_LAUNCH).any():  # an older perfsweep's: backward's kernels were missing
+        old = "no GPU time: stored by a perfsweep that missed backward's kernels; perfsweep trace gives it"
+        note = f"{note}; {old}" if note else old
     return configs.assign(**cols)[configs["id"].isin(stages["run_id"])], note
 
 
