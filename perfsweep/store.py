@@ -560,6 +560,15 @@ def existing_url(db: str) -> str:
     return url
 
 
+def _writable(url: str) -> bool:
+    """Whether an upgrade could write the SQLite file at ``url`` (and its folder, for the journal);
+    True for a server, whose permissions are its own to say."""
+    if not url.startswith("sqlite:///"):
+        return True
+    path = Path(url.removeprefix("sqlite:///"))
+    return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
+
+
 def open_existing(db: str) -> Engine:
     """Open an existing database read-only; a missing SQLite file is an error, not a new empty file.
 
@@ -583,6 +592,7 @@ def open_existing(db: str) -> Engine:
         raise UserError(
             f"--db {db}: schema revision {revision} is older than this perfsweep's {head}; "
             f"upgrade it first with: perfsweep upgrade --db {db}"
+            + ("" if _writable(url) else " (the file is read-only here: upgrade a copy)")
         )
     try:  # a report read its tables as they came and failed halfway
         refuse_damage(url, engine)

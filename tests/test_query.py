@@ -246,6 +246,13 @@ def test_report_never_writes_and_names_the_upgrade_command(tmp_path: Path, capsy
         f"{store.head_revision()}; upgrade it first with: perfsweep upgrade --db {db}"
     )
     assert _files(folder) == before  # not a byte changed, no -wal/-shm created
+    with read_only(db), read_only(folder):  # read-only media: upgrading in place would fail, so it says so
+        assert report_main(["--db", str(db), "--out", str(tmp_path / "r")]) == 2
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith(f"upgrade it first with: perfsweep upgrade --db {db} (the file is read-only here: upgrade a copy)")
+    )
 
     assert upgrade_main(["--db", str(db)]) == 0
     assert upgrade_main(["--db", str(db)]) == 0  # idempotent
