@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import decimal
 import json
+import math
 import sys
 
 import pandas as pd
@@ -125,7 +126,9 @@ def as_table(df: pd.DataFrame) -> str:
 def as_json(df: pd.DataFrame) -> str:
     """The rows as a JSON array of objects. Floats keep every digit (Python's shortest repr, as
     the CSV does; pandas' ``to_json`` rounds to 10 significant digits), NULL and NaN are null,
-    timestamps ISO 8601 text (as SQLite stores them), a JSON column from PostgreSQL its object."""
+    timestamps ISO 8601 text (as SQLite stores them), a JSON column from PostgreSQL its object,
+    an infinite float the string ``"inf"`` or ``"-inf"`` (as stored JSON keeps it: a bare
+    ``Infinity`` is not JSON, and strict parsers refused the whole output)."""
 
     def plain(value: object) -> object:
         if value is None or value is pd.NA or value is pd.NaT:  # NaT first: it is a datetime too
@@ -136,6 +139,8 @@ def as_json(df: pd.DataFrame) -> str:
             value = value.item()
         if isinstance(value, decimal.Decimal):
             value = float(value)
+        if isinstance(value, float) and value in (math.inf, -math.inf):
+            return str(value)
         return None if value != value else value  # NaN
 
     rows = [dict(zip(df.columns, map(plain, row), strict=True)) for row in df.itertuples(index=False, name=None)]

@@ -331,3 +331,15 @@ def test_two_columns_of_one_name_keep_their_own_values(db, fmt, capsys):
         assert code == 0 and out.splitlines() == ["batch,batch", "4,8"]
     else:
         assert code == 0 and [line.split() for line in out.splitlines()] == [["batch", "batch"], ["4", "8"]]
+
+
+def test_an_infinite_value_is_strict_json(db, capsys):
+    """A computed infinity printed as the bare word Infinity, which strict JSON parsers refuse; it
+    is the string stored JSON uses, and NaN is null."""
+    sql = "SELECT 1e308 * 10 AS up, -1e308 * 10 AS down, 2.5 AS plain FROM runs WHERE batch = 4"
+    assert main([sql, "--db", db, "--format", "json"]) == 0
+    out = capsys.readouterr().out
+    assert "Infinity" not in out
+    assert json.loads(out, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}")) == [
+        {"up": "inf", "down": "-inf", "plain": 2.5}
+    ]
