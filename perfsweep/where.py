@@ -141,6 +141,11 @@ class _Parser:
                 f"function calls are not allowed ({name}(...)); compare a runs column as stored, "
                 "e.g. name LIKE 'x%', or use perfsweep query for full SQL"
             )
+        if name not in self.columns and name in self.table.c:  # config_json: a JSON text, not a setting
+            raise WhereError(
+                f"column {name!r} cannot be filtered here; filter on a setting's own column (amp, batch, "
+                f"model_name), or use perfsweep query with json_extract({name}, '$.key') for full SQL"
+            )
         if name not in self.columns:
             close = difflib.get_close_matches(name, self.columns, n=3)
             hint = f"did you mean {', '.join(close)}?" if close else "see the runs table in the README"
