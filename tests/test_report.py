@@ -530,6 +530,9 @@ def test_factor_bars_say_the_effect_alone(engine: Any, tmp_path: Path) -> None:
     assert texts == ["-620 (-3.8%)", "+150 (+0.9%)", "+0 (+0.0%)"]
     assert_labels_fit(chart.figure)
     assert "| ckpt | +150 (+0.9%, 95% CI" in chart.extra_md and f"%) {metrics.NO_DIFFERENCE} |" in chart.extra_md
+    # the interaction's bar is the faded one, and the caption says so (the legend names only the colours)
+    alphas = [p.get_facecolor()[3] for p in chart.figure.axes[0].patches]
+    assert alphas == [1.0, 1.0, 0.5] and "its bar faded in the same colours" in chart.caption
 
 
 def assert_labels_fit(fig: Any) -> None:

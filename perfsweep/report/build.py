@@ -311,8 +311,8 @@ FACTORS = ChartSpec(
     side_by_side=True,
     legend=(("helps", charts.GOOD), ("hurts", charts.BAD), (metrics.NO_DIFFERENCE, charts.LIGHT)),
     caption="Design-of-experiments effects from ok runs: main effect = mean with the axis on minus mean with it "
-    "off; A x B = two-factor interaction (how much the effect of A changes with B, coded -1/+1); bars are % of the "
-    "overall mean, absolute values in brackets. Tokens/s effects carry 95% bootstrap intervals (whiskers; over "
+    "off; A x B = two-factor interaction (how much the effect of A changes with B, coded -1/+1), its bar faded in "
+    "the same colours; bars are % of the overall mean, absolute values in brackets. Tokens/s effects carry 95% bootstrap intervals (whiskers; over "
     "repeats when every config has them, else over measured steps in blocks); light blue: the interval contains 0, "
     f'"{metrics.NO_DIFFERENCE}".{{computed}}{{caution}}',
 )
