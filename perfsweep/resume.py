@@ -106,6 +106,13 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.close or not is_multirun(sweep.command):  # runs no job: its folder may be gone
+        if sweep.status == "done":
+            if args.close:
+                print(f"perfsweep resume: sweep {sweep.id} is closed already; nothing to store", file=sys.stderr)
+                return 0
+        else:
+            return _close(url, sweep)
     if sweep.sweep_dir and not os.path.isfile(os.path.join(sweep.sweep_dir, SWEEP_MARKER)):
         print(
             f"perfsweep resume: sweep {sweep.id}'s folder {sweep.sweep_dir} is gone (moved or deleted), and its "
@@ -119,13 +126,6 @@ def main(argv: list[str] | None = None) -> int:
             f"perfsweep resume: sweep {sweep.id} was launched in {launch_dir}, which no longer exists", file=sys.stderr
         )
         return 2
-    if args.close or not is_multirun(sweep.command):  # a single run is never rerun here: closed, or refused
-        if sweep.status == "done":
-            if args.close:
-                print(f"perfsweep resume: sweep {sweep.id} is closed already; nothing to store", file=sys.stderr)
-                return 0
-        else:
-            return _close(url, sweep)
     try:  # the database named here, even when the sweep's command used the default one
         cmd = command_for(sweep, db_url=None if url == store.default_url(launch_dir) else url)
     except ValueError as exc:
@@ -172,10 +172,12 @@ def _close(url: str, sweep: store.Sweep) -> int:
     if not late[1]:
         print(summary.unclosed_line(url, sweep.id), file=sys.stderr)
         return 1
-    statuses = summary.run_statuses(url, sweep.id)
+    statuses = summary.run_statuses(url, sweep.id)  # every row: a rerun point's earlier ones too
     counts = ", ".join(f"{statuses.count(s)} {s}" for s in dict.fromkeys(statuses))
+    runs = f"{len(statuses)} run{'s' if len(statuses) != 1 else ''}"
     print(
-        f"perfsweep resume: sweep {sweep.id} ({counts}): its end and closing figures are stored; no job was run",
+        f"perfsweep resume: sweep {sweep.id} ({runs}: {counts}): its end and closing figures are stored; "
+        "no job was run",
         file=sys.stderr,
     )
     redraw = bool(sweep.sweep_dir) and os.path.isfile(os.path.join(sweep.sweep_dir, "report", "report.md"))
