@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    if args.close or not is_multirun(sweep.command):  # runs no job: its folder may be gone
+    single = bool(sweep.command) and not is_multirun(sweep.command)  # a sweep imported into has no command
+    if args.close or single:  # runs no job: its folder may be gone
         if sweep.status == "done":
             if args.close:
                 print(f"perfsweep resume: sweep {sweep.id} is closed already; nothing to store", file=sys.stderr)
@@ -147,7 +148,7 @@ def _close(url: str, sweep: store.Sweep) -> int:
     the sweep had one (drawn before, without the closing figures)."""
     from perfsweep import summary  # pandas: only for a sweep to close
 
-    multirun = is_multirun(sweep.command)
+    multirun = not sweep.command or is_multirun(sweep.command)
     engine = store.connect(url)
     try:
         left = summary.unfinished_points(engine, sweep.id)

@@ -172,6 +172,9 @@ def test_resume_names_the_sweeps_there_are(tmp_path: Path, capsys):
         f"perfsweep resume: sweep 1's folder {tmp_path / 's'} is gone (moved or deleted), and its jobs go back "
         "into it; move it back, or run the sweep's command again for a new sweep"
     )
+    # --close runs no job, so the folder does not matter, but a sweep without a run is not closed
+    assert resume_main(["grid", "--db", str(db), "--close"]) == 2
+    assert "1 grid point did not finish (interrupted or never started)" in capsys.readouterr().err
 
 
 def test_a_sweep_folder_that_cannot_be_made_is_one_line(tmp_path: Path):
