@@ -419,7 +419,8 @@ def unfinished_points(engine: Engine, sweep_id: int) -> int:
             .order_by(store.BatchSearch.id)
         ).all()
     latest = dict(runs)
-    n_jobs = (sweep.n_jobs if sweep is not None else None) or max(latest, default=0) + 1  # at least one
+    numbered = [j for j in latest if j is not None]  # a row imported without its job number has none
+    n_jobs = (sweep.n_jobs if sweep is not None else None) or max(1, 1 + max(numbered, default=-1))
     stopped = {g for g, status in dict(searches).items() if status in ("running", "interrupted")}
     return sum(latest.get(j) not in FINAL_STATUSES for j in range(n_jobs)) + len(stopped)
 
