@@ -431,9 +431,7 @@ def reserve_sweep(url: str, sweep_dir: str, name: str, **fields: Any) -> int:
             return f"; a SQLite file is given as a URL: db.url=sqlite:///{os.path.abspath(url)}"
         return store.write_hint(url, exc)
 
-    folder = (
-        Path(url.removeprefix("sqlite:///").split("?")[0]).absolute().parent if url.startswith("sqlite:///") else None
-    )
+    folder = path.absolute().parent if (path := store.sqlite_file(url)) is not None else None
     new_folder = folder is not None and not folder.exists()
     with waiting_for_database(url):
         try:

@@ -550,22 +550,27 @@ def write_hint(url: str, exc: BaseException) -> str:
     return ""
 
 
+def sqlite_file(url: str) -> Path | None:
+    """The file of a ``sqlite:///`` URL (its query string, e.g. ``?timeout=5``, left out); None for
+    another database."""
+    if not url.startswith("sqlite:///"):
+        return None
+    return Path(url.removeprefix("sqlite:///").split("?")[0])
+
+
 def existing_url(db: str) -> str:
     """:func:`url_from_arg` of ``db``; a missing SQLite file is an error, not a new empty file."""
     url = url_from_arg(db)
-    if url.startswith("sqlite:///"):
-        path = Path(url.removeprefix("sqlite:///"))
-        if str(path) != ":memory:" and not path.is_file():
-            raise UserError(f"--db {db}: database file not found ({path})")
+    if (path := sqlite_file(url)) is not None and str(path) != ":memory:" and not path.is_file():
+        raise UserError(f"--db {db}: database file not found ({path})")
     return url
 
 
 def _writable(url: str) -> bool:
     """Whether an upgrade could write the SQLite file at ``url`` (and its folder, for the journal);
     True for a server, whose permissions are its own to say."""
-    if not url.startswith("sqlite:///"):
+    if (path := sqlite_file(url)) is None:
         return True
-    path = Path(url.removeprefix("sqlite:///"))
     return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
 
 
@@ -639,8 +644,7 @@ def connect_read_only(url: str) -> Engine:
     ``-wal`` file present a sweep may be writing, and ``mode=ro`` reads through its index.
     PostgreSQL: every transaction of the session is read-only. The schema is not upgraded.
     """
-    if url.startswith("sqlite:///"):
-        path = Path(url.removeprefix("sqlite:///"))
+    if (path := sqlite_file(url)) is not None:
         flag = "mode=ro" if Path(f"{path}-wal").exists() else "immutable=1"
         return create_engine(f"sqlite:///file:{path}?{flag}&uri=true")
     if url.startswith("postgresql"):
@@ -732,8 +736,8 @@ def connect(url: str, check: bool = False) -> Engine:
     that start work or repair do (a sweep, import, upgrade); a job's own connection skips it."""
     if check:
         refuse_damage(url)
-    if url.startswith("sqlite:///"):
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    if (path := sqlite_file(url)) is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
     engine = make_engine(url)
     with _migrate_lock:
         upgrade(engine)
@@ -755,11 +759,10 @@ def file_damage(url: str) -> str | None:
     Run before the schema is touched: a damaged file failed later with whatever the first read
     of the broken page raised (a UnicodeDecodeError, "database disk image is malformed"). It reads
     the whole file: about 0.35 s for 258 MB."""
-    if not url.startswith("sqlite:///") or not Path(url.removeprefix("sqlite:///")).is_file():
+    if (path := sqlite_file(url)) is None or not path.is_file():
         return None
     import sqlite3
 
-    path = Path(url.removeprefix("sqlite:///"))
     try:
         flag = "mode=ro" if Path(f"{path}-wal").exists() else "immutable=1"  # as connect_read_only: read-only media
         con = sqlite3.connect(f"file:{path}?{flag}", uri=True, timeout=30)

@@ -25,7 +25,16 @@ from sqlalchemy import select
 
 from perfsweep import importer, job_entry, store
 from perfsweep.names import HEARTBEAT_STALE_S
-from tests.util import TINY, new_db_url, read_only, run_perfsweep, run_row, start_as_in_a_terminal, wait_for
+from tests.util import (
+    TINY,
+    new_db_url,
+    read_only,
+    run_perfsweep,
+    run_row,
+    start_as_in_a_terminal,
+    start_perfsweep,
+    wait_for,
+)
 from tests.util import sqlite_rows as rows
 
 pytest_plugins = ["tests.pg"]
@@ -493,13 +502,8 @@ def test_a_result_outlives_its_database_file_and_job_folder_deleted_while_it_ran
     written, named in the last line, and imported from there (the job itself reports a failure:
     it could not write its artifacts into the folder it lost)."""
     tiny = [o for o in TINY if not o.startswith(("steps.measure", "profile."))]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "perfsweep", "-m", "steps.measure=1500", "profile.enabled=false", *tiny],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "TMPDIR": str(tmp_path / "tmp"), "PYTHONUNBUFFERED": "1"},
+    proc = start_perfsweep(
+        ["-m", "steps.measure=1500", "profile.enabled=false", *tiny], tmp_path, env={"TMPDIR": str(tmp_path / "tmp")}
     )
     (tmp_path / "tmp").mkdir()
     db = tmp_path / "results.db"
@@ -833,14 +837,7 @@ def test_a_database_file_deleted_between_jobs_is_named_not_a_foreign_key(tmp_pat
     sweep ... in ..." (found by a new-user review). Each line now says the file went; both results
     are kept and imported."""
     tiny = [o for o in TINY if not o.startswith(("steps.measure", "profile."))]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "perfsweep", "-m", "steps.measure=50,3", "profile.enabled=false", *tiny],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    proc = start_perfsweep(["-m", "steps.measure=50,3", "profile.enabled=false", *tiny], tmp_path)
     db = tmp_path / "results.db"
     wait_for(lambda: db.exists() and rows(db, "SELECT count(*) AS n FROM runs WHERE status = 'running'")[0]["n"] == 1)
     for f in tmp_path.glob("results.db*"):

@@ -47,6 +47,18 @@ def run_perfsweep(
     )
 
 
+def start_perfsweep(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """:func:`run_perfsweep` without waiting: the sweep runs while the test breaks something."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "perfsweep", *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+    )
+
+
 def start_as_in_a_terminal(argv: list[str], cwd: Path) -> subprocess.Popen:
     """Start a command as a terminal would (its own process group, Ctrl-C not ignored), with its
     output piped: ``os.killpg(proc.pid, SIGINT)`` is then a Ctrl-C to it and its jobs."""
