@@ -12,9 +12,8 @@
 #   tests     the whole suite on the GPU machine (issue 9.7: must pass, in under 10 minutes); the
 #             PostgreSQL, SLURM and HTA tests skip there (no server binaries; HTA needs plotly and jupyterlab)
 #   sweeps    -cn minigpt_seed (fp16, the source's study), gpt2_small with padding (bf16 + compile: the
-#             40% MFU target of issue 9), the memory ledger on a live GPU (issue 15)
-#   benches   allocator-history cost (9.4), sync vs events timing (12.4), nproc=1 vs plain (14),
-#             perfsweep against a bare loop on CUDA (12.7)
+#             40% MFU target of issue 9), the allocator-history cost with and without checkpointing (9.4)
+#   benches   sync vs events timing (12.4), nproc=1 vs plain (14), perfsweep against a bare loop on CUDA (12.7)
 #
 # On the device: bash benchmarks/gpu_session.sh tests   (and so on; every stage installs first, since
 # the machine may be a fresh one). Write only figures these logs show into docs/benchmarks.md.
@@ -52,7 +51,11 @@ exec > >(tee "$log") 2>&1
 export PYTHONUNBUFFERED=1
 read -r -a extra <<<"${REHEARSE:-}"
 if [ -z "${REHEARSE:-}" ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl \
+  # pytest and xdist come only where the image lacks them: its own match its other pytest plugins
+  python3 -c "import pytest, xdist" 2>/dev/null && wheels=$(ls .whl/*.whl | grep -Ev '/(pytest|pluggy|iniconfig|execnet)') \
+    || wheels=$(ls .whl/*.whl)
+  # shellcheck disable=SC2086
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir $wheels \
     && python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . \
     || { echo "install failed: was .whl carried? (run: bash benchmarks/gpu_session.sh wheels, here)"; exit 2; }
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
@@ -66,28 +69,41 @@ rc=0  # the stage's exit code: the last failure's, so one failing check does not
 check() { "$@" || { rc=$?; echo "!!! exit code $rc: ${*:2}"; }; }
 sweep() { check timeout "$1" bash -c 'cd "$0" && python3 -m perfsweep "$@"' "$work" "${@:2}" "${extra[@]}"; }
 bench() { check timeout "$1" python3 "${@:2}" "${extra[@]}"; }
+query() {
+  check python3 -m perfsweep query --db "$work/results.db" "SELECT sweep_id, amp, ckpt, model_name, vocab_size_padded,
+    batch, seq_len, status, step_time_ms_median, step_time_ms_p10, step_time_ms_p90, step_time_cv, tokens_per_s, mfu,
+    gpu_busy_ms, gpu_busy_fraction, bottleneck, peak_allocated_bytes, predicted_peak_bytes, compile_time_ms,
+    compile_cache, timing_mode, duration_s FROM runs"
+  check python3 -m perfsweep query --db "$work/results.db" "SELECT r.sweep_id, r.amp, r.ckpt, r.vocab_size_padded,
+    s.stage, s.cpu_time_ms, s.device_time_ms, s.device_time_source FROM stages s JOIN runs r ON r.id = s.run_id"
+}
 
 case "$stage" in
   tests)
-    step "pytest (whole suite; PostgreSQL and SLURM tests skip where their binaries are absent)"
-    check timeout 540 python3 -m pytest -q -p no:cacheprovider --durations=25 --junitxml="$work/junit.xml" -x
+    # -v: a line per test, so a log cut short still says what passed; SIGINT at the limit makes
+    # pytest print its summary of what ran. The GPU tests and the three that failed on the first GPU
+    # run go first, then the whole suite as the README runs it (its addopts: up to 4 xdist workers).
+    step "pytest: the GPU tests and the tests that failed on the first GPU machine"
+    check timeout -s INT 200 python3 -m pytest -v -p no:cacheprovider tests/test_gpu.py \
+      tests/test_profiling.py tests/test_packaging.py "tests/test_sweep.py::test_default_sweep_rows"
+    step "pytest: the whole suite, as the README runs it"
+    check timeout -s INT 540 python3 -m pytest -v -p no:cacheprovider --durations=25
     ;;
   sweeps)
     step "the source's study: minigpt_seed, fp16, amp x ckpt"
     sweep 200 -m -cd "$PWD/experiments" -cn minigpt_seed
-    step "gpt2_small, bf16 + compile, cl100k padded to a multiple of 128, batch 16 x 1024 (the 40% MFU target)"
+    step "gpt2_small, bf16 + compile, batch 16 x 1024, cl100k padded to a multiple of 128 and unpadded (the 40% MFU target)"
     sweep 200 -m -cd "$PWD/experiments" -cn gpt2_batch_seq batch=16 seq_len=1024 model.vocab_multiple=128,1
     step "stored figures"
-    check python3 -m perfsweep query --db "$work/results.db" "SELECT sweep_id, amp, ckpt, model_name, vocab_size_padded,
-      batch, seq_len, status, step_time_ms_median, step_time_cv, tokens_per_s, mfu, gpu_busy_fraction, bottleneck,
-      peak_allocated_bytes, predicted_peak_bytes, predicted_peak_error, compile_time_ms, timing_mode FROM runs"
-    check python3 -m perfsweep query --db "$work/results.db" "SELECT r.sweep_id, r.amp, r.ckpt, r.vocab_size_padded,
-      s.stage, s.cpu_time_ms, s.device_time_ms, s.device_time_source FROM stages s JOIN runs r ON r.id = s.run_id"
+    query
+    step "allocator history: recording on vs off, checkpointing with dropout 0.1 then without (minigpt_seed fp16)"
+    bench 90 benchmarks/bench_memory_history.py --rounds 3 model=minigpt_seed amp=true amp_dtype=fp16 ckpt=true
+    bench 90 benchmarks/bench_memory_history.py --rounds 3 model=minigpt_seed amp=true amp_dtype=fp16
+    step "gpt2_small, bf16 + compile, batch 16 x 2048, padded"
+    sweep 120 -m -cd "$PWD/experiments" -cn gpt2_batch_seq batch=16 seq_len=2048
+    query
     ;;
   benches)
-    step "allocator history: recording on vs off (minigpt_seed fp16, then with ckpt)"
-    bench 90 benchmarks/bench_memory_history.py --rounds 3 model=minigpt_seed amp=true amp_dtype=fp16
-    bench 90 benchmarks/bench_memory_history.py --rounds 3 model=minigpt_seed amp=true amp_dtype=fp16 ckpt=true
     step "timing=sync vs timing=events"
     bench 120 benchmarks/bench_timing_modes.py --rounds 3
     step "nproc=1 (one-rank DDP over NCCL) vs a plain process"
