@@ -192,7 +192,8 @@ def config_labels(df: pd.DataFrame, axes: Sequence[str], unique: bool = True) ->
         ]
     out = pd.Series(labels, index=df.index, dtype=object)
     dup = out.duplicated(keep=False) & unique
-    out[dup] = out[dup] + " #" + df.loc[dup, "id"].astype(str)
+    # built in Python: pandas 3.0 with pyarrow refuses object + its own str dtype (even when empty)
+    out[dup] = [f"{label} #{run_id}" for label, run_id in zip(out[dup], df.loc[dup, "id"], strict=True)]
     return out
 
 

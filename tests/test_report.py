@@ -1015,6 +1015,17 @@ def test_a_large_float_setting_is_labelled_as_written() -> None:
     assert config_labels(df, label_axes(df)).tolist() == ["lr=0.001", "lr=1e+30"]
 
 
+@pytest.mark.parametrize("ids", [[1, 2, 3], [1, 2]], ids=["with-ties", "without-ties"])
+def test_tied_labels_take_their_run_id_with_the_str_dtype(ids: list[int]) -> None:
+    """Run ids break ties, and a label without a tie is left as it is, whatever pandas stores
+    strings in: pandas 3.0 with pyarrow refused ``object + str`` even with no tie to break, and
+    every summary and report crashed on the H100 image (2026-11-26)."""
+    df = pd.DataFrame({"id": ids, **{a: [0] * len(ids) for a in CONFIG_AXES}})
+    df["batch"] = [8, 8, 16] if len(ids) == 3 else [8, 16]
+    want = ["batch=8 #1", "batch=8 #2", "batch=16"] if len(ids) == 3 else ["batch=8", "batch=16"]
+    assert config_labels(df, label_axes(df)).tolist() == want
+
+
 def test_one_config_label_names_the_techniques_that_are_on() -> None:
     """A single compiled AMP run (nothing differs) is not labelled like a plain eager one."""
     df = pd.DataFrame({"id": [1], **{a: [0] for a in CONFIG_AXES}}).assign(model_name="tiny", batch=8, seq_len=256)
