@@ -60,7 +60,8 @@ def test_hand_count_of_a_small_model() -> None:
     # checkpointed: each block keeps its fp32 input; here the loss's buffers dominate
     tokens = 64 * 64
     assert ckpt.activations_bytes == tokens * (2 * 4 * 32 + 4 * 32 + 4 * 32)
-    assert ckpt.logits_bytes == 12 * tokens * 256 and ckpt.phase == "backward_start"
+    # on CUDA one fp32 copy more than on CPU is live at the start of backward: 16 bytes per logit
+    assert ckpt.logits_bytes == 16 * tokens * 256 and ckpt.phase == "backward_start"
     assert ckpt.slack_bytes == int(ledger.CUDA_SLACK_FRACTION * ckpt.peak_bytes)
     assert ckpt.reserved_bytes == ckpt.peak_bytes + ckpt.slack_bytes
 
@@ -93,34 +94,39 @@ def test_block_activations_are_what_torch_saves(dropout: float, amp: bool, shape
     assert predicted == pytest.approx(measured, rel=0.005)
 
 
-# Runs of the shared H100 databases (the shared folder gpu/h100-2026-11-22, results-bf16-seed-gpt2-batch-seq.db,
-# sweeps 1 and 2, 2026-11-22; torch 2.11, H100 80GB HBM3, 79.1 GiB): shape, vocabulary as stored
-# (before padding), settings, measured peak_allocated_bytes in MiB (None: the run ran out of memory).
-MINIGPT = GPTShape(12, 4, 768, 3072, 1024, 10_000, True, 0.1)
-GPT2_SMALL = GPTShape(12, 12, 768, 3072, 2048, 100_277, True, 0.0)
+# Runs on an H100 80GB HBM3 (torch 2.11.0+cu130, perfsweep commit 87cb5b2, 2026-11-26, benchmarks/gpu_session.sh
+# sweeps and tests; docs/benchmarks.md): shape, padded vocabulary, settings, measured peak_allocated_bytes. The
+# model=small row is tests/test_gpu.py's checkpointed job; its peak is the one its stored predicted_peak_error
+# (-0.18991 against the 332,736,000 bytes the ledger then predicted) implies.
+MINIGPT = GPTShape(12, 4, 768, 3072, 1024, 10_112, True, 0.1)
+GPT2_SMALL = GPTShape(12, 12, 768, 3072, 2048, 100_352, True, 0.0)
+GPT2_UNPADDED = GPTShape(12, 12, 768, 3072, 2048, 100_277, True, 0.0)
 H100_RUNS = [
-    (MINIGPT, Setting(2, 1024, True, True, False, "cuda"), 1635),
-    (MINIGPT, Setting(2, 1024, True, False, False, "cuda"), 2312),
-    (MINIGPT, Setting(2, 1024, False, True, False, "cuda"), 1695),
-    (MINIGPT, Setting(2, 1024, False, False, False, "cuda"), 2662),
-    (GPT2_SMALL, Setting(16, 1024, True, False, True, "cuda"), 20083),
-    (GPT2_SMALL, Setting(16, 2048, True, False, True, "cuda"), 37924),
-    (GPT2_SMALL, Setting(64, 1024, True, False, True, "cuda"), 73523),
-    (GPT2_SMALL, Setting(64, 2048, True, False, True, "cuda"), None),
+    (MINIGPT, Setting(2, 1024, True, True, False, "cuda"), 1_705_255_936),
+    (MINIGPT, Setting(2, 1024, True, False, False, "cuda"), 2_395_523_584),
+    (MINIGPT, Setting(2, 1024, False, True, False, "cuda"), 1_696_135_680),
+    (MINIGPT, Setting(2, 1024, False, False, False, "cuda"), 2_715_496_448),
+    (GPT2_SMALL, Setting(16, 1024, True, False, True, "cuda"), 17_751_604_224),
+    (GPT2_UNPADDED, Setting(16, 1024, True, False, True, "cuda"), 17_778_747_904),
+    (GPT2_SMALL, Setting(16, 2048, True, False, True, "cuda"), 33_162_402_816),
+    (GPTShape(4, 4, 256, 1024, 1024, 10_112, True, 0.1), Setting(8, 256, True, True, False, "cuda"), 410_739_200),
 ]
 H100_FREE_BYTES = int(79.1 * 2**30)
 
 
-@pytest.mark.parametrize(("shape", "setting", "measured_mib"), H100_RUNS)
-def test_h100_peaks_within_15_percent_and_the_oom_cell_skipped(
-    shape: GPTShape, setting: Setting, measured_mib: int | None
-) -> None:
+@pytest.mark.parametrize(("shape", "setting", "measured_bytes"), H100_RUNS)
+def test_h100_peaks_within_5_percent(shape: GPTShape, setting: Setting, measured_bytes: int) -> None:
     predicted = ledger.predict_gpt(shape, setting)
-    if measured_mib is None:  # 64 x 2048 ran out of memory: the rule would not have started it
-        assert not predicted.fits(H100_FREE_BYTES)
-        return
-    assert predicted.peak_bytes == pytest.approx(measured_mib * 2**20, rel=0.15)
+    assert predicted.peak_bytes == pytest.approx(measured_bytes, rel=0.05)
     assert predicted.fits(H100_FREE_BYTES)  # every config that ran would have run
+
+
+def test_the_h100_oom_cell_is_skipped_and_its_neighbour_runs() -> None:
+    """The shared H100 database (../shared/gpu/h100-2026-11-22, an older perfsweep): gpt2_small
+    bf16 + compile at batch 64 x 2048 ran out of memory on the 79.1 GiB card, 64 x 1024 ran."""
+    unpadded = GPTShape(12, 12, 768, 3072, 2048, 100_277, True, 0.0)
+    assert not ledger.predict_gpt(unpadded, Setting(64, 2048, True, False, True, "cuda")).fits(H100_FREE_BYTES)
+    assert ledger.predict_gpt(unpadded, Setting(64, 1024, True, False, True, "cuda")).fits(H100_FREE_BYTES)
 
 
 def test_a_config_predicted_not_to_fit_is_skipped_not_run(tmp_path: Path) -> None:
