@@ -1,0 +1,97 @@
+"""What perfsweep prints and draws from a database a live H100 sweep wrote (2026-11-26; see
+tests/fixtures/h100-2026-11-26/README.md): stage GPU times from kernels attributed by launch,
+the verdicts, and the README's "On a GPU" table, which must be this version's output.
+
+Every figure is the one measured on the H100; only the reading runs here, on a copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from perfsweep import store, summary
+from perfsweep.names import DEVICE_TIME_BY_LAUNCH
+from perfsweep.report.build import make_report
+from tests.util import run_perfsweep
+
+LIVE = Path(__file__).parent / "fixtures" / "h100-2026-11-26" / "results.db"
+README = Path(__file__).parent.parent / "README.md"
+
+
+@pytest.fixture
+def live_db(tmp_path: Path) -> Path:
+    db = tmp_path / "results.db"
+    shutil.copy(LIVE, db)
+    return db
+
+
+def _summary(db: Path, sweep_id: int, swept: list[str]) -> str:
+    engine = store.connect(f"sqlite:///{db}")
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            summary._print_summary(engine, sweep_id, False, swept=swept)
+    finally:
+        engine.dispose()
+    return out.getvalue()
+
+
+def test_the_readme_shows_this_versions_summary_of_the_h100_sweep(live_db: Path) -> None:
+    printed = _summary(live_db, 1, ["amp", "ckpt"])
+    table = printed.strip().split("\n\n")[0]  # "Sweep 1 (...)", the header and a line per job
+    section = README.read_text().split("## On a GPU", 1)[1]
+    block = re.search(r"```\n(Sweep 1 .*?)\n```", section, re.S)
+    assert block is not None, "README's On a GPU section has no summary block"
+    assert block.group(1) == "\n".join(table.splitlines()[:6])
+    lines = {line.split()[0]: line for line in table.splitlines()[2:6]}
+    # AMP at batch 2: the GPU waits on the host; fp32 keeps it busy
+    assert lines["2"].split()[1:3] == ["on", "off"] and " 34% " in lines["2"] and lines["2"].endswith("host")
+    assert lines["4"].split()[1:3] == ["off", "off"] and " 98% " in lines["4"] and lines["4"].endswith("gpu")
+
+
+def test_stage_gpu_times_include_backward(live_db: Path) -> None:
+    """Each run's stages: kernels attributed to the stage that launched them, so backward's
+    (launched from autograd's thread) are counted, and it outweighs forward."""
+    engine = store.connect(f"sqlite:///{live_db}")
+    try:
+        with engine.connect() as conn:
+            rows = conn.exec_driver_sql(
+                "SELECT run_id, stage, device_time_ms, device_time_source FROM stages"
+            ).fetchall()
+            n_runs = conn.exec_driver_sql("SELECT COUNT(*) FROM runs").scalar_one()
+    finally:
+        engine.dispose()
+    by_run: dict[int, dict[str, float]] = {}
+    for run_id, stage, ms, source in rows:
+        assert source == DEVICE_TIME_BY_LAUNCH
+        by_run.setdefault(run_id, {})[stage] = ms
+    assert len(by_run) == n_runs == 7
+    for stages in by_run.values():
+        assert stages["backward"] > stages["forward"] > 0 and stages["optimizer_step"] > 0
+
+
+def test_report_of_the_h100_sweeps_draws_the_gpu_charts(live_db: Path, tmp_path: Path) -> None:
+    """The user's command, spawned: a report of every sweep in the database, with the GPU chart
+    and a breakdown that has a GPU panel; the database is left as it was."""
+    before = live_db.read_bytes()
+    out = tmp_path / "report"
+    res = run_perfsweep(["report", "--db", str(live_db), "--sweep", "1", "--out", str(out)], tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert (out / "gpu.png").stat().st_size > 0 and (out / "breakdown.png").stat().st_size > 0
+    text = (out / "report.md").read_text()
+    assert "| 34% | host |" in text and "| 98% | gpu |" in text
+    assert live_db.read_bytes() == before
+    engine = store.connect(f"sqlite:///{live_db}")
+    try:
+        rep = make_report(engine, [2])
+    finally:
+        engine.dispose()
+    breakdown = rep.charts["breakdown"]
+    assert len(breakdown.figure.axes) >= 2 and "GPU kernel time" in breakdown.figure.axes[1].get_title("left")
+    assert rep.charts["gpu"].skipped is None
