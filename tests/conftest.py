@@ -13,6 +13,21 @@ import pytest
 pytest_plugins = ["tests.pg"]
 
 
+def _share_the_cores() -> None:
+    """Each pytest-xdist worker's jobs get its share of the cores. Each job otherwise starts
+    torch's default thread count (every core), so 2 workers on 2 cores ran 4 busy threads, and 4
+    workers on a 16-core GPU machine ran 64. The spinning OpenMP threads slowed the suite: on 2
+    cores, test_sweep.py with test_lifecycle.py took 187 s this way against 223 s. A job's
+    OMP_NUM_THREADS is torch's default thread count. A value the user set is kept; a test that
+    sets ``threads`` or gives a job a launcher slot still gets what it asks for."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // workers))
+
+
+_share_the_cores()  # before any job starts; this process's own torch keeps its threads
+
+
 @pytest.fixture(scope="session", autouse=True)
 def token_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One token cache for the whole session, so the stdlib corpus is tokenized at most once.
