@@ -51,3 +51,14 @@ def sigint_as_in_a_terminal() -> Iterator[None]:
     yield
     if ignored:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With ``PERFSWEEP_TEST_FAILURES=FILE``, each failure's traceback is appended to FILE when it
+    happens, not in the summary at the end: a suite cut off at a time limit (a lent GPU's
+    minutes) keeps the tracebacks of what failed before. Written by the controller alone (an
+    xdist worker's report reaches it too)."""
+    path = os.environ.get("PERFSWEEP_TEST_FAILURES")
+    if path and report.failed and not os.environ.get("PYTEST_XDIST_WORKER"):
+        with open(path, "a", encoding="utf-8") as out:
+            out.write(f"=== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
