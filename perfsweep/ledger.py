@@ -33,12 +33,13 @@ Sources:
   model=small bf16 AMP with checkpointing, batch 8 x 256), which left the predicted peaks 1.1%
   low to 1.2% high; with 12 they were 3% to 19% low. Which tensor the fourth copy is was not
   traced (it needs a memory snapshot on a GPU). Under torch.compile with AMP, Inductor fuses the
-  upcast and the loss: 6 bytes per logit, on CUDA (gpt2_small, bf16 + compile, batch 16 x
-  seq_len 1024 and 2048, the same H100 session: 0.3% and 0.4% off) and on CPU (model=tiny,
+  upcast and the loss: 6 bytes per logit, on CUDA (gpt2_small, bf16 + compile, the same H100
+  session: 0.3% to 0.6% low at batch 16 x seq_len 1024 and 2048) and on CPU (model=tiny,
   bf16 + compile, batch 2/4/16 x seq_len 128/256, vocab 8192, torch 2.13 on a Xeon,
   2026-11-24: 6.0 each). The 8 bytes once calibrated on the shared H100 runs
   (../shared/gpu/h100-2026-11-22, commit 6f6ede7) measured a training step that still held the
-  bf16 logits through backward (2 bytes per logit), which perfsweep's step no longer does.
+  bf16 logits through backward (2 bytes per logit: ``_, loss = self.model(x, y)``), which
+  perfsweep's step no longer does.
   Compiled in fp32 there is no upcast to fuse: eager's figure (measured on CPU).
 
 The peak is the larger of two moments: the start of backward (every saved activation and the
@@ -58,8 +59,8 @@ MASK = 1  # dropout masks are bool tensors
 CUDA_SLACK_FRACTION = 0.15
 """Reserved-but-unused memory of the CUDA caching allocator, as a share of the allocated peak:
 on an H100 (torch 2.11, commit 87cb5b2, 2026-11-26: minigpt_seed amp x ckpt and gpt2_small bf16 +
-compile, 7 runs) peak reserved / peak allocated was 1.03-1.19, median 1.156, highest with
-checkpointing (many small blocks). The shared H100 runs of an older perfsweep gave 1.02-1.21,
+compile, 7 runs) peak reserved / peak allocated was 1.03-1.19, median 1.156, the highest for
+minigpt_seed fp16 with checkpointing. The shared H100 runs of an older perfsweep gave 1.02-1.21,
 median 1.065. Stored as ``predicted_slack_bytes`` and added only by
 :attr:`Ledger.reserved_bytes`; the predicted peak compares with allocated bytes."""
 
