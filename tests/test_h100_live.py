@@ -20,7 +20,7 @@ from perfsweep.names import DEVICE_TIME_BY_LAUNCH
 from perfsweep.report.build import make_report
 from tests.util import run_perfsweep
 
-LIVE = Path(__file__).parent / "fixtures" / "h100-2026-11-26" / "results.db"
+LIVE = Path(__file__).parent / "fixtures" / "h100-2026-11-26" / "results-seed-gpt2.db"
 README = Path(__file__).parent.parent / "README.md"
 
 
