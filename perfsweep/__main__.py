@@ -28,6 +28,11 @@ from perfsweep.names import EXIT_0_STATUSES, NOT_OVERRIDES, SWEEP_MARKER
 # answers in about a second instead of paying for torch first.
 
 
+STACKS_ENV = "PERFSWEEP_STACKS_ON_SIGUSR1"
+"""Set to 1, a sweep prints every thread's Python stack to stderr on SIGUSR1 and goes on
+(faulthandler). Off by default: SIGUSR1 otherwise ends the process, and a scheduler may send it."""
+
+
 def register() -> None:
     """Make perfsweep's configs and sweeper known to Hydra (idempotent).
 
@@ -297,6 +302,10 @@ def main() -> None:
     # the user still shows the whole traceback.
     full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"
+    if os.environ.get(STACKS_ENV) == "1":  # a sweep that seems stuck: `kill -USR1 PID` shows where it waits
+        import faulthandler
+
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     interrupts.install()
     preflight.note_launch_dir()  # before Hydra makes a plain run's folder: what a refusal may remove
     try:

@@ -26,6 +26,7 @@ def _share_the_cores() -> None:
 
 
 _share_the_cores()  # before any job starts; this process's own torch keeps its threads
+os.environ.setdefault("PERFSWEEP_STACKS_ON_SIGUSR1", "1")  # tests.util.finish asks a stuck sweep where it waits
 
 
 @pytest.fixture(scope="session", autouse=True)

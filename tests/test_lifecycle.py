@@ -27,6 +27,7 @@ from perfsweep import importer, job_entry, store
 from perfsweep.names import HEARTBEAT_STALE_S
 from tests.util import (
     TINY,
+    finish,
     new_db_url,
     read_only,
     run_perfsweep,
@@ -148,7 +149,7 @@ def test_a_sweep_waiting_for_a_locked_database_says_so_then_runs(tmp_path: Path)
     finally:
         other.execute("ROLLBACK")
         other.close()
-    out, err = proc.communicate(timeout=300)
+    out, err = finish(proc, 300)
     assert proc.returncode == 0, err[-2000:]
     assert rows(db, "SELECT status FROM runs") == [{"status": "ok"}]
 
@@ -232,7 +233,7 @@ def test_a_job_killed_with_sigkill_by_a_user_is_not_blamed_on_memory(tmp_path: P
     )
     wait_for(lambda: db.exists() and rows(db, "SELECT count(*) AS n FROM runs")[0]["n"] == 1)
     os.kill(job_process(proc.pid), signal.SIGKILL)
-    out, err = proc.communicate(timeout=120)
+    out, err = finish(proc, 120)
     assert proc.returncode == 1, err[-2000:]
     killed, other = rows(db, "SELECT status, error FROM runs ORDER BY job_num")
     assert killed["status"] == "failed" and other["status"] == "ok", (killed, other)
@@ -512,7 +513,7 @@ def test_a_result_outlives_its_database_file_and_job_folder_deleted_while_it_ran
     db.unlink()  # another connection may create an empty one in its place: 'replaced' then
     shutil.rmtree(job_dir)
     with read_only(job_dir.parent):  # nor can the job's folder be made again (a full disk does the same)
-        out, err = proc.communicate(timeout=300)
+        out, err = finish(proc, 300)
     assert proc.returncode == 1, err[-3000:]
     assert "database write failed (the database file " in err and " while the job ran)" in err, err[-3000:]
     (kept,) = list((tmp_path / "tmp" / "perfsweep-unsaved").rglob("result.json"))
@@ -748,7 +749,7 @@ def test_ctrl_c_as_the_last_job_exits_closes_the_sweep_done_with_nothing_to_resu
         "cli()\n"
     )
     proc = start_as_in_a_terminal([sys.executable, "-c", driver, "-m", "device=cpu", "amp=true", *TINY], tmp_path)
-    out, err = proc.communicate(timeout=120)
+    out, err = finish(proc, 120)
     assert proc.returncode == 130, err[-2000:]
     assert [r["status"] for r in rows(db, "SELECT status FROM runs ORDER BY job_num")] == ["ok"]
     if close == "refused":
@@ -793,7 +794,7 @@ def test_ctrl_c_as_a_finished_sweep_closes_keeps_its_figures_and_names_the_repor
         if line.startswith("closing the sweep"):
             os.killpg(proc.pid, signal.SIGINT)
             break
-    out, err = proc.communicate(timeout=60)
+    out, err = finish(proc, 60)
     err = "".join(lines) + err
     assert proc.returncode == 130, err[-2000:]
     db = tmp_path / "results.db"
@@ -821,7 +822,7 @@ def test_a_second_ctrl_c_while_a_job_stops_skips_the_summary(tmp_path: Path):
     for _ in range(3):
         os.killpg(proc.pid, signal.SIGINT)
         time.sleep(0.05)
-    out, err = proc.communicate(timeout=90)
+    out, err = finish(proc, 90)
     assert proc.returncode == 130, err[-2000:]
     assert "Sweep 1" not in out, out[-2000:] + err[-2000:]
     assert [r["status"] for r in rows(db, "SELECT status FROM runs")] == ["interrupted"]
@@ -842,7 +843,7 @@ def test_a_database_file_deleted_between_jobs_is_named_not_a_foreign_key(tmp_pat
     wait_for(lambda: db.exists() and rows(db, "SELECT count(*) AS n FROM runs WHERE status = 'running'")[0]["n"] == 1)
     for f in tmp_path.glob("results.db*"):
         f.unlink()
-    out, err = proc.communicate(timeout=300)
+    out, err = finish(proc, 300)
     assert proc.returncode == 1, err[-3000:]
     assert "FOREIGN KEY" not in out + err, (out + err)[-3000:]
     gone = "sweep 1 is not in the database: its file was deleted or replaced after the sweep began"

@@ -17,7 +17,7 @@ import pytest
 from perfsweep import slots
 from perfsweep.config import ConfigError
 from perfsweep.names import interrupted_tail
-from tests.util import TINY, run_perfsweep, start_as_in_a_terminal, wait_for
+from tests.util import TINY, finish, run_perfsweep, start_as_in_a_terminal, wait_for
 from tests.util import sqlite_rows as rows
 
 CPUS = slots.usable_cpus()
@@ -145,7 +145,7 @@ def test_stopping_the_sweep_stops_every_running_job_and_marks_it(how: str, tmp_p
     if how == "ctrl-c-then-sigterm":  # a SIGTERM cut the stopping short too, and made the exit 143
         time.sleep(0.3)
         proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=90)
+    out, err = finish(proc, 90)
     assert proc.returncode == (143 if how == "sigterm" else 130), err[-2000:]  # never killed by the second
     runs = rows(db, "SELECT status, error FROM runs")
     assert [r["status"] for r in runs] == ["interrupted", "interrupted"], runs

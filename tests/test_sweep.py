@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +13,7 @@ import pytest
 
 from perfsweep import envinfo, metrics
 from perfsweep.names import interrupted_tail
-from tests.util import TINY, run_perfsweep, start_as_in_a_terminal, wait_for
+from tests.util import TINY, finish, run_perfsweep, start_as_in_a_terminal, wait_for
 from tests.util import sqlite_rows as rows
 
 
@@ -263,7 +265,7 @@ def test_ctrl_c_keeps_finished_jobs_and_leaves_no_process(tmp_path: Path):
     wait_for(lambda: db.exists() and rows(db, "SELECT count(*) AS n FROM runs WHERE status = 'ok'")[0]["n"] == 1)
     time.sleep(3)
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends: the whole process group
-    out, err = proc.communicate(timeout=60)
+    out, err = finish(proc, 60)
     assert proc.returncode == 130, err[-2000:]
     assert "interrupted" in err and "(2 runs, 1 ok)" in out
     assert "leaked semaphore" not in err, err[-2000:]
@@ -301,7 +303,7 @@ def test_ctrl_c_in_a_single_run_says_to_run_it_again(tmp_path: Path):
     wait_for(lambda: db.exists() and rows(db, "SELECT count(*) AS n FROM runs WHERE status = 'running'")[0]["n"] == 1)
     time.sleep(3)
     os.killpg(proc.pid, signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    _, err = finish(proc, 60)
     assert proc.returncode == 130, err[-2000:]
     (run,) = rows(db, "SELECT status, error FROM runs")
     assert run == {"status": "interrupted", "error": f"interrupted (SIGINT) {interrupted_tail(multirun=False)}"}
@@ -440,3 +442,19 @@ def test_repeats_run_in_rounds_share_the_config_and_get_intervals(tmp_path: Path
     summary = res.stdout[res.stdout.index("Sweep 1") :]
     assert "runs" in summary and "speedup (95% CI)" in summary and "baseline" in summary
     assert f"{expected.value:.2f}x ({expected.lo:.2f}-{expected.hi:.2f})" in summary
+
+
+def test_a_sweep_that_seems_stuck_shows_where_each_thread_waits(tmp_path: Path):
+    """PERFSWEEP_STACKS_ON_SIGUSR1=1 (set for the tests): SIGUSR1 prints every thread's stack and
+    the sweep goes on; tests.util.finish fails a test whose sweep outlived its time with them."""
+    tiny = [o for o in TINY if not o.startswith("steps.measure")]
+    proc = start_as_in_a_terminal(
+        [sys.executable, "-m", "perfsweep", "device=cpu", "steps.measure=100000000", *tiny], tmp_path
+    )
+    wait_for(lambda: (tmp_path / "results.db").exists())
+    with pytest.raises(pytest.fail.Exception) as failed:
+        finish(proc, 3)
+    text = str(failed.value)
+    assert "still running after 3 s" in text and "(most recent call first)" in text
+    assert "perfsweep/launcher.py" in text  # the main thread waits on its job there
+    assert proc.returncode == -signal.SIGKILL  # alive after the dump, until finish killed it

@@ -59,6 +59,27 @@ def start_perfsweep(args: list[str], cwd: Path, env: dict[str, str] | None = Non
     )
 
 
+def finish(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
+    """``proc.communicate(timeout)``; a sweep still running then fails the test with every
+    thread's stack (perfsweep.__main__.STACKS_ENV, which tests/conftest.py sets), so a hang that
+    shows once in CI says where it waited. The process group is killed afterwards."""
+    import signal
+
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        with contextlib.suppress(ProcessLookupError):
+            if os.getpgid(proc.pid) == proc.pid:  # its own group (start_as_in_a_terminal): its jobs too
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"still running after {timeout:g} s; its stderr, with its threads' stacks:\n{err[-8000:]}")
+
+
 def start_as_in_a_terminal(argv: list[str], cwd: Path) -> subprocess.Popen:
     """Start a command as a terminal would (its own process group, Ctrl-C not ignored), with its
     output piped: ``os.killpg(proc.pid, SIGINT)`` is then a Ctrl-C to it and its jobs."""
