@@ -270,6 +270,10 @@ def unwritable_run_folder(exc: BaseException) -> str | None:
 
 def main() -> None:
     """``perfsweep report|trace|query|upgrade|import|resume ...`` run those commands; anything else is a sweep."""
+    if os.environ.get(STACKS_ENV) == "1":  # a command that seems stuck: `kill -USR1 PID` shows where it waits
+        import faulthandler
+
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     if len(sys.argv) > 1 and sys.argv[1] in SUBCOMMANDS:
         sys.exit(_subcommand(sys.argv[1], sys.argv[2:]))
     if sys.argv[1:] == ["--version"]:  # Hydra's own flag would print Hydra's version only
@@ -302,10 +306,6 @@ def main() -> None:
     # the user still shows the whole traceback.
     full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"
-    if os.environ.get(STACKS_ENV) == "1":  # a sweep that seems stuck: `kill -USR1 PID` shows where it waits
-        import faulthandler
-
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
     interrupts.install()
     preflight.note_launch_dir()  # before Hydra makes a plain run's folder: what a refusal may remove
     try:

@@ -40,7 +40,8 @@ Sources:
   (../shared/gpu/h100-2026-11-22, commit 6f6ede7) measured a training step that still held the
   bf16 logits through backward (2 bytes per logit: ``_, loss = self.model(x, y)``), which
   perfsweep's step no longer does.
-  Compiled in fp32 there is no upcast to fuse: eager's figure (measured on CPU).
+  Compiled in fp32 there is no upcast to fuse: 12 bytes, as eager on CPU (measured there; not
+  measured on CUDA).
 
 The peak is the larger of two moments: the start of backward (every saved activation and the
 loss's buffers live, no gradient yet: ``zero_grad(set_to_none=True)`` freed them) and the end of
@@ -77,12 +78,15 @@ LOGIT_BYTES_EAGER: dict[str, int] = {"cpu": 3 * FP32, "cuda": 4 * FP32}
 (see the module text); a device not measured takes CUDA's figure."""
 LOGIT_BYTES_COMPILED_AMP = 6
 """Bytes per logit at the start of backward under torch.compile with AMP, on CPU and CUDA alike."""
+LOGIT_BYTES_COMPILED_FP32 = 3 * FP32
+"""Compiled without AMP, on any device: measured on CPU only. CUDA's fourth eager copy is not
+assumed for it; predicting too little costs an oom row, too much a config skipped that fits."""
 
 
 def logit_bytes(s: Setting) -> int:
     """Bytes per logit live at the start of backward (the loss's buffers), by how the step runs."""
-    if s.compile and s.amp:
-        return LOGIT_BYTES_COMPILED_AMP
+    if s.compile:
+        return LOGIT_BYTES_COMPILED_AMP if s.amp else LOGIT_BYTES_COMPILED_FP32
     return LOGIT_BYTES_EAGER.get(s.device_type, LOGIT_BYTES_EAGER["cuda"])
 
 

@@ -25,7 +25,7 @@ def _share_the_cores() -> None:
         os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // workers))
 
 
-_share_the_cores()  # before any job starts; this process's own torch keeps its threads
+_share_the_cores()  # before any job starts, and before this process imports torch: its tests share too
 os.environ.setdefault("PERFSWEEP_STACKS_ON_SIGUSR1", "1")  # tests.util.finish asks a stuck sweep where it waits
 
 

@@ -141,3 +141,20 @@ def test_a_config_predicted_not_to_fit_is_skipped_not_run(tmp_path: Path) -> Non
     assert huge["tokens_per_s"] is None and huge["peak_allocated_bytes"] is None
     assert rows(tmp_path / "results.db", f"SELECT * FROM steps WHERE run_id = {huge['id']}") == []
     assert "skipped: predicted peak" in res.stderr
+
+
+@pytest.mark.parametrize(
+    ("compile_", "amp", "device", "want"),
+    [
+        (False, False, "cpu", 12),  # measured on CPU (the hand count above)
+        (False, True, "cpu", 12),
+        (False, False, "cuda", 16),  # fitted to the H100 runs above
+        (False, True, "cuda", 16),
+        (True, True, "cpu", 6),  # Inductor fuses the upcast into the loss
+        (True, True, "cuda", 6),
+        (True, False, "cpu", 12),
+        (True, False, "cuda", 12),  # not measured on CUDA: eager CUDA's extra copy is not assumed
+    ],
+)
+def test_bytes_per_logit_by_how_the_step_runs(compile_: bool, amp: bool, device: str, want: int) -> None:
+    assert ledger.logit_bytes(Setting(1, 1, amp, False, compile_, device)) == want

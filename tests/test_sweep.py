@@ -444,9 +444,10 @@ def test_repeats_run_in_rounds_share_the_config_and_get_intervals(tmp_path: Path
     assert f"{expected.value:.2f}x ({expected.lo:.2f}-{expected.hi:.2f})" in summary
 
 
-def test_a_sweep_that_seems_stuck_shows_where_each_thread_waits(tmp_path: Path):
-    """PERFSWEEP_STACKS_ON_SIGUSR1=1 (set for the tests): SIGUSR1 prints every thread's stack and
-    the sweep goes on; tests.util.finish fails a test whose sweep outlived its time with them."""
+def test_a_sweep_that_seems_stuck_shows_where_each_thread_waits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """PERFSWEEP_STACKS_ON_SIGUSR1=1: SIGUSR1 prints every thread's stack and the sweep goes on;
+    tests.util.finish fails a test whose sweep outlived its time with them."""
+    monkeypatch.setenv("PERFSWEEP_STACKS_ON_SIGUSR1", "1")
     tiny = [o for o in TINY if not o.startswith("steps.measure")]
     proc = start_as_in_a_terminal(
         [sys.executable, "-m", "perfsweep", "device=cpu", "steps.measure=100000000", *tiny], tmp_path
@@ -456,5 +457,6 @@ def test_a_sweep_that_seems_stuck_shows_where_each_thread_waits(tmp_path: Path):
         finish(proc, 3)
     text = str(failed.value)
     assert "still running after 3 s" in text and "(most recent call first)" in text
-    assert "perfsweep/launcher.py" in text  # the main thread waits on its job there
+    main = [block for block in text.split("\n\n") if "in hydra_main" in block]  # the thread that runs the job
+    assert len(main) == 1 and "in _run_in_child" in main[0]
     assert proc.returncode == -signal.SIGKILL  # alive after the dump, until finish killed it

@@ -48,7 +48,8 @@ def run_perfsweep(
 
 
 def start_perfsweep(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """:func:`run_perfsweep` without waiting: the sweep runs while the test breaks something."""
+    """:func:`run_perfsweep` without waiting: the sweep runs while the test breaks something. Its
+    own session, so :func:`finish` can stop its jobs with it."""
     return subprocess.Popen(
         [sys.executable, "-m", "perfsweep", *args],
         cwd=cwd,
@@ -56,6 +57,7 @@ def start_perfsweep(args: list[str], cwd: Path, env: dict[str, str] | None = Non
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        start_new_session=True,
     )
 
 
@@ -76,7 +78,10 @@ def finish(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
                 os.killpg(proc.pid, signal.SIGKILL)
             else:
                 proc.kill()
-        out, err = proc.communicate()
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired as still:  # a process outside its group holds the pipes
+            err = still.stderr.decode(errors="replace") if isinstance(still.stderr, bytes) else still.stderr or ""
         pytest.fail(f"still running after {timeout:g} s; its stderr, with its threads' stacks:\n{err[-8000:]}")
 
 
