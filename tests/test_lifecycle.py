@@ -500,29 +500,37 @@ def test_a_result_outlives_its_database_file_and_job_folder_deleted_while_it_ran
     """Fault injection: results.db and the job's folder are deleted while the job trains. The
     pooled connection kept writing into the deleted file and the result.json fallback raised into
     the void: a finished result was lost without a word. It is now kept where a file can still be
-    written, named in the last line, and imported from there (the job itself reports a failure:
-    it could not write its artifacts into the folder it lost)."""
+    written, named in the last line, and imported from there, as the ok run it was."""
     tiny = [o for o in TINY if not o.startswith(("steps.measure", "profile."))]
     proc = start_perfsweep(
         ["-m", "steps.measure=1500", "profile.enabled=false", *tiny], tmp_path, env={"TMPDIR": str(tmp_path / "tmp")}
     )
     (tmp_path / "tmp").mkdir()
     db = tmp_path / "results.db"
-    wait_for(lambda: db.exists() and rows(db, "SELECT count(*) AS n FROM runs WHERE status = 'running'")[0]["n"] == 1)
+    # the job trains: its 'running' row comes before its process starts, and a process still
+    # starting makes its folder again (CI, under load, once kept the result there)
+    said: list[str] = []
+    reader = threading.Thread(target=lambda: said.extend(iter(proc.stderr.readline, "")), daemon=True)
+    reader.start()
+    wait_for(lambda: any("measure step" in line for line in said))
     (job_dir,) = [p for p in (tmp_path / "multirun").glob("*/*/0_*")]
     db.unlink()  # another connection may create an empty one in its place: 'replaced' then
     shutil.rmtree(job_dir)
     with read_only(job_dir.parent):  # nor can the job's folder be made again (a full disk does the same)
-        out, err = finish(proc, 300)
+        proc.wait(timeout=300)
+    reader.join(timeout=30)
+    err = "".join(said)
     assert proc.returncode == 1, err[-3000:]
     assert "database write failed (the database file " in err and " while the job ran)" in err, err[-3000:]
-    (kept,) = list((tmp_path / "tmp" / "perfsweep-unsaved").rglob("result.json"))
+    kept_files = list((tmp_path / "tmp" / "perfsweep-unsaved").rglob("result.json"))
+    assert len(kept_files) == 1, (sorted(str(p) for p in tmp_path.rglob("result.json")), err[-3000:])
+    kept = kept_files[0]
     last = err.strip().splitlines()[-1]
     assert "1 result could not be written" in last and f"perfsweep import {job_dir.parent} {kept.parents[1]}" in last
     fresh = tmp_path / "fresh.db"
     assert importer.main([str(kept.parents[1]), "--db", str(fresh)]) == 0
-    (run,) = rows(fresh, "SELECT status, error FROM runs")  # what the job reported: its folder could not be made
-    assert run["status"] == "failed" and job_dir.name[:40] in run["error"], run
+    (run,) = rows(fresh, "SELECT status, error, tokens_per_s FROM runs")  # it trained to the end
+    assert run["status"] == "ok" and run["error"] is None and run["tokens_per_s"] > 0, run
 
 
 def test_a_job_whose_folder_cannot_be_made_reports_so(tmp_path: Path):

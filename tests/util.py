@@ -48,8 +48,7 @@ def run_perfsweep(
 
 
 def start_perfsweep(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """:func:`run_perfsweep` without waiting: the sweep runs while the test breaks something. Its
-    own session, so :func:`finish` can stop its jobs with it."""
+    """:func:`run_perfsweep` without waiting: the sweep runs while the test breaks something."""
     return subprocess.Popen(
         [sys.executable, "-m", "perfsweep", *args],
         cwd=cwd,
@@ -57,14 +56,14 @@ def start_perfsweep(args: list[str], cwd: Path, env: dict[str, str] | None = Non
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-        start_new_session=True,
     )
 
 
 def finish(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
     """``proc.communicate(timeout)``; a sweep still running then fails the test with every
     thread's stack (perfsweep.__main__.STACKS_ENV, which tests/conftest.py sets), so a hang that
-    shows once in CI says where it waited. The process group is killed afterwards."""
+    shows once in CI says where it waited. It is killed afterwards, with its jobs where it has a
+    process group of its own (:func:`start_as_in_a_terminal`)."""
     import signal
 
     try:
