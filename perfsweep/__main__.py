@@ -22,15 +22,10 @@ from omegaconf import DictConfig
 
 from perfsweep import interrupts, preflight
 from perfsweep.config import MAX_BATCH, ConfigError, register_configs, to_run_config
-from perfsweep.names import EXIT_0_STATUSES, NOT_OVERRIDES, SWEEP_MARKER
+from perfsweep.names import EXIT_0_STATUSES, NOT_OVERRIDES, STACKS_ENV, SWEEP_MARKER
 
 # torch, pandas and SQLAlchemy are imported inside hydra_main: a typo, --help or a subcommand
 # answers in about a second instead of paying for torch first.
-
-
-STACKS_ENV = "PERFSWEEP_STACKS_ON_SIGUSR1"
-"""Set to 1, a sweep prints every thread's Python stack to stderr on SIGUSR1 and goes on
-(faulthandler). Off by default: SIGUSR1 otherwise ends the process, and a scheduler may send it."""
 
 
 def register() -> None:

@@ -74,11 +74,11 @@ batch 64 x 1024 (predicted 59.4 GiB; it ran, at 71.8 GiB allocated under an olde
 step held the logits through backward) and skips 64 x 2048 (predicted 117 GiB), which ran out."""
 
 LOGIT_BYTES_EAGER: dict[str, int] = {"cpu": 3 * FP32, "cuda": 4 * FP32}
-"""Bytes per logit at the start of backward in eager mode (and compiled without AMP), by device
-(see the module text); a device not measured takes CUDA's figure."""
+"""Bytes per logit at the start of backward in eager mode, by device (see the module text); a
+device not measured takes CUDA's figure."""
 LOGIT_BYTES_COMPILED_AMP = 6
 """Bytes per logit at the start of backward under torch.compile with AMP, on CPU and CUDA alike."""
-LOGIT_BYTES_COMPILED_FP32 = 3 * FP32
+LOGIT_BYTES_COMPILED_FP32 = LOGIT_BYTES_EAGER["cpu"]
 """Compiled without AMP, on any device: measured on CPU only. CUDA's fourth eager copy is not
 assumed for it; predicting too little costs an oom row, too much a config skipped that fits."""
 

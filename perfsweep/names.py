@@ -66,6 +66,10 @@ ENVIRONMENT_COLUMNS: tuple[str, ...] = (
 """``runs`` columns that describe where a run ran: a difference in any of them can explain a
 difference in the numbers, so the report and the sweep comparison list them."""
 
+STACKS_ENV = "PERFSWEEP_STACKS_ON_SIGUSR1"
+"""Set to 1, a perfsweep command prints every thread's Python stack to stderr on SIGUSR1 and goes
+on (faulthandler). Off by default: SIGUSR1 otherwise ends the process, and a scheduler may send it."""
+
 DEVICE_TIME_BY_LAUNCH = "cuda_kernels_by_launch"
 """``stages.device_time_source`` of GPU time attributed to the stage whose CPU range launched each
 kernel, whatever thread launched it (backward's kernels come from autograd's thread)."""

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from perfsweep.names import STACKS_ENV
+
 # tests/pg.py: the session-scoped `pg_url` fixture (a throwaway PostgreSQL server)
 pytest_plugins = ["tests.pg"]
 
@@ -26,7 +28,7 @@ def _share_the_cores() -> None:
 
 
 _share_the_cores()  # before any job starts, and before this process imports torch: its tests share too
-os.environ.setdefault("PERFSWEEP_STACKS_ON_SIGUSR1", "1")  # tests.util.finish asks a stuck sweep where it waits
+os.environ.setdefault(STACKS_ENV, "1")  # tests.util.finish asks a stuck sweep where it waits
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from perfsweep import envinfo, metrics
-from perfsweep.names import interrupted_tail
+from perfsweep.names import STACKS_ENV, interrupted_tail
 from tests.util import TINY, finish, run_perfsweep, start_as_in_a_terminal, wait_for
 from tests.util import sqlite_rows as rows
 
@@ -447,7 +447,7 @@ def test_repeats_run_in_rounds_share_the_config_and_get_intervals(tmp_path: Path
 def test_a_sweep_that_seems_stuck_shows_where_each_thread_waits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """PERFSWEEP_STACKS_ON_SIGUSR1=1: SIGUSR1 prints every thread's stack and the sweep goes on;
     tests.util.finish fails a test whose sweep outlived its time with them."""
-    monkeypatch.setenv("PERFSWEEP_STACKS_ON_SIGUSR1", "1")
+    monkeypatch.setenv(STACKS_ENV, "1")
     tiny = [o for o in TINY if not o.startswith("steps.measure")]
     proc = start_as_in_a_terminal(
         [sys.executable, "-m", "perfsweep", "device=cpu", "steps.measure=100000000", *tiny], tmp_path

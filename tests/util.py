@@ -61,7 +61,7 @@ def start_perfsweep(args: list[str], cwd: Path, env: dict[str, str] | None = Non
 
 def finish(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
     """``proc.communicate(timeout)``; a sweep still running then fails the test with every
-    thread's stack (perfsweep.__main__.STACKS_ENV, which tests/conftest.py sets), so a hang that
+    thread's stack (perfsweep.names.STACKS_ENV, which tests/conftest.py sets), so a hang that
     shows once in CI says where it waited. It is killed afterwards, with its jobs where it has a
     process group of its own (:func:`start_as_in_a_terminal`)."""
     import signal
