@@ -206,6 +206,18 @@ def step_alloc_peak_bytes(run_step: Callable[[], object]) -> int:
     return peak
 
 
+def map_profiler() -> None:
+    """Use the CPU memory profiler once, over a trivial op, so the libraries it maps on first use
+    are part of the size :func:`limit_address_space` starts from. Mapped after it, they came out
+    of ``job_memory_limit_mib``, though no training tensor lives in them: 79 MiB of address space
+    on this project's CPU build (torch 2.13; tests/test_search.py), about half the non-tensor use
+    that batch=max searches found under a 300 MiB limit (134-144 MiB before, 61-75 after). On an
+    H100 machine's CUDA build (torch 2.11, which can load CUPTI there) every CPU job under that
+    limit ran out of memory just after its memory step (:func:`step_alloc_peak_bytes`), batch 1
+    included; this is the likely cause, not yet confirmed there."""
+    step_alloc_peak_bytes(lambda: torch.ones(16).sum())
+
+
 class MemorySnapshot:
     """CUDA allocator history for pytorch.org/memory_viz, plus a dump at the moment of an OOM.
 

@@ -41,6 +41,7 @@ from perfsweep.memory import (
     free_bytes,
     limit_address_space,
     limit_used_bytes,
+    map_profiler,
     persistent_bytes,
     step_alloc_peak_bytes,
 )
@@ -518,10 +519,13 @@ def classify_error(exc: BaseException) -> str:
 
 def apply_memory_limit(cfg: PerfsweepConfig) -> None:
     """``job_memory_limit_mib``: cap this process's address space at its present size plus the
-    limit (RLIMIT_AS), so an allocation past it fails as torch's CPU out-of-memory error."""
+    limit (RLIMIT_AS), so an allocation past it fails as torch's CPU out-of-memory error. The
+    profiler that measures the job's memory maps its libraries first: the limit is for the job's
+    training, not for perfsweep's own probe (memory.map_profiler)."""
     if cfg.job_memory_limit_mib is None:
         return
     single_malloc_arena()
+    map_profiler()
     limit_address_space(cfg.job_memory_limit_mib * 2**20)
 
 
@@ -533,8 +537,8 @@ def single_malloc_arena() -> None:
     """Make every thread allocate from glibc's main arena. Each thread that mallocs otherwise gets
     an arena of its own, reserving up to 64 MiB of address space that RLIMIT_AS counts though
     little of it is used; when those came and went the largest batch under a 300 MiB limit
-    ranged 58-77 over four searches, and 175-179 with one arena (docs/benchmarks.md). No effect
-    without glibc."""
+    ranged 58-77 over four searches, and 175-179 with one arena (docs/benchmarks.md; before
+    map_profiler). No effect without glibc."""
     import ctypes
     import ctypes.util
 

@@ -164,8 +164,9 @@ class Calibration:
 
     The ledger predicts the bytes of live tensors; what runs into the limit is more: the CUDA
     caching allocator's reserved segments, or on a CPU under ``job_memory_limit_mib`` the whole
-    address space (thread stacks, malloc's unreturned memory: 134 to 144 MiB of a 300 MiB limit
-    for the tiny GPT, which put the ledger's first try at 321 where 177 to 184 fit). Both grow with
+    address space (thread stacks, malloc's unreturned memory, libraries loaded after start-up: 61
+    to 75 MiB of a 300 MiB limit for the tiny GPT, which put the ledger's first try at 321 where
+    253 to 268 fit; 134 to 144 MiB before the profiler was mapped ahead of the limit). Both grow with
     the batch as the ledger does, so one measured try fixes the offset: the estimate is the largest
     batch b with used(tried) + ledger(b) - ledger(tried) within ``free_bytes``. Without a ledger
     the line through the two largest measured tries stands in for it."""
