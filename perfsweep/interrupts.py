@@ -184,18 +184,24 @@ def held(note: str | None = None) -> Iterator[None]:
         _deliver(pending[0], previous[pending[0]])
 
 
-def release_logging_lock() -> None:
-    """Release logging's module lock if this thread holds it; call where it cannot hold it rightly.
+def release_logging_locks() -> None:
+    """Release logging's module lock and every handler's lock that this thread holds; call where it
+    cannot hold them rightly.
 
-    CPython checks for signals between a logging call taking that lock and the ``try`` that
-    releases it, so a Ctrl-C landing there leaves the main thread owning it for good (Hydra's
-    logging setup, run for each job the main thread starts, takes it often). Every other
-    thread's next log call then waits forever: the sweep, joining its job threads to store
-    them, hung (1 Ctrl-C in about 15 while jobs started, on a loaded 2-core machine)."""
-    lock = getattr(logging, "_lock", None)
-    owned = getattr(lock, "_is_owned", None)  # CPython's RLock
-    while owned is not None and owned():
-        lock.release()
+    CPython checks for signals between a logging call taking such a lock and the ``try`` that
+    releases it, so a Ctrl-C landing there leaves the main thread owning it for good. The module
+    lock is taken by Hydra's logging setup, run for each job the main thread starts; a handler's
+    lock by every record it writes (``Handler.handle``: ``acquire()``, then ``try``), Hydra's line
+    for each job launched among them. Every other thread's next log call through that lock then
+    waits forever: the sweep, joining its job threads to store them, hung (the module lock: 1
+    Ctrl-C in about 15 while jobs started, on a loaded 2-core machine; a sweep of 2 concurrent
+    jobs stopped printing after its job headers once in a CI run, Ctrl-C while they started)."""
+    handlers = [ref() for ref in list(getattr(logging, "_handlerList", []))]
+    locks = [getattr(logging, "_lock", None), *(getattr(h, "lock", None) for h in handlers if h is not None)]
+    for lock in locks:
+        owned = getattr(lock, "_is_owned", None)  # CPython's RLock
+        while owned is not None and owned():
+            lock.release()
 
 
 @contextlib.contextmanager

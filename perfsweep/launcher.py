@@ -731,7 +731,7 @@ class ConcurrentJobs:
 
     def stop(self) -> None:
         """Interrupt the jobs still running (each marks its row ``interrupted``) and wait for them."""
-        interrupts.release_logging_lock()  # called by the main thread, outside any logging call
+        interrupts.release_logging_locks()  # called by the main thread, outside any logging call
         self.cancel.set()
         self._executor.shutdown(wait=True, cancel_futures=True)
 

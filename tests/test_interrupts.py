@@ -3,6 +3,7 @@ as it would have been. Real signals to this process; the main thread receives th
 
 from __future__ import annotations
 
+import io
 import logging
 import signal
 import threading
@@ -117,12 +118,42 @@ def test_a_logging_lock_left_by_an_interrupt_is_released():
     thread.start()
     try:
         assert not logged.wait(0.5)  # blocked on the lock the main thread holds
-        interrupts.release_logging_lock()
+        interrupts.release_logging_locks()
         assert logged.wait(5)
     finally:
         while logging._lock._is_owned():
             logging._lock.release()
-    interrupts.release_logging_lock()  # nothing held: nothing to do
+    interrupts.release_logging_locks()  # nothing held: nothing to do
+    thread.join(5)
+
+
+def test_a_handler_lock_left_by_an_interrupt_is_released():
+    """The same window in every handler: ``Handler.handle`` takes the handler's lock, then enters
+    its ``try``. A Ctrl-C there (Hydra logs a line in the main thread for each job it launches)
+    left the main thread owning the console handler's lock, and a job thread logging through it
+    waited forever."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    logger = logging.getLogger("perfsweep.test.handler")
+    logger.addHandler(handler)
+    logger.propagate = False
+    handler.acquire()  # what the interrupted handle() left behind
+    logged = threading.Event()
+
+    def job_thread() -> None:
+        logger.warning("stored")
+        logged.set()
+
+    thread = threading.Thread(target=job_thread, daemon=True)
+    thread.start()
+    try:
+        assert not logged.wait(0.5)  # blocked on the handler's lock, which the main thread holds
+        interrupts.release_logging_locks()
+        assert logged.wait(5) and stream.getvalue() == "stored\n"
+    finally:
+        while handler.lock._is_owned():
+            handler.release()
+        logger.removeHandler(handler)
     thread.join(5)
 
 
