@@ -138,7 +138,28 @@ def test_the_memory_probe_takes_none_of_the_jobs_limit() -> None:
     limit is set, so what the job uses of it is its training's."""
     res = subprocess.run([sys.executable, "-c", PROFILER_UNDER_LIMIT], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert int(res.stdout.split()[-1]) < 32, res.stdout
+    used = res.stdout.split()[-1]
+    assert used != "None", "the limit's base came after a higher peak: limit_used_bytes cannot say"
+    assert int(used) < 32, res.stdout
+
+
+PROBE_WITHOUT_ROOM = """
+import torch
+from perfsweep.memory import limit_address_space
+from perfsweep.runner import cpu_matmul_peak
+torch.set_num_threads(1)
+torch.nn.functional.linear(torch.ones(8, 8), torch.ones(8, 8))  # the training's kernels are loaded
+limit_address_space(2**20)  # a training that left 1 MiB of its limit
+print(cpu_matmul_peak("fp32"))
+"""
+
+
+def test_a_cpu_peak_probe_without_room_leaves_the_run_without_the_figure() -> None:
+    """The CPU matmul peak is measured after the memory figures, under the job's limit: a
+    training that fitted, with too little left for the probe's matrices, is not an oom run."""
+    res = subprocess.run([sys.executable, "-c", PROBE_WITHOUT_ROOM], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split()[-1] == "None" and "the probe ran out of memory" in res.stderr, res.stderr[-2000:]
 
 
 def test_search_ends_at_the_cap_when_nothing_runs_out() -> None:
@@ -179,7 +200,12 @@ def test_overrides_of_a_try_and_the_predicted_start() -> None:
 
 
 def test_batch_max_sweep_end_to_end(tmp_path: Path) -> None:
-    """Two threads and 300 MiB above start-up per job make the limit reachable on any machine."""
+    """Two threads and 400 MiB above start-up per job make the limit reachable on any machine.
+
+    400, not 300: the second try (the ledger's first guess over 1.25) must land clearly below the
+    edge, so that its estimate is taken and tried next. Under 300 MiB, once the memory probe no
+    longer took 79 MiB of it, that try (256) sat on the edge (253 to 269): when it ran out, the
+    first ok try was 128, whose estimate lay above the 256 that had failed and was refused."""
     res = run_perfsweep(
         [
             "-m",
@@ -189,7 +215,7 @@ def test_batch_max_sweep_end_to_end(tmp_path: Path) -> None:
             "batch=max",
             "seq_len=32",
             "threads=2",
-            "job_memory_limit_mib=300",
+            "job_memory_limit_mib=400",
             "steps.warmup=1",
             "steps.stable_window=0",
             "steps.measure=2",
@@ -205,13 +231,13 @@ def test_batch_max_sweep_end_to_end(tmp_path: Path) -> None:
     assert found["status"] == "done" and found["max_batch"] >= 2 and found["first_oom_batch"] == found["max_batch"] + 1
     assert found["predicted_max_batch"] >= 1 and found["free_bytes"] > 0
     tries = rows(db, "SELECT * FROM runs ORDER BY job_num")
-    # The ledger counts tensors, the limit the whole address space (about 70 MiB more here: it
-    # predicted 321 where 253 to 268 fit); the first ok try's measured use calibrates it, and that
-    # batch is tried next. Calibrated, it lands within a few batches of the edge (malloc's layout
-    # varies: 0 to 6 off, 10 with another process compiling beside it; docs/benchmarks.md).
+    # The ledger counts tensors, the limit the whole address space (it predicted 428 where 371 to
+    # 379 fit, 3 runs here); the first ok try's measured use calibrates it, and that batch is tried
+    # next. Calibrated, it lands within a few batches of the edge (3 above it in those runs; under
+    # 300 MiB 0 to 9 off, docs/benchmarks.md).
     first_ok = next(i for i, r in enumerate(tries) if r["status"] == "ok")
     measured = tries[first_ok]["memory_limit_used_bytes"]
-    assert tries[first_ok]["peak_allocated_bytes"] < measured <= 300 * 2**20
+    assert tries[first_ok]["peak_allocated_bytes"] < measured <= 400 * 2**20
     calibrated, best = found["calibrated_max_batch"], found["max_batch"]
     assert abs(calibrated - best) <= min(16, abs(found["predicted_max_batch"] - best))
     oom_before = min([r["batch"] for r in tries[:first_ok] if r["status"] == "oom"], default=10**9)
