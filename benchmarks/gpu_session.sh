@@ -88,6 +88,13 @@ case "$stage" in
     # GPU tests took 200 s of the 580 and left the whole suite 380 s, cut at 81%.
     export PERFSWEEP_TEST_FAILURES="$OUT/failures.txt"  # tests/conftest.py
     : >"$PERFSWEEP_TEST_FAILURES"
+    # what the CPU memory profiler's first use maps on this CUDA build (79 MiB on the CPU build):
+    # on 2026-11-26 every CPU try under a 300 MiB job memory limit ran out of memory here
+    step "address space (VmSize, MiB) before and after the CPU memory profiler's first use"
+    check timeout 120 python3 -c "import re, torch
+vm = lambda: int(re.search(r'VmSize:\s+(\d+)', open('/proc/self/status').read()).group(1)) // 1024
+from perfsweep.memory import step_alloc_peak_bytes
+before = vm(); step_alloc_peak_bytes(lambda: torch.ones(16).sum()); print('before', before, 'after', vm())"
     step "pytest: the whole suite, as the README runs it"
     check timeout -s INT -k 30 500 python3 -m pytest -v -p no:cacheprovider --durations=25
     ;;

@@ -510,8 +510,9 @@ class PerfsweepConfig:
     """``batch=max``: the largest batch the search tries; a config that still fits there is
     reported as fitting at least this (``batch_searches.capped``)."""
     job_memory_limit_mib: int | None = None
-    """CPU jobs: memory a job may take beyond its size at start-up (Linux RLIMIT_AS: address
-    space, so thread stacks count too); an allocation past it fails as ``oom``. Emulates a smaller
+    """CPU jobs: memory a job may take beyond its size at start-up, the profiler that measures its
+    memory already loaded (Linux RLIMIT_AS: address space, so thread stacks count too); an
+    allocation past it fails as ``oom``. Emulates a smaller
     machine, and makes ``batch=max`` reach an OOM on a large one. null: no limit."""
     lr: float = 3e-4
     """AdamW learning rate."""

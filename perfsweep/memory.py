@@ -211,7 +211,7 @@ def map_profiler() -> None:
     are part of the size :func:`limit_address_space` starts from. Mapped after it, they came out
     of ``job_memory_limit_mib``, though no training tensor lives in them: 79 MiB of address space
     on this project's CPU build (torch 2.13; tests/test_search.py), about half the non-tensor use
-    that batch=max searches found under a 300 MiB limit (134-144 MiB before, 61-75 after). On an
+    that batch=max searches found under a 300 MiB limit (134-144 MiB before, 61-74 after). On an
     H100 machine's CUDA build (torch 2.11, which can load CUPTI there) every CPU job under that
     limit ran out of memory just after its memory step (:func:`step_alloc_peak_bytes`), batch 1
     included; this is the likely cause, not yet confirmed there."""

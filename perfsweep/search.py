@@ -61,7 +61,8 @@ class Outcome:
 CALIBRATED_WALK = 3
 """How many batches the search tries beyond a calibrated estimate that missed, in steps of 1, 2
 and 4 (1, 3 and 7 away from it), before it bisects: the estimate was 0 to 6 batches off in
-docs/benchmarks.md's runs."""
+docs/benchmarks.md's runs of 2026-11-26 (morning), and 0 to 7 after the profiler moved ahead of
+the job memory limit (7 away is the walk's last try)."""
 
 
 class _TryEnded(Exception):
@@ -165,8 +166,8 @@ class Calibration:
     The ledger predicts the bytes of live tensors; what runs into the limit is more: the CUDA
     caching allocator's reserved segments, or on a CPU under ``job_memory_limit_mib`` the whole
     address space (thread stacks, malloc's unreturned memory, libraries loaded after start-up: 61
-    to 75 MiB of a 300 MiB limit for the tiny GPT, which put the ledger's first try at 321 where
-    253 to 268 fit; 134 to 144 MiB before the profiler was mapped ahead of the limit). Both grow with
+    to 74 MiB of a 300 MiB limit for the tiny GPT, which put the ledger's first try at 321 where
+    264 to 272 fit; 134 to 144 MiB before the profiler was mapped ahead of the limit). Both grow with
     the batch as the ledger does, so one measured try fixes the offset: the estimate is the largest
     batch b with used(tried) + ledger(b) - ledger(tried) within ``free_bytes``. Without a ledger
     the line through the two largest measured tries stands in for it."""
