@@ -512,8 +512,8 @@ class PerfsweepConfig:
     job_memory_limit_mib: int | None = None
     """CPU jobs: memory a job may take beyond its size at start-up, the profiler that measures its
     memory already loaded (Linux RLIMIT_AS: address space, so thread stacks count too); an
-    allocation past it fails as ``oom``. Emulates a smaller
-    machine, and makes ``batch=max`` reach an OOM on a large one. null: no limit."""
+    allocation past it fails as ``oom``. Emulates a smaller machine, and makes ``batch=max`` reach
+    an OOM on a large one. null: no limit."""
     lr: float = 3e-4
     """AdamW learning rate."""
     grad_scaler_init_scale: float = 65536.0

@@ -212,9 +212,9 @@ def map_profiler() -> None:
     of ``job_memory_limit_mib``, though no training tensor lives in them: 79 MiB of address space
     on this project's CPU build (torch 2.13; tests/test_search.py), about half the non-tensor use
     that batch=max searches found under a 300 MiB limit (134-144 MiB before, 61-74 after). On an
-    H100 machine's CUDA build (torch 2.11, which can load CUPTI there) every CPU job under that
-    limit ran out of memory just after its memory step (:func:`step_alloc_peak_bytes`), batch 1
-    included; this is the likely cause, not yet confirmed there."""
+    H100 machine's CUDA build (torch 2.11) every CPU try under that limit ran out of memory, those
+    whose output survives just after their memory step; whether this probe or the matmul-peak one
+    after it (perfsweep.runner.cpu_matmul_peak) took the address space there is not known."""
     step_alloc_peak_bytes(lambda: torch.ones(16).sum())
 
 

@@ -133,8 +133,8 @@ print(limit_used_bytes() // 2**20)
 
 def test_the_memory_probe_takes_none_of_the_jobs_limit() -> None:
     """The profiler that measures a CPU job's memory maps its libraries on first use: 79 MiB of a
-    300 MiB limit here (on an H100 machine's CUDA build every CPU job under it ran out of memory
-    just after its memory step, batch 1 included). They are mapped before the
+    300 MiB limit here (on an H100 machine's CUDA build every CPU try under it ran out of memory,
+    those whose output survives just after their memory step). They are mapped before the
     limit is set, so what the job uses of it is its training's."""
     res = subprocess.run([sys.executable, "-c", PROFILER_UNDER_LIMIT], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
