@@ -167,7 +167,7 @@ def test_failures_are_results_and_the_sweep_goes_on(tmp_path: Path):
     # A misspelled torch.compile backend passes every check before the jobs (it is a free-form
     # name) and fails inside the job; a huge step count overruns the timeout. device=cpu: the 12 s
     # timeout is sized to a CPU job's start. On an H100 machine (device=auto: CUDA) under the
-    # suite's 8 workers, a job that fails at its compile timed out before getting there.
+    # suite's 8 workers, one of the two jobs with the missing backend timed out instead.
     tiny = [o for o in TINY if not o.startswith("steps.measure")] + ["device=cpu"]
     res = run_perfsweep(
         [
@@ -319,8 +319,8 @@ def test_cpu_out_of_memory_is_status_oom(tmp_path: Path):
     """A model too big to allocate (16 TiB of MLP weights) is an oom result, not a crash.
 
     Under a job memory limit: without one, whether the allocation fails depends on the kernel's
-    overcommit policy. Where it allows any size, the job began to fill 16 TiB of pages, and on an
-    H100 machine the test was still running when the suite's 500 s were up."""
+    overcommit policy: where it allows any size, the job starts to fill 16 TiB of pages. On an H100
+    machine the test was still running when the suite's 500 s were up, probably for that."""
     huge = [*TINY, "model.d_ff=17179869184", "device=cpu", "job_memory_limit_mib=1024"]
     res = run_perfsweep(huge, tmp_path)
     assert res.returncode == 1, res.stderr[-2000:]  # a single run that did not finish ok
