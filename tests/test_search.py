@@ -98,6 +98,13 @@ def test_calibration_adds_what_the_ledger_does_not_count() -> None:
     assert no_ledger.estimate(4, used=320) == 4 + (1_000 - 320) // 10
 
 
+def run_limited(script: str) -> subprocess.CompletedProcess:
+    """``script`` in a fresh Python: an address-space limit lasts for the process that sets it."""
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return res
+
+
 LIMIT_USED = """
 import torch
 from perfsweep.memory import limit_address_space, limit_used_bytes
@@ -114,9 +121,7 @@ print(limit_used_bytes() // MiB)
 def test_the_limit_used_is_counted_from_when_it_was_set() -> None:
     """memory_limit_used_bytes is the address-space peak above the size when the limit was set;
     a peak from before it (a process that had shrunk by then) read as 300 MiB of the limit used."""
-    res = subprocess.run([sys.executable, "-c", LIMIT_USED], capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr[-2000:]
-    unknown, used = res.stdout.split()
+    unknown, used = run_limited(LIMIT_USED).stdout.split()
     assert unknown == "None" and 400 <= int(used) < 500
 
 
@@ -136,8 +141,7 @@ def test_the_memory_probe_takes_none_of_the_jobs_limit() -> None:
     300 MiB limit here (on an H100 machine's CUDA build every CPU try under it ran out of memory,
     those whose output survives just after their memory step). They are mapped before the
     limit is set, so what the job uses of it is its training's."""
-    res = subprocess.run([sys.executable, "-c", PROFILER_UNDER_LIMIT], capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr[-2000:]
+    res = run_limited(PROFILER_UNDER_LIMIT)
     used = res.stdout.split()[-1]
     assert used != "None", "the limit's base came after a higher peak: limit_used_bytes cannot say"
     assert int(used) < 32, res.stdout
@@ -157,8 +161,7 @@ print(cpu_matmul_peak("fp32"))
 def test_a_cpu_peak_probe_without_room_leaves_the_run_without_the_figure() -> None:
     """The CPU matmul peak is measured after the memory figures, under the job's limit: a
     training that fitted, with too little left for the probe's matrices, is not an oom run."""
-    res = subprocess.run([sys.executable, "-c", PROBE_WITHOUT_ROOM], capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr[-2000:]
+    res = run_limited(PROBE_WITHOUT_ROOM)
     assert res.stdout.split()[-1] == "None" and "the probe ran out of memory" in res.stderr, res.stderr[-2000:]
 
 
