@@ -103,6 +103,19 @@ class CompileCache(str, enum.Enum):
     """The user's usual caches: fast iteration, but compile time depends on earlier processes."""
 
 
+class StartMethod(str, enum.Enum):
+    """How a job's process starts (perfsweep.launcher.start_method)."""
+
+    auto = "auto"
+    """forkserver for a job on the CPU, spawn for one on CUDA (forkserver there is not yet
+    measured on a GPU)."""
+    spawn = "spawn"
+    """A new interpreter per job, which imports torch itself: about 2 s a job on a 2-core CPU."""
+    forkserver = "forkserver"
+    """Forked from a server process that imported torch once for the sweep and never trained:
+    each job still a process of its own, started in ~10 ms."""
+
+
 class DataKind(str, enum.Enum):
     stdlib = "stdlib"
     textfile = "textfile"
@@ -469,6 +482,12 @@ class LauncherConfig:
     memory bandwidth, PCIe and the host: their timings perturb each other, and the summary says so."""
     gpus_per_job: int | None = None
     """GPUs each job sees on CUDA; null: one per rank (``nproc``)."""
+    start_method: StartMethod = StartMethod.auto
+    """How each job's process starts: ``spawn`` (a new interpreter, which imports torch itself),
+    ``forkserver`` (a fork of a process that imported torch once and ran nothing), or ``auto``
+    (forkserver on the CPU, spawn on CUDA). Either way every job is a process of its own, with
+    nothing of an earlier job in it; a job whose environment differs from the server's (Hydra's
+    ``hydra.job.env_set``, a slot's GPUs) is spawned, since torch reads some variables on import."""
 
     def __post_init__(self) -> None:
         _require(self.parallel >= 1, "launcher.parallel", self.parallel, "must be a positive integer")

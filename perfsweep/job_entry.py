@@ -1,9 +1,10 @@
-"""The first code a job's spawned process runs: stdlib only.
+"""The first code a job's process runs, spawned or forked from the job server: stdlib only.
 
-Its output goes to the job folder's ``job.log`` before anything imports torch, so a Ctrl-C that
-lands while the job starts (about a second of imports) leaves its traceback there instead of on
-the sweep's terminal. The job's arguments travel pickled as bytes for the same reason: unpickling
-them imports perfsweep.data and torch, which must come after the redirect.
+Its output goes to the job folder's ``job.log`` before anything else, so a Ctrl-C that lands
+while the job starts (a spawned job's imports take a second or two) leaves its traceback there
+instead of on the sweep's terminal. The job's arguments travel pickled as bytes for the same
+reason: unpickling them imports perfsweep.data and torch (in a spawned job), which must come
+after the redirect.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ def unwritable_folder(job_dir: str, exc: OSError) -> str:
     )
 
 
-def main(job_dir: str, conn: Any, payload: bytes) -> None:
-    """Run :func:`perfsweep.runner.job_main` with the arguments pickled in ``payload``.
+def main(job_dir: str, conn: Any, payload: bytes, start_method: str = "spawn") -> None:
+    """Run :func:`perfsweep.runner.job_main` with the arguments pickled in ``payload``;
+    ``start_method`` says how this process was started (perfsweep.launcher.start_method), for its row.
 
     A job folder that cannot be written (deleted under a read-only parent, a full disk) is this
     job's failure, reported through ``conn`` like any other: unreported, the sweep could only say
@@ -48,10 +50,10 @@ def main(job_dir: str, conn: Any, payload: bytes) -> None:
     # the sweep started this process with Ctrl-C and SIGTERM blocked (perfsweep.launcher.signals_blocked):
     # one that came while the interpreter started is raised here, its traceback in job.log
     signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM))
-    cfg_dict, token_data, label, launch_dir, cpus = pickle.loads(payload)  # imports torch
+    cfg_dict, token_data, label, launch_dir, cpus = pickle.loads(payload)  # imports torch (spawned)
     from perfsweep import runner
 
-    runner.job_main(cfg_dict, token_data, job_dir, label, launch_dir, conn, cpus)
+    runner.job_main(cfg_dict, token_data, job_dir, label, launch_dir, conn, cpus, start_method)
     if not cfg_dict.get("profile", {}).get("nvtx"):  # under nsys (profile.nvtx) the usual exit lets it collect
         exit_now()
 

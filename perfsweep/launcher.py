@@ -32,7 +32,7 @@ from typing import Any
 from perfsweep import data as data_mod
 from perfsweep import importer, interrupts, job_entry, runner, slots, store
 from perfsweep.cli import first_line
-from perfsweep.config import PerfsweepConfig, short_dirname, to_plain_dict
+from perfsweep.config import PerfsweepConfig, StartMethod, short_dirname, to_plain_dict
 from perfsweep.envinfo import environ_set, oom_kills
 from perfsweep.names import (
     EXIT_0_STATUSES,
@@ -229,16 +229,11 @@ def _run_in_child(
     not charged to the job; start-up itself gets ``timeout_s`` of its own.
     """
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # keep the profiler's C++ start/stop lines off the terminal
-    ctx = mp.get_context("spawn")
-    parent_conn, child_conn = ctx.Pipe(duplex=False)
+    parent_conn, child_conn = mp.Pipe(duplex=False)
     cpus = list(placement.cpus) if placement is not None and placement.cpus else None
     payload = pickle.dumps((config, token_data, spec.label, str(spec.launch_dir), cpus))  # see perfsweep.job_entry
-    proc = ctx.Process(
-        target=job_entry.main, args=(str(spec.job_dir), child_conn, payload), name=f"perfsweep-job-{spec.job_num}"
-    )
     kills_before = oom_kills()  # the kernel's OOM kills so far: did a SIGKILL come from it?
-    with _spawning({**spec.env, **(placement.env() if placement is not None else {})}), signals_blocked():
-        proc.start()
+    proc = _start_job(spec, child_conn, payload, {**spec.env, **(placement.env() if placement is not None else {})})
     child_conn.close()
     deadline = time.monotonic() + spec.cfg.timeout_s
     outcome: tuple[str, str | None, dict[str, Any]] | None = None
@@ -266,7 +261,7 @@ def _run_in_child(
                     progress.update(*msg[1:])
                 else:
                     outcome = _outcome_of(msg)
-            elif not proc.is_alive() and not parent_conn.poll():
+            elif not _running(proc) and not parent_conn.poll():
                 break
     except BaseException as exc:  # Ctrl-C, SIGTERM or a cancel: the job is stopped and stored as it ended
         ended = _wait_for_exit(parent_conn, proc, outcome and (*outcome, utcnow()), stopped=True)[0]
@@ -369,11 +364,72 @@ def signals_blocked() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
+FORKSERVER_PRELOAD = ("torch", "torch._dynamo", "perfsweep.runner", "perfsweep.job_server")
+"""What the job server imports once for the sweep: torch, its Dynamo (torch.optim imports it with
+the first optimizer: 1.2 s of a tiny CPU job's 2.5 s on a 2-core Xeon), perfsweep's runner, and
+the server's own quick exit."""
+
+_server_env: dict[str, str] | None = None
+"""The environment the job server started with (under _SPAWN_LOCK); None until it has."""
+_server_failed = False
+"""The server could not start a job once: every later job is spawned."""
+
+
+def start_method(cfg: PerfsweepConfig, job_env: dict[str, str]) -> str:
+    """``spawn`` or ``forkserver`` for one job (``launcher.start_method``).
+
+    A forked job inherits what its server read on importing torch: OpenMP's and MKL's thread
+    counts, TORCH_LOGS, Inductor's settings. So it is forked only where its environment is the
+    server's; otherwise (``hydra.job.env_set``, a slot's CUDA_VISIBLE_DEVICES, the sweep's own
+    environment changed since) it is spawned, with the environment it was given."""
+    wanted = cfg.launcher.start_method
+    if _server_failed or wanted == StartMethod.spawn:
+        return "spawn"
+    if wanted == StartMethod.auto and runner.wants_cuda(cfg.device):
+        return "spawn"
+    env = dict(os.environ)
+    if any(env.get(k) != v for k, v in job_env.items()) or _server_env not in (None, env):
+        log.debug("job spawned, not forked: its environment is not the job server's")
+        return "spawn"
+    return "forkserver"
+
+
+def _start_job(spec: JobSpec, child_conn: Any, payload: bytes, job_env: dict[str, str]) -> mp.process.BaseProcess:
+    """Start the job's process (:func:`start_method`), its signals blocked (:func:`signals_blocked`).
+
+    The job server is started with the first forked job, inside the same block: it and every
+    job forked from it start with Ctrl-C and SIGTERM blocked, as a spawned job does. A server that
+    fails (it died, it cannot be reached) costs that job nothing: it is spawned instead, and so
+    is every later job of this process."""
+    global _server_env, _server_failed
+    name = f"perfsweep-job-{spec.job_num}"
+    if start_method(spec.cfg, job_env) == "forkserver":
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+        args = (str(spec.job_dir), child_conn, payload, "forkserver")
+        proc = ctx.Process(target=job_entry.main, args=args, name=name)
+        try:
+            with _spawning({}), signals_blocked():
+                if _server_env is None:
+                    _server_env = dict(os.environ)
+                proc.start()
+            return proc
+        except (OSError, EOFError) as exc:
+            _server_failed = True
+            log.warning("could not fork the job from perfsweep's job server (%s); spawning it instead", exc)
+    args = (str(spec.job_dir), child_conn, payload, "spawn")
+    proc = mp.get_context("spawn").Process(target=job_entry.main, args=args, name=name)
+    with _spawning(job_env), signals_blocked():
+        proc.start()
+    return proc
+
+
 @contextlib.contextmanager
 def _spawning(env: dict[str, str]) -> Iterator[None]:
     """Start a job process with ``env`` added to this process's environment, from any thread and
     under any Hydra launcher: a launcher whose workers carry a foreign start method (joblib's loky)
-    gets "spawn" as its default, which is what the job's own process uses."""
+    gets "spawn" as its default, which the job's process re-applies (forked or spawned) and
+    multiprocessing knows."""
     with _SPAWN_LOCK:
         if mp.get_start_method(allow_none=True) not in (*SPAWN_START_METHODS, None):
             mp.set_start_method("spawn", force=True)
@@ -490,7 +546,7 @@ def _last_word(conn: Any, proc: Any, seconds: float) -> tuple[str, tuple | None]
                 return "reported", msg
         except Exception:  # noqa: BLE001 - EOF, or a message cut in half by the Ctrl-C: no report
             return "ended", None
-        if not proc.is_alive():
+        if not _running(proc):
             return "ended", None
     return "silent", None
 
@@ -538,17 +594,46 @@ def _stop(proc: Any, grace_s: float) -> bool:
     their semaphores are released; a plain SIGTERM left them behind and Python's resource
     tracker warned about "leaked semaphore objects" at exit.
     """
-    proc.join(timeout=grace_s)
+    _join(proc, grace_s)
     for i, sig in enumerate((signal.SIGINT, signal.SIGTERM)):
-        if not proc.is_alive():
+        if not _running(proc):
             return i > 0
         with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, sig)
-        proc.join(timeout=5)
-    if proc.is_alive():
-        proc.kill()
-        proc.join()
+        _join(proc, 5)
+    if _running(proc):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGKILL)
+        _join(proc, None)
     return True
+
+
+def _running(proc: Any) -> bool:
+    """Whether the job's process is still there. A forked job is the job server's child, and the
+    server reports its exit; were the server gone (killed: it ignores SIGUSR2 and holds Ctrl-C
+    and SIGTERM, so only SIGKILL or the like), every job forked from it would read as exited with
+    code 255 while it trained on. Its own pid is asked then."""
+    if proc.is_alive():
+        return True
+    return getattr(proc, "_start_method", None) == "forkserver" and proc.exitcode == 255 and _pid_running(proc.pid)
+
+
+def _pid_running(pid: int) -> bool:
+    """A process with ``pid`` exists and is not a zombie (its exit not yet collected)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):  # gone (without /proc: taken as gone, as multiprocessing said)
+        return False
+
+
+def _join(proc: Any, timeout: float | None) -> None:
+    """``proc.join(timeout)``, which returns at once for a forked job whose server is gone:
+    then the job's pid is watched for the same time."""
+    proc.join(timeout=timeout)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while _running(proc) and (deadline is None or time.monotonic() < deadline):
+        time.sleep(0.05)
 
 
 def sweep_fields(spec: JobSpec) -> dict[str, Any]:

@@ -77,8 +77,13 @@ Progress = Callable[[str, int, int, float, float], None]
 """progress(phase, step, total_steps, step_time_ms, loss)"""
 
 
+def wants_cuda(requested: Device) -> bool:
+    """Whether a job asking for ``requested`` runs on CUDA here, without opening a CUDA context."""
+    return requested == Device.cuda or (requested == Device.auto and torch.cuda.is_available())
+
+
 def resolve_device(requested: Device) -> torch.device:
-    if requested == Device.cuda or (requested == Device.auto and torch.cuda.is_available()):
+    if wants_cuda(requested):
         if not torch.cuda.is_available():
             raise RuntimeError("device=cuda but torch sees no CUDA device; use device=cpu or device=auto")
         return torch.device("cuda", torch.cuda.current_device())
@@ -595,8 +600,7 @@ def rank_main(
     partial: dict[str, Any] = {}
     try:
         cfg = to_run_config(cfg_dict)
-        on_cuda = cfg.device == Device.cuda or (cfg.device == Device.auto and torch.cuda.is_available())
-        distributed.init_rank(cpus, on_cuda)
+        distributed.init_rank(cpus, wants_cuda(cfg.device))
         progress = progress_to(conn) if r == 0 and conn is not None else None
         result = train(cfg, token_data, distributed.rank_folder(job_dir, r), label, launch_dir, progress, partial)
         return result if r == 0 else None
@@ -617,11 +621,12 @@ def job_main(
     launch_dir: str,
     conn: Any,
     cpus: list[int] | None = None,
+    start_method: str | None = None,
 ) -> None:
     """The spawned job process's work, after perfsweep.job_entry has sent its stdout/stderr (C++
     warnings, the profiler's start/stop lines) to ``job.log``; every outcome goes back through
     ``conn``. ``cpus``: its launcher slot's cores (perfsweep.slots), pinned here; its GPUs came in
-    its environment.
+    its environment. ``start_method``: how this process started, for the run's row.
     """
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if cpus:
@@ -631,13 +636,13 @@ def job_main(
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     conn.send(("ready",))  # interpreter and imports are up: the job's timeout clock starts now
     progress = progress_to(conn)
-    partial: dict[str, Any] = {}
+    partial: dict[str, Any] = {"start_method": start_method}
     try:
         cfg = to_run_config(cfg_dict)
         apply_memory_limit(cfg)
         if cfg.nproc is not None:
             ddp = distributed.run(rank_main, cfg, token_data, Path(job_dir), label, launch_dir, conn)
-            conn.send(("result", ddp))
+            conn.send(("result", {**ddp, "start_method": start_method}))
         else:
             conn.send(("result", train(cfg, token_data, Path(job_dir), label, launch_dir, progress, partial)))
     except distributed.RankFailed as exc:  # a rank's own outcome, classified in that rank

@@ -206,6 +206,10 @@ class Run(Base):
     """CPUs the job was given: the affinity mask's size, or SLURM_CPUS_PER_TASK where smaller."""
     cuda_visible_devices: Mapped[str | None] = mapped_column(String(255))
     """CUDA_VISIBLE_DEVICES as the job saw it (its launcher slot's GPUs); null when unset."""
+    start_method: Mapped[str | None] = mapped_column(String(16))
+    """How the job's process started (launcher.start_method): ``spawn``, a new interpreter that
+    imported torch itself, or ``forkserver``, forked from a process that imported torch once for
+    the sweep and ran nothing. Null: the job never reported (or the row predates schema 0016)."""
     slurm_job_id: Mapped[str | None] = mapped_column(String(32))
     """SLURM_JOB_ID of the allocation the job ran in (array jobs: SLURM_ARRAY_JOB_ID_TASK)."""
     torch_threads: Mapped[int | None] = mapped_column(Integer)

@@ -45,6 +45,7 @@ CASES = {
     "repeat_zero": (["repeat=0"], "repeat=0"),
     "seed_negative": (["seed=-1"], "seed=-1"),  # was blamed on data.synthetic_tokens (numpy's error)
     "gpus_per_job_on_cpu": (["launcher.gpus_per_job=1", "device=cpu"], "launcher.gpus_per_job=1"),
+    "start_method_unknown": (["launcher.start_method=fork"], "launcher.start_method=fork"),
     "lr_not_number": (["lr=fast"], "lr=fast"),
     "dropout_not_number": (["model.dropout=high"], "model.dropout='high'"),  # a preset's free-form args
     "data_path_missing": (["data=textfile", "data.path={tmp}/no/such/file.txt"], "data.path='{tmp}/no/such/file.txt'"),

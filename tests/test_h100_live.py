@@ -26,8 +26,12 @@ README = Path(__file__).parent.parent / "README.md"
 
 @pytest.fixture
 def live_db(tmp_path: Path) -> Path:
+    """A copy of the H100 database, upgraded to this perfsweep's schema as a user would
+    (``perfsweep upgrade``): the file in fixtures stays as that machine wrote it."""
     db = tmp_path / "results.db"
     shutil.copy(LIVE, db)
+    res = run_perfsweep(["upgrade", "--db", str(db)], tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
     return db
 
 

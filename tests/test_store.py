@@ -235,6 +235,7 @@ def full_result(sweep_id: int, job_num: int = 3) -> dict[str, Any]:
         "peak_rss_bytes": 5 * GiB + 17,
         "rss_growth_bytes": 2 * GiB + 12,
         "memory_limit_used_bytes": 300 * 2**20 - 5,
+        "start_method": "forkserver",
         "num_alloc_retries": 2,
         "num_ooms": 0,
         "memory_snapshot_path": f"/sweeps/2026-03-14/job-{job_num}/memory.pickle",

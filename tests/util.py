@@ -173,3 +173,44 @@ def run_row(sweep_id: int, **kw: Any) -> dict[str, Any]:
         "tokens_per_s": 1000.0,
         **kw,
     }
+
+
+def job_process(sweep_pid: int, within_s: float = 60.0) -> int:
+    """The pid of the sweep's one job process once it is there: a child of the sweep started by
+    multiprocessing's spawn, or a child of the sweep's job server (a forked job; the first one
+    waits for the server to import torch)."""
+    return _one_of(sweep_pid, False, within_s)
+
+
+def job_server(sweep_pid: int, within_s: float = 60.0) -> int:
+    """The pid of the sweep's job server (multiprocessing's forkserver) once it is there."""
+    return _one_of(sweep_pid, True, within_s)
+
+
+def _one_of(sweep_pid: int, server: bool, within_s: float) -> int:
+    deadline = time.monotonic() + within_s
+    while not (found := [pid for pid, is_server in job_tree(sweep_pid) if is_server == server]):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    what = "job servers" if server else "job processes"
+    assert len(found) == 1, f"{len(found)} {what} under {sweep_pid}: {found}"
+    return found[0]
+
+
+def job_tree(sweep_pid: int) -> list[tuple[int, bool]]:
+    """The sweep's job processes and job servers, as (pid, is a server). A spawned job runs
+    multiprocessing's spawn_main; the server's command line names multiprocessing.forkserver, and
+    a job forked from it is its child (and keeps that command line); the resource tracker is neither."""
+    procs: dict[int, tuple[int, bytes]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            procs[int(stat.parent.name)] = (ppid, (stat.parent / "cmdline").read_bytes().replace(b"\0", b" "))
+        except (OSError, IndexError, ValueError):
+            continue
+    children = {pid: cmd for pid, (ppid, cmd) in procs.items() if ppid == sweep_pid}
+    servers = {pid for pid, cmd in children.items() if b"multiprocessing.forkserver" in cmd}
+    jobs = [pid for pid, cmd in children.items() if b"spawn_main" in cmd and b"resource_tracker" not in cmd]
+    forked = [pid for pid, (ppid, _) in procs.items() if ppid in servers]
+    return [(pid, False) for pid in jobs + forked] + [(pid, True) for pid in servers]

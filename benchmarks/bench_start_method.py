@@ -1,0 +1,105 @@
+"""launcher.start_method: forked jobs against spawned ones, side by side in one run.
+
+Each round runs the same sweep twice, once per start method (the order alternating between
+rounds), each from its own empty folder. Compared: the sweep's wall time, each job's
+``duration_s`` (its row's start to its result), and what the jobs measured (tokens/s, peak
+memory), which the start method must leave alone; those two are each job's figure over its grid
+point's median in both methods, so that fast and slow grid points pool. Usage:
+
+    python benchmarks/bench_start_method.py                        # 6 tiny CPU jobs, 4 rounds
+    python benchmarks/bench_start_method.py --rounds 2 model=small  # any overrides
+    python benchmarks/bench_start_method.py --methods spawn forkserver device=cuda  # on a GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+TINY = ["model=tiny", "data=synthetic", "batch=4", "seq_len=32", "steps.warmup=1", "steps.stable_window=0"]
+DEFAULT = [*TINY, "steps.measure=10", "profile.active=1", "report=false", "device=cpu", "seed=0,1,2", "amp=true,false"]
+
+
+def sweep(method: str, work: Path, extra: list[str]) -> tuple[float, list[dict]]:
+    """Run one sweep with ``launcher.start_method=method`` in ``work``: (wall s, its runs' rows)."""
+    work.mkdir()
+    t0 = time.perf_counter()
+    res = subprocess.run(
+        [sys.executable, "-m", "perfsweep", "-m", f"launcher.start_method={method}", *extra],
+        cwd=work,
+        capture_output=True,
+        text=True,
+    )
+    wall = time.perf_counter() - t0
+    if res.returncode != 0:
+        raise SystemExit(f"bench_start_method: the {method} sweep exited {res.returncode}:\n{res.stderr[-3000:]}")
+    con = sqlite3.connect(work / "results.db")
+    con.row_factory = sqlite3.Row
+    rows = [dict(r) for r in con.execute("SELECT * FROM runs ORDER BY job_num")]
+    con.close()
+    bad = [r["status"] for r in rows if r["status"] != "ok" or r["start_method"] != method]
+    if bad:
+        raise SystemExit(f"bench_start_method: a {method} sweep's runs were {bad}, not all ok and {method}")
+    return wall, rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--methods", nargs=2, default=["spawn", "forkserver"], metavar=("BASE", "OTHER"))
+    ap.add_argument("overrides", nargs="*", help="sweep overrides (default: 6 tiny CPU jobs)")
+    args = ap.parse_args()
+    from perfsweep.metrics import ratio_interval
+
+    extra = args.overrides or DEFAULT
+    base, other = args.methods
+    walls: dict[str, list[float]] = {base: [], other: []}
+    rows: dict[str, list[dict]] = {base: [], other: []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.rounds):
+            for method in (base, other) if i % 2 == 0 else (other, base):
+                wall, got = sweep(method, Path(tmp) / f"{method}{i}", extra)
+                walls[method].append(wall)
+                rows[method].extend(got)
+            print(
+                f"round {i + 1}: sweep wall {base} {walls[base][-1]:.1f} s, {other} {walls[other][-1]:.1f} s",
+                flush=True,
+            )
+    first = rows[base][0]
+    print(
+        f"date: {datetime.now(timezone.utc):%Y-%m-%d}  machine: {first['device_name']} ({platform.node()}), "
+        f"{first['cpu_count']} cores, torch {first['torch_version']}"
+    )
+    print(
+        f"command: python benchmarks/bench_start_method.py --rounds {args.rounds} --methods {base} {other} {' '.join(extra)}"
+    )
+    print(f"{len(rows[base]) // args.rounds} jobs a sweep, {args.rounds} sweeps per method")
+    print(f"{'':22s} {base:>14s} {other:>14s}   {other} / {base} [95% CI]")
+
+    def line(name: str, per: dict[str, list[float]], fmt: str) -> None:
+        r = ratio_interval(per[other], per[base])
+        med = {m: float(np.median(v)) for m, v in per.items()}
+        print(f"{name:22s} {med[base]:>14{fmt}} {med[other]:>14{fmt}}   {r.value:.3f} [{r.lo:.3f}-{r.hi:.3f}]")
+
+    line("sweep wall s", walls, ".1f")
+    line("job duration_s", {m: [r["duration_s"] for r in rows[m]] for m in rows}, ".2f")
+    for key in ("tokens_per_s", "peak_mem_bytes"):  # a grid point's own figure over its median
+        point = {}  # in both methods, so that grid points of different speed pool
+        for r in rows[base] + rows[other]:
+            point.setdefault(r["overrides"], []).append(r[key])
+        middle = {k: float(np.median(v)) for k, v in point.items()}
+        line(f"{key} / point's", {m: [r[key] / middle[r["overrides"]] for r in rows[m]] for m in rows}, ".3f")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

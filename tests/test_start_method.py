@@ -1,0 +1,171 @@
+"""How a job's process starts (launcher.start_method): forked from the sweep's job server on the
+CPU, spawned where its environment differs or where asked; either way a process of its own.
+
+Real sweeps through the CLI, a user's model module that keeps state at module level, and the
+database's ``runs.start_method``. The CUDA side (auto spawns there) is in tests/test_gpu.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.util import TINY, finish, job_process, job_server, run_perfsweep, sqlite_rows, start_as_in_a_terminal
+
+CPU = [*TINY, "device=cpu"]  # asserts the CPU's choice: auto forks CPU jobs, spawns CUDA ones
+
+LEAKY = '''
+import multiprocessing
+import os
+import sys
+
+from torch import nn
+
+BUILDS = []
+"""Module state an earlier job would leave behind, were a job started from it."""
+
+
+class Bigram(nn.Module):
+    def __init__(self, vocab_size):
+        super().__init__()
+        self.emb = nn.Embedding(vocab_size, 16)
+        self.out = nn.Linear(16, vocab_size)
+
+    def forward(self, idx, targets=None):
+        return self.out(self.emb(idx))
+
+
+def build(vocab_size):
+    BUILDS.append(vocab_size)
+    me = multiprocessing.current_process().name
+    if me.startswith("perfsweep-job-"):  # not the sweep's own checks of the factory
+        with open(os.environ["LEAKY_LOG"], "a") as f:
+            seen = (me, os.getpid(), len(BUILDS), int("torch._dynamo" in sys.modules), os.environ.get("JOB_TAG"))
+            f.write(" ".join(map(str, seen)) + "\\n")
+    return Bigram(vocab_size)
+'''
+
+
+def _user_sweep(tmp_path: Path, *overrides: str) -> tuple[list[dict], list[list[str]]]:
+    (tmp_path / "leaky.py").write_text(textwrap.dedent(LEAKY))
+    log = tmp_path / "builds.txt"
+    res = run_perfsweep(
+        ["-m", "model=custom", "model._target_=leaky.build", "model.loss=cross_entropy", "seed=0,1,2", *overrides]
+        + [o for o in CPU if not o.startswith("model=")],
+        tmp_path,
+        env={"LEAKY_LOG": str(log)},
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    runs = sqlite_rows(tmp_path / "results.db", "SELECT job_num, status, start_method FROM runs ORDER BY job_num")
+    return runs, [line.split() for line in log.read_text().splitlines()]
+
+
+def _per_job(builds: list[list[str]]) -> dict[str, list[list[str]]]:
+    """The builds' lines by job name; each line: name, pid, builds so far, Dynamo imported, JOB_TAG."""
+    jobs: dict[str, list[list[str]]] = {}
+    for line in builds:
+        jobs.setdefault(line[0], []).append(line[1:])
+    return jobs
+
+
+def _fresh(jobs: dict[str, list[list[str]]]) -> bool:
+    """Each job a process of its own whose module counted its builds from 1 (a job builds the
+    model more than once: for its figures, then to train)."""
+    pids = [{line[0] for line in lines} for lines in jobs.values()]
+    counts = [[int(line[1]) for line in lines] for lines in jobs.values()]
+    return (
+        all(len(p) == 1 for p in pids)
+        and len(set.union(*pids)) == len(jobs)
+        and all(c == list(range(1, len(c) + 1)) for c in counts)
+    )
+
+
+def test_cpu_jobs_fork_from_the_job_server_and_share_nothing(tmp_path: Path):
+    """Three jobs of one sweep: each forked (torch and Dynamo already imported when the user's
+    module is), each its own process, and each builds the model as the first build of a freshly
+    imported module: nothing of the job before it is there."""
+    runs, builds = _user_sweep(tmp_path)
+    assert [(r["status"], r["start_method"]) for r in runs] == [("ok", "forkserver")] * 3
+    jobs = _per_job(builds)
+    assert sorted(jobs) == ["perfsweep-job-0", "perfsweep-job-1", "perfsweep-job-2"] and _fresh(jobs), builds
+    assert {line[3] for line in builds} == {"1"}  # Dynamo was there before the job imported anything
+
+
+def test_spawn_is_a_new_interpreter_per_job(tmp_path: Path):
+    runs, builds = _user_sweep(tmp_path, "launcher.start_method=spawn")
+    assert [(r["status"], r["start_method"]) for r in runs] == [("ok", "spawn")] * 3
+    jobs = _per_job(builds)
+    assert len(jobs) == 3 and _fresh(jobs), builds
+    assert {line[3] for line in builds} == {"0"}  # Dynamo comes later, with the job's optimizer
+
+
+def test_a_job_whose_environment_is_not_the_servers_is_spawned_with_its_own(tmp_path: Path):
+    """Hydra's ``hydra.job.env_set``, here a value per job: torch reads some variables on import
+    (OpenMP's threads, TORCH_LOGS), which a forked job would take from the server. The first job
+    starts the server with its environment and is forked; the others differ from it, so they are
+    spawned, and each sees its own value."""
+    runs, builds = _user_sweep(tmp_path, "+hydra.job.env_set.JOB_TAG=tag${hydra:job.num}")
+    assert [(r["status"], r["start_method"]) for r in runs] == [("ok", "forkserver")] + [("ok", "spawn")] * 2
+    jobs = _per_job(builds)
+    assert {name: {line[3] for line in lines} for name, lines in jobs.items()} == {
+        f"perfsweep-job-{i}": {f"tag{i}"} for i in range(3)
+    }
+    assert _fresh(jobs), builds
+
+
+SLOW = """
+import time
+
+from torch import nn
+
+
+class SlowBigram(nn.Module):
+    \"\"\"A step of about a second: the job says nothing to the sweep for that long.\"\"\"
+
+    def __init__(self, vocab_size):
+        super().__init__()
+        self.emb = nn.Embedding(vocab_size, 16)
+        self.out = nn.Linear(16, vocab_size)
+
+    def forward(self, idx, targets=None):
+        time.sleep(0.8)
+        return self.out(self.emb(idx))
+
+
+def build(vocab_size):
+    return SlowBigram(vocab_size)
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGUSR2, signal.SIGKILL], ids=["sigusr2", "sigkill"])
+def test_a_jobs_result_outlives_its_job_servers_signal(signum: int, tmp_path: Path):
+    """SLURM sends SIGUSR2 to every process of a job step as submitit's warning that the time
+    limit is near. A job server it ended left the sweep unable to tell how its jobs exit:
+    multiprocessing reports 255 for a job still training, and a job silent for a second (a slow
+    step) was stored failed. The server ignores it, as the job does. A server killed outright
+    (SIGKILL) is the same case: the sweep then watches the job's own pid. Either way the job
+    trains on, its result is stored, and the next job gets a new server."""
+    import sys
+
+    (tmp_path / "slow.py").write_text(SLOW)
+    proc = start_as_in_a_terminal(
+        [sys.executable, "-m", "perfsweep", "-m", "model=custom", "model._target_=slow.build"]
+        + ["model.loss=cross_entropy", "seed=0,1", *[o for o in CPU if not o.startswith("model=")]],
+        tmp_path,
+    )
+    try:
+        job = job_process(proc.pid)  # the first job is forked once the server has imported torch
+        os.kill(job_server(proc.pid), signum)
+        if signum == signal.SIGUSR2:  # the job's own handling, as on SLURM where every process gets it
+            os.kill(job, signum)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    out, err = finish(proc, 300)
+    assert proc.returncode == 0, err[-3000:]
+    runs = sqlite_rows(tmp_path / "results.db", "SELECT status, error, start_method FROM runs")
+    assert [(r["status"], r["error"], r["start_method"]) for r in runs] == [("ok", None, "forkserver")] * 2
