@@ -3,7 +3,10 @@
 sync ends every measured step with loss.item() and a device synchronisation, so the host cannot
 queue step N+1 while the GPU runs step N; events keeps that overlap. On a launch-bound config
 (MiniGPT, fp16 AMP, batch 2: the GPU is ~36% busy, see docs/benchmarks.md) the difference is
-what this measures. Needs a CUDA device. Usage:
+what this measures. Each job's last warmup steps are sync-timed in either mode; printed beside
+the measured medians, they tell a mode that is slower from a process that is (on an H100 the
+events jobs were slower in all 3 rounds, and sync jobs alone ranged from 88,905 to 118,742
+tokens/s). Needs a CUDA device. Usage:
 
     python benchmarks/bench_timing_modes.py                      # minigpt_seed, fp16, 5 rounds
     python benchmarks/bench_timing_modes.py --rounds 3 batch=8
@@ -18,6 +21,9 @@ import sys
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
+
+WARM_TAIL = "SELECT step_time_ms FROM steps WHERE run_id = ? AND phase = 'warmup' ORDER BY step DESC LIMIT 5"
+"""The job's last five warmup steps (sync-timed whatever ``timing`` is)."""
 
 BASE = ["model=minigpt_seed", "amp=true", "amp_dtype=fp16", "batch=2", "seq_len=1024", "data.vocab_limit=10000"]
 
@@ -44,6 +50,10 @@ def run(mode: str, work: Path, i: int, extra: list[str]) -> dict:
     con = sqlite3.connect(db)
     con.row_factory = sqlite3.Row
     row = dict(con.execute("SELECT * FROM runs ORDER BY id DESC LIMIT 1").fetchone())
+    # the last warmup steps are timed sync in both modes: the same process's own sync reference,
+    # which tells a slower mode from a slower process (fresh jobs differ by up to a third)
+    warm = [r[0] for r in con.execute(WARM_TAIL, (row["id"],))]
+    row["warmup_tail_ms_median"] = sorted(warm)[len(warm) // 2] if warm else float("nan")
     con.close()
     return row
 
@@ -79,7 +89,8 @@ def main() -> int:
         med = sorted(tps[m])[len(tps[m]) // 2]
         print(
             f"{m:6s}: median {med:,.0f} tokens/s over {args.rounds} jobs; step medians (ms) "
-            f"{[round(r['step_time_ms_median'], 2) for r in got[m]]}"
+            f"{[round(r['step_time_ms_median'], 2) for r in got[m]]}; the same jobs' last warmup steps "
+            f"(sync-timed in both modes) {[round(r['warmup_tail_ms_median'], 2) for r in got[m]]}"
         )
     print(f"events / sync tokens/s: {ratio.value:.3f} [95% CI {ratio.lo:.3f}-{ratio.hi:.3f}]")
     return 0

@@ -115,6 +115,9 @@ before = vm(); step_alloc_peak_bytes(lambda: torch.ones(16).sum()); print('befor
     query
     ;;
   benches)
+    step "launcher.start_method: CUDA jobs spawned vs forked from the job server (auto spawns them)"
+    bench 90 benchmarks/bench_start_method.py --rounds 2 model=tiny data=synthetic batch=4 seq_len=32 \
+      steps.warmup=1 steps.stable_window=0 steps.measure=10 report=false device=cuda seed=0,1,2
     step "timing=sync vs timing=events"
     bench 120 benchmarks/bench_timing_modes.py --rounds 3
     step "nproc=1 (one-rank DDP over NCCL) vs a plain process"
