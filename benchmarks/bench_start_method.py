@@ -83,16 +83,21 @@ def main() -> int:
         f"command: python benchmarks/bench_start_method.py --rounds {args.rounds} --methods {base} {other} {' '.join(extra)}"
     )
     print(f"{len(rows[base]) // args.rounds} jobs a sweep, {args.rounds} sweeps per method")
-    print(f"{'':22s} {base:>14s} {other:>14s}   {other} / {base} [95% CI]")
+    print(f"{'':32s} {base:>14s} {other:>14s}   {other} / {base} [95% CI]")
 
     def line(name: str, per: dict[str, list[float]], fmt: str) -> None:
         r = ratio_interval(per[other], per[base])
         med = {m: float(np.median(v)) for m, v in per.items()}
-        print(f"{name:22s} {med[base]:>14{fmt}} {med[other]:>14{fmt}}   {r.value:.3f} [{r.lo:.3f}-{r.hi:.3f}]")
+        print(f"{name:32s} {med[base]:>14{fmt}} {med[other]:>14{fmt}}   {r.value:.3f} [{r.lo:.3f}-{r.hi:.3f}]")
 
     line("sweep wall s", walls, ".1f")
     line("job duration_s", {m: [r["duration_s"] for r in rows[m]] for m in rows}, ".2f")
-    for key in ("tokens_per_s", "peak_mem_bytes"):  # a grid point's own figure over its median
+    for key in (
+        "tokens_per_s",
+        "peak_mem_bytes",
+        "rss_before_train_bytes",
+        "peak_rss_bytes",
+    ):  # over the point's median
         point = {}  # in both methods, so that grid points of different speed pool
         for r in rows[base] + rows[other]:
             point.setdefault(r["overrides"], []).append(r[key])

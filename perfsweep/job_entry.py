@@ -13,6 +13,7 @@ import contextlib
 import os
 import pickle
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +34,11 @@ def unwritable_folder(job_dir: str, exc: OSError) -> str:
     )
 
 
-def main(job_dir: str, conn: Any, payload: bytes, start_method: str = "spawn") -> None:
+def main(job_dir: str, conn: Any, payload: bytes, start_method: str = "spawn", package: str | None = None) -> None:
     """Run :func:`perfsweep.runner.job_main` with the arguments pickled in ``payload``;
     ``start_method`` says how this process was started (perfsweep.launcher.start_method), for its row.
+    ``package``: where the sweep imported perfsweep from; a job that imported it elsewhere (a job
+    server whose interpreter resolved another copy) fails saying so rather than run other code.
 
     A job folder that cannot be written (deleted under a read-only parent, a full disk) is this
     job's failure, reported through ``conn`` like any other: unreported, the sweep could only say
@@ -45,6 +48,15 @@ def main(job_dir: str, conn: Any, payload: bytes, start_method: str = "spawn") -
         redirect_output(job_dir)
     except OSError as exc:
         conn.send(("error", "failed", unwritable_folder(job_dir, exc), "", {}))
+        conn.close()
+        return
+    mine = str(Path(sys.modules["perfsweep"].__file__ or "").resolve())
+    if package is not None and mine != package:
+        why = (
+            f"this job imported perfsweep from {mine}, the sweep from {package} ({start_method}): "
+            "run the sweep with the interpreter and sys.path its jobs get, or with launcher.start_method=spawn"
+        )
+        conn.send(("error", "failed", why, "", {"start_method": start_method}))
         conn.close()
         return
     # the sweep started this process with Ctrl-C and SIGTERM blocked (perfsweep.launcher.signals_blocked):

@@ -334,7 +334,7 @@ class JobCancelled(BaseException):
         return cls(f"the sweep was stopped by {first}" if first else "the sweep was stopped")
 
 
-_SPAWN_LOCK = threading.Lock()
+_SPAWN_LOCK = threading.RLock()
 """Concurrent jobs start one at a time: a child takes the environment of the moment it starts."""
 
 SPAWN_START_METHODS = ("spawn", "fork", "forkserver")
@@ -376,19 +376,19 @@ _server_failed = False
 
 
 def start_method(cfg: PerfsweepConfig, job_env: dict[str, str]) -> str:
-    """``spawn`` or ``forkserver`` for one job (``launcher.start_method``).
+    """``spawn`` or ``forkserver`` for one job (``launcher.start_method``); call under _SPAWN_LOCK.
 
     A forked job inherits what its server read on importing torch: OpenMP's and MKL's thread
-    counts, TORCH_LOGS, Inductor's settings. So it is forked only where its environment is the
-    server's; otherwise (``hydra.job.env_set``, a slot's CUDA_VISIBLE_DEVICES, the sweep's own
-    environment changed since) it is spawned, with the environment it was given."""
+    counts, TORCH_LOGS, Inductor's settings. So a job is forked only where it has the server's
+    environment: not one given variables of its own (``hydra.job.env_set``, which Hydra also
+    sets and unsets in this process while it hands out jobs; a slot's CUDA_VISIBLE_DEVICES), nor
+    one of a process whose environment changed since the server started. Those are spawned."""
     wanted = cfg.launcher.start_method
     if _server_failed or wanted == StartMethod.spawn:
         return "spawn"
     if wanted == StartMethod.auto and runner.wants_cuda(cfg.device):
         return "spawn"
-    env = dict(os.environ)
-    if any(env.get(k) != v for k, v in job_env.items()) or _server_env not in (None, env):
+    if job_env or _server_env not in (None, dict(os.environ)):
         log.debug("job spawned, not forked: its environment is not the job server's")
         return "spawn"
     return "forkserver"
@@ -400,28 +400,35 @@ def _start_job(spec: JobSpec, child_conn: Any, payload: bytes, job_env: dict[str
     The job server is started with the first forked job, inside the same block: it and every
     job forked from it start with Ctrl-C and SIGTERM blocked, as a spawned job does. A server that
     fails (it died, it cannot be reached) costs that job nothing: it is spawned instead, and so
-    is every later job of this process."""
+    is every later job of this process. The choice and the start hold _SPAWN_LOCK, so a job
+    thread's start never sees another's environment (:func:`_spawning`)."""
     global _server_env, _server_failed
     name = f"perfsweep-job-{spec.job_num}"
-    if start_method(spec.cfg, job_env) == "forkserver":
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
-        args = (str(spec.job_dir), child_conn, payload, "forkserver")
-        proc = ctx.Process(target=job_entry.main, args=args, name=name)
-        try:
-            with _spawning({}), signals_blocked():
-                if _server_env is None:
-                    _server_env = dict(os.environ)
-                proc.start()
-            return proc
-        except (OSError, EOFError) as exc:
-            _server_failed = True
-            log.warning("could not fork the job from perfsweep's job server (%s); spawning it instead", exc)
-    args = (str(spec.job_dir), child_conn, payload, "spawn")
-    proc = mp.get_context("spawn").Process(target=job_entry.main, args=args, name=name)
-    with _spawning(job_env), signals_blocked():
-        proc.start()
-    return proc
+    with _SPAWN_LOCK:
+        if start_method(spec.cfg, job_env) == "forkserver":
+            ctx = mp.get_context("forkserver")
+            ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+            args = (str(spec.job_dir), child_conn, payload, "forkserver", _package_file())
+            proc = ctx.Process(target=job_entry.main, args=args, name=name)
+            try:
+                with _spawning({}), signals_blocked():
+                    if _server_env is None:
+                        _server_env = dict(os.environ)
+                    proc.start()
+                return proc
+            except (OSError, EOFError) as exc:
+                _server_failed = True
+                log.warning("could not fork the job from perfsweep's job server (%s); spawning it instead", exc)
+        args = (str(spec.job_dir), child_conn, payload, "spawn", _package_file())
+        proc = mp.get_context("spawn").Process(target=job_entry.main, args=args, name=name)
+        with _spawning(job_env), signals_blocked():
+            proc.start()
+        return proc
+
+
+def _package_file() -> str:
+    """Where this process imported perfsweep from: a job must run the same code."""
+    return str(Path(sys.modules["perfsweep"].__file__ or "").resolve())
 
 
 @contextlib.contextmanager

@@ -10,51 +10,47 @@ from __future__ import annotations
 import os
 import signal
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
+from tests.test_custom_model import USER_MODEL
 from tests.util import TINY, finish, job_process, job_server, run_perfsweep, sqlite_rows, start_as_in_a_terminal
 
 CPU = [*TINY, "device=cpu"]  # asserts the CPU's choice: auto forks CPU jobs, spawns CUDA ones
 
-LEAKY = '''
+LEAKY = (
+    textwrap.dedent(USER_MODEL)
+    + """
 import multiprocessing
 import os
 import sys
 
-from torch import nn
-
 BUILDS = []
-"""Module state an earlier job would leave behind, were a job started from it."""
+\"\"\"Module state an earlier job would leave behind, were a job started from it.\"\"\"
 
 
-class Bigram(nn.Module):
-    def __init__(self, vocab_size):
-        super().__init__()
-        self.emb = nn.Embedding(vocab_size, 16)
-        self.out = nn.Linear(16, vocab_size)
-
-    def forward(self, idx, targets=None):
-        return self.out(self.emb(idx))
-
-
-def build(vocab_size):
+def leaky(vocab_size):
     BUILDS.append(vocab_size)
     me = multiprocessing.current_process().name
     if me.startswith("perfsweep-job-"):  # not the sweep's own checks of the factory
         with open(os.environ["LEAKY_LOG"], "a") as f:
             seen = (me, os.getpid(), len(BUILDS), int("torch._dynamo" in sys.modules), os.environ.get("JOB_TAG"))
             f.write(" ".join(map(str, seen)) + "\\n")
-    return Bigram(vocab_size)
-'''
+    return Logits(vocab_size)
+"""
+)
+"""tests/test_custom_model.py's user module (its ``Logits``: a bigram) with a factory that
+records, in LEAKY_LOG, the job, its pid, the builds its module has seen, whether torch's Dynamo
+was imported before it, and JOB_TAG."""
 
 
 def _user_sweep(tmp_path: Path, *overrides: str) -> tuple[list[dict], list[list[str]]]:
-    (tmp_path / "leaky.py").write_text(textwrap.dedent(LEAKY))
+    (tmp_path / "usermodels.py").write_text(LEAKY)
     log = tmp_path / "builds.txt"
     res = run_perfsweep(
-        ["-m", "model=custom", "model._target_=leaky.build", "model.loss=cross_entropy", "seed=0,1,2", *overrides]
+        ["-m", "model=custom", "model._target_=usermodels.leaky", "model.loss=cross_entropy", "seed=0,1,2", *overrides]
         + [o for o in CPU if not o.startswith("model=")],
         tmp_path,
         env={"LEAKY_LOG": str(log)},
@@ -103,13 +99,13 @@ def test_spawn_is_a_new_interpreter_per_job(tmp_path: Path):
     assert {line[3] for line in builds} == {"0"}  # Dynamo comes later, with the job's optimizer
 
 
-def test_a_job_whose_environment_is_not_the_servers_is_spawned_with_its_own(tmp_path: Path):
+def test_a_job_given_environment_variables_is_spawned_with_them(tmp_path: Path):
     """Hydra's ``hydra.job.env_set``, here a value per job: torch reads some variables on import
-    (OpenMP's threads, TORCH_LOGS), which a forked job would take from the server. The first job
-    starts the server with its environment and is forked; the others differ from it, so they are
-    spawned, and each sees its own value."""
+    (OpenMP's threads, TORCH_LOGS), which a forked job would take from the server, and Hydra sets
+    and unsets them in the sweep's process as it hands out jobs. Every job is spawned, and each
+    sees its own value."""
     runs, builds = _user_sweep(tmp_path, "+hydra.job.env_set.JOB_TAG=tag${hydra:job.num}")
-    assert [(r["status"], r["start_method"]) for r in runs] == [("ok", "forkserver")] + [("ok", "spawn")] * 2
+    assert [(r["status"], r["start_method"]) for r in runs] == [("ok", "spawn")] * 3
     jobs = _per_job(builds)
     assert {name: {line[3] for line in lines} for name, lines in jobs.items()} == {
         f"perfsweep-job-{i}": {f"tag{i}"} for i in range(3)
@@ -117,28 +113,47 @@ def test_a_job_whose_environment_is_not_the_servers_is_spawned_with_its_own(tmp_
     assert _fresh(jobs), builds
 
 
-SLOW = """
+def test_a_job_that_imported_another_perfsweep_refuses_to_run(tmp_path: Path):
+    """A job server's interpreter resolves its imports by its own sys.path; had it found another
+    copy of perfsweep than the sweep's, its jobs would run other code. The job fails saying so."""
+    import multiprocessing as mp
+    import subprocess
+    import sys
+
+    from perfsweep import job_entry
+
+    receive, send = mp.Pipe(duplex=False)
+    elsewhere = str(tmp_path / "elsewhere" / "perfsweep" / "__init__.py")
+    script = (
+        "import sys; from multiprocessing.connection import Connection; from perfsweep import job_entry; "
+        f"job_entry.main({str(tmp_path / 'job')!r}, Connection({send.fileno()}), b'', 'forkserver', {elsewhere!r})"
+    )
+    subprocess.run([sys.executable, "-c", script], pass_fds=[send.fileno()], check=True, timeout=120)
+    send.close()
+    kind, status, why, _, partial = receive.recv()
+    assert (kind, status, partial) == ("error", "failed", {"start_method": "forkserver"})
+    assert why.startswith(f"this job imported perfsweep from {Path(job_entry.__file__).parent / '__init__.py'}")
+    assert f"the sweep from {elsewhere} (forkserver)" in why and "launcher.start_method=spawn" in why
+
+
+SLOW = (
+    textwrap.dedent(USER_MODEL)
+    + """
 import time
 
-from torch import nn
 
-
-class SlowBigram(nn.Module):
+class SlowLogits(Logits):
     \"\"\"A step of about a second: the job says nothing to the sweep for that long.\"\"\"
-
-    def __init__(self, vocab_size):
-        super().__init__()
-        self.emb = nn.Embedding(vocab_size, 16)
-        self.out = nn.Linear(16, vocab_size)
 
     def forward(self, idx, targets=None):
         time.sleep(0.8)
-        return self.out(self.emb(idx))
+        return super().forward(idx, targets)
 
 
-def build(vocab_size):
-    return SlowBigram(vocab_size)
+def slow(vocab_size):
+    return SlowLogits(vocab_size)
 """
+)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGUSR2, signal.SIGKILL], ids=["sigusr2", "sigkill"])
@@ -151,17 +166,21 @@ def test_a_jobs_result_outlives_its_job_servers_signal(signum: int, tmp_path: Pa
     trains on, its result is stored, and the next job gets a new server."""
     import sys
 
-    (tmp_path / "slow.py").write_text(SLOW)
+    (tmp_path / "usermodels.py").write_text(SLOW)
     proc = start_as_in_a_terminal(
-        [sys.executable, "-m", "perfsweep", "-m", "model=custom", "model._target_=slow.build"]
+        [sys.executable, "-m", "perfsweep", "-m", "model=custom", "model._target_=usermodels.slow"]
         + ["model.loss=cross_entropy", "seed=0,1", *[o for o in CPU if not o.startswith("model=")]],
         tmp_path,
     )
     try:
         job = job_process(proc.pid)  # the first job is forked once the server has imported torch
-        os.kill(job_server(proc.pid), signum)
+        server = job_server(proc.pid)
+        os.kill(server, signum)
         if signum == signal.SIGUSR2:  # the job's own handling, as on SLURM where every process gets it
             os.kill(job, signum)
+            time.sleep(0.5)
+            state = Path(f"/proc/{server}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            assert state not in ("Z", "X"), "the job server did not outlive SIGUSR2"
     except BaseException:
         os.killpg(proc.pid, signal.SIGKILL)
         raise
