@@ -404,12 +404,16 @@ def _start_job(spec: JobSpec, child_conn: Any, payload: bytes, job_env: dict[str
     thread's start never sees another's environment (:func:`_spawning`)."""
     global _server_env, _server_failed
     name = f"perfsweep-job-{spec.job_num}"
+    package = str(Path(sys.modules["perfsweep"].__file__ or "").resolve())  # a job must run the same code
+
+    def args(how: str) -> tuple:
+        return (str(spec.job_dir), child_conn, payload, how, package)
+
     with _SPAWN_LOCK:
         if start_method(spec.cfg, job_env) == "forkserver":
             ctx = mp.get_context("forkserver")
             ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
-            args = (str(spec.job_dir), child_conn, payload, "forkserver", _package_file())
-            proc = ctx.Process(target=job_entry.main, args=args, name=name)
+            proc = ctx.Process(target=job_entry.main, args=args("forkserver"), name=name)
             try:
                 with _spawning({}), signals_blocked():
                     if _server_env is None:
@@ -419,16 +423,10 @@ def _start_job(spec: JobSpec, child_conn: Any, payload: bytes, job_env: dict[str
             except (OSError, EOFError) as exc:
                 _server_failed = True
                 log.warning("could not fork the job from perfsweep's job server (%s); spawning it instead", exc)
-        args = (str(spec.job_dir), child_conn, payload, "spawn", _package_file())
-        proc = mp.get_context("spawn").Process(target=job_entry.main, args=args, name=name)
+        proc = mp.get_context("spawn").Process(target=job_entry.main, args=args("spawn"), name=name)
         with _spawning(job_env), signals_blocked():
             proc.start()
         return proc
-
-
-def _package_file() -> str:
-    """Where this process imported perfsweep from: a job must run the same code."""
-    return str(Path(sys.modules["perfsweep"].__file__ or "").resolve())
 
 
 @contextlib.contextmanager
