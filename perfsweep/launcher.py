@@ -233,11 +233,15 @@ def _run_in_child(
     cpus = list(placement.cpus) if placement is not None and placement.cpus else None
     payload = pickle.dumps((config, token_data, spec.label, str(spec.launch_dir), cpus))  # see perfsweep.job_entry
     kills_before = oom_kills()  # the kernel's OOM kills so far: did a SIGKILL come from it?
-    proc = _start_job(spec, child_conn, payload, {**spec.env, **(placement.env() if placement is not None else {})})
-    child_conn.close()
-    deadline = time.monotonic() + spec.cfg.timeout_s
+    started: list[Any] = []
     outcome: tuple[str, str | None, dict[str, Any]] | None = None
     try:
+        try:
+            env = {**spec.env, **(placement.env() if placement is not None else {})}
+            proc = _start_job(spec, child_conn, payload, env, started)
+        finally:
+            child_conn.close()  # the job holds the only sending end: its death closes the pipe
+        deadline = time.monotonic() + spec.cfg.timeout_s
         while outcome is None:
             beat()
             if cancel is not None and cancel.is_set():
@@ -264,7 +268,11 @@ def _run_in_child(
             elif not _running(proc) and not parent_conn.poll():
                 break
     except BaseException as exc:  # Ctrl-C, SIGTERM or a cancel: the job is stopped and stored as it ended
-        ended = _wait_for_exit(parent_conn, proc, outcome and (*outcome, utcnow()), stopped=True)[0]
+        if not started:  # it never started: nothing to stop
+            parent_conn.close()
+            raise
+        # started[0], not proc: a signal held while the job started comes as its start returns
+        ended = _wait_for_exit(parent_conn, started[0], outcome and (*outcome, utcnow()), stopped=True)[0]
         if ended is not None:  # it reported: a result that crossed the Ctrl-C is kept (perfsweep_outcome)
             exc.perfsweep_outcome = ended
         raise
@@ -394,8 +402,14 @@ def start_method(cfg: PerfsweepConfig, job_env: dict[str, str]) -> str:
     return "forkserver"
 
 
-def _start_job(spec: JobSpec, child_conn: Any, payload: bytes, job_env: dict[str, str]) -> mp.process.BaseProcess:
-    """Start the job's process (:func:`start_method`), its signals blocked (:func:`signals_blocked`).
+def _start_job(
+    spec: JobSpec, child_conn: Any, payload: bytes, job_env: dict[str, str], started: list[Any]
+) -> mp.process.BaseProcess:
+    """Start the job's process (:func:`start_method`), its signals blocked (:func:`signals_blocked`),
+    and put it in ``started`` as soon as it runs. A Ctrl-C or SIGTERM held meanwhile is raised as
+    the mask comes back, out of this call: the caller then finds the job in ``started`` and stops
+    it. (It lost the job, which trained on unwatched: after a SIGTERM to the sweep alone until
+    the sweep was gone; the first forked start waits for the job server to import torch, 2 s.)
 
     The job server is started with the first forked job, inside the same block: it and every
     job forked from it start with Ctrl-C and SIGTERM blocked, as a spawned job does. A server that
@@ -419,6 +433,7 @@ def _start_job(spec: JobSpec, child_conn: Any, payload: bytes, job_env: dict[str
                     if _server_env is None:
                         _server_env = dict(os.environ)
                     proc.start()
+                    started.append(proc)
                 return proc
             except (OSError, EOFError) as exc:
                 _server_failed = True
@@ -426,6 +441,7 @@ def _start_job(spec: JobSpec, child_conn: Any, payload: bytes, job_env: dict[str
         proc = mp.get_context("spawn").Process(target=job_entry.main, args=args("spawn"), name=name)
         with _spawning(job_env), signals_blocked():
             proc.start()
+            started.append(proc)
         return proc
 
 

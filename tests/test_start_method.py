@@ -191,3 +191,62 @@ def test_a_jobs_result_outlives_its_job_servers_signal(signum: int, tmp_path: Pa
     runs = sqlite_rows(tmp_path / "results.db", "SELECT status, error, start_method FROM runs")
     jobs = 2 if signum == signal.SIGKILL else 1  # after a SIGKILL the next job needs a new server
     assert [(r["status"], r["error"], r["start_method"]) for r in runs] == [("ok", None, "forkserver")] * jobs
+
+
+def test_a_signal_held_while_a_job_starts_stops_that_job_too(tmp_path: Path):
+    """A Ctrl-C or SIGTERM that comes while a job is being started is held (the job must start
+    with both blocked) and raised as the start returns. The sweep lost the job then: it stored
+    the run interrupted and exited, and the job, which a SIGTERM to the sweep alone never
+    reached, trained on unwatched until its next progress line found the sweep gone and died of
+    a BrokenPipeError (its traceback in job.log), the sweep's exit waiting for that (3 s steps
+    here). The first forked start waits for the job server to import torch (2 s), so the window
+    is not small. The SIGTERM is sent here from inside the start, where it is held: the sweep
+    now stops the job as it stops one that was running, and nothing it started outlives it."""
+    import sys
+
+    (tmp_path / "usermodels.py").write_text(SLOW.replace("time.sleep(0.7)", "time.sleep(3.0)"))
+    driver = (
+        "import contextlib, os, signal, sys\n"
+        "from perfsweep import launcher\n"
+        "real = launcher.signals_blocked\n"
+        "@contextlib.contextmanager\n"
+        "def blocked():\n"
+        "    with real():\n"
+        "        yield\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)  # to the sweep alone, held: the job has started\n"
+        "launcher.signals_blocked = blocked\n"
+        "sys.argv = ['perfsweep', *sys.argv[1:]]\n"
+        "from perfsweep.__main__ import cli\n"
+        "cli()\n"
+    )
+    proc = start_as_in_a_terminal(
+        [sys.executable, "-c", driver, "-m", "model=custom", "model._target_=usermodels.slow"]
+        + ["model.loss=cross_entropy", "steps.measure=2", "profile.enabled=false"]
+        + [o for o in CPU if not o.startswith(("model=", "steps.measure", "profile."))],
+        tmp_path,
+    )
+    out, err = finish(proc, 120)
+    time.sleep(0.5)  # the job server ends as the sweep does
+    left = _in_group(proc.pid)
+    if left:
+        os.killpg(proc.pid, signal.SIGKILL)
+    assert not left, f"processes the sweep started outlived it: {left}"
+    assert proc.returncode == 143, err[-3000:]
+    runs = sqlite_rows(tmp_path / "results.db", "SELECT status, error FROM runs")
+    assert [r["status"] for r in runs] == ["interrupted"] and runs[0]["error"].startswith("interrupted (SIGTERM)"), runs
+    assert "Traceback" not in err, err[-3000:]
+    (log,) = tmp_path.glob("multirun/*/*/*/job.log")
+    assert "Traceback" not in log.read_text(), log.read_text()[-3000:]  # stopped, not cut off
+
+
+def _in_group(pgid: int) -> list[str]:
+    """The command lines of the processes in process group ``pgid``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+                found.append((stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:200])
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
