@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from perfsweep import importer, job_entry, store
+from perfsweep import importer, interrupts, job_entry, store
 from perfsweep.names import HEARTBEAT_STALE_S
 from tests.util import (
     TINY,
@@ -807,22 +807,51 @@ def test_ctrl_c_as_a_finished_sweep_closes_keeps_its_figures_and_names_the_repor
 
 @pytest.mark.slow
 def test_a_second_ctrl_c_while_a_job_stops_skips_the_summary(tmp_path: Path):
-    """Ctrl-C pressed three times, 50 ms apart, during a job of a one-at-a-time sweep: the later
-    ones were held while the job stopped, then raised, and the summary was printed all the same
-    (README: a second Ctrl-C skips it; found by a new-user review). The job is stored interrupted,
-    the last line names the resume command."""
+    """Ctrl-C pressed, then twice more, 50 ms apart, while the sweep stops the job of a one-at-a-time
+    sweep: the later ones were held while the job stopped, then raised, and the summary was printed
+    all the same (README: a second Ctrl-C skips it; found by a new-user review). The job is stored
+    interrupted, the last line names the resume command.
+
+    Presses that reach a process before it takes the first are one signal (the kernel keeps one
+    pending signal of each kind), whoever sends them; so are presses while a job starts, when the
+    sweep holds them. Sent blind, 3 s after the job's row and 50 ms apart, they failed this test
+    about once in five runs on a loaded 2-core machine, the sweep rightly seeing one Ctrl-C and
+    printing its summary. So the first press waits for the job's process, and the later ones for
+    the sweep to have taken the first: its wait for the job's last word says so, and lasts 1 s."""
+    driver = (
+        "import sys, time\n"
+        "from perfsweep import launcher\n"
+        "real = launcher._last_word\n"
+        "def slow(*args, **kw):\n"
+        "    print('waiting for the job', file=sys.stderr, flush=True)\n"
+        "    time.sleep(1.0)\n"
+        "    return real(*args, **kw)\n"
+        "launcher._last_word = slow\n"
+        "sys.argv = ['perfsweep', *sys.argv[1:]]\n"
+        "from perfsweep.__main__ import cli\n"
+        "cli()\n"
+    )
     proc = start_as_in_a_terminal(
-        [sys.executable, "-m", "perfsweep", "-m", "amp=true,false", "device=cpu", *TINY, "steps.measure=100000000"],
+        [sys.executable, "-c", driver, "-m", "amp=true,false", "device=cpu", *TINY, "steps.measure=100000000"],
         tmp_path,
     )
+    assert proc.stderr is not None
     db = tmp_path / "results.db"
-    wait_for(lambda: db.exists() and rows(db, "SELECT count(*) AS n FROM runs WHERE status = 'running'")[0]["n"] == 1)
-    time.sleep(3)  # training
-    for _ in range(3):
+    job_process(proc.pid)  # started: a press while it starts is held with the others, and they make one
+    time.sleep(1)  # training
+    os.killpg(proc.pid, signal.SIGINT)
+    lines = []
+    for line in proc.stderr:
+        lines.append(line)
+        if line.startswith("waiting for the job"):
+            break
+    for _ in range(2):
         os.killpg(proc.pid, signal.SIGINT)
         time.sleep(0.05)
     out, err = finish(proc, 90)
+    err = "".join(lines) + err
     assert proc.returncode == 130, err[-2000:]
+    assert interrupts.STOPPING_NOTE in err, err[-2000:]  # the later presses were held, and said so
     assert "Sweep 1" not in out, out[-2000:] + err[-2000:]
     assert [r["status"] for r in rows(db, "SELECT status FROM runs")] == ["interrupted"]
     assert rows(db, "SELECT status FROM sweeps") == [{"status": "interrupted"}]
