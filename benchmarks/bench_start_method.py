@@ -4,16 +4,20 @@ Each round runs the same sweep twice, once per start method (the order alternati
 rounds), each from its own empty folder. Compared: the sweep's wall time, each job's
 ``duration_s`` (its row's start to its result), and what the jobs measured (tokens/s, peak
 memory), which the start method must leave alone; those two are each job's figure over its grid
-point's median in both methods, so that fast and slow grid points pool. Usage:
+point's median in both methods, so that fast and slow grid points pool. ``forkserver-early`` and
+``forkserver-late``: forkserver with the job server started as the grid is composed
+(perfsweep.job_start.start_early), or by the first job. Usage:
 
     python benchmarks/bench_start_method.py                        # 6 tiny CPU jobs, 4 rounds
     python benchmarks/bench_start_method.py --rounds 2 model=small  # any overrides
     python benchmarks/bench_start_method.py --methods spawn forkserver device=cuda  # on a GPU
+    python benchmarks/bench_start_method.py --methods forkserver-late forkserver-early seed=0 ...  # early server
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sqlite3
 import subprocess
@@ -25,19 +29,26 @@ from pathlib import Path
 
 import numpy as np
 
+from perfsweep.names import EARLY_JOB_SERVER_ENV
+
 TINY = ["model=tiny", "data=synthetic", "batch=4", "seq_len=32", "steps.warmup=1", "steps.stable_window=0"]
 DEFAULT = [*TINY, "steps.measure=10", "profile.active=1", "report=false", "device=cpu", "seed=0,1,2", "amp=true,false"]
 
 
 def sweep(method: str, work: Path, extra: list[str]) -> tuple[float, list[dict]]:
-    """Run one sweep with ``launcher.start_method=method`` in ``work``: (wall s, its runs' rows)."""
+    """Run one sweep with ``launcher.start_method=method`` in ``work``: (wall s, its runs' rows).
+    ``forkserver-early`` and ``forkserver-late``: the job server started as the grid is composed,
+    or by the first job (PERFSWEEP_EARLY_JOB_SERVER=1 or 0; plain ``forkserver``: where a core is spare)."""
     work.mkdir()
+    stored, _, when = method.partition("-")
+    env = {**os.environ, EARLY_JOB_SERVER_ENV: {"early": "1", "late": "0"}[when]} if when else None
     t0 = time.perf_counter()
     res = subprocess.run(
-        [sys.executable, "-m", "perfsweep", "-m", f"launcher.start_method={method}", *extra],
+        [sys.executable, "-m", "perfsweep", "-m", f"launcher.start_method={stored}", *extra],
         cwd=work,
         capture_output=True,
         text=True,
+        env=env,
     )
     wall = time.perf_counter() - t0
     if res.returncode != 0:
@@ -46,9 +57,9 @@ def sweep(method: str, work: Path, extra: list[str]) -> tuple[float, list[dict]]
     con.row_factory = sqlite3.Row
     rows = [dict(r) for r in con.execute("SELECT * FROM runs ORDER BY job_num")]
     con.close()
-    bad = [r["status"] for r in rows if r["status"] != "ok" or r["start_method"] != method]
+    bad = [(r["status"], r["start_method"]) for r in rows if r["status"] != "ok" or r["start_method"] != stored]
     if bad:
-        raise SystemExit(f"bench_start_method: a {method} sweep's runs were {bad}, not all ok and {method}")
+        raise SystemExit(f"bench_start_method: a {method} sweep's runs were {bad}, not all ok and {stored}")
     return wall, rows
 
 

@@ -104,7 +104,7 @@ class CompileCache(str, enum.Enum):
 
 
 class StartMethod(str, enum.Enum):
-    """How a job's process starts (perfsweep.launcher.start_method)."""
+    """How a job's process starts (perfsweep.job_start.start_method)."""
 
     auto = "auto"
     """forkserver for a job on the CPU, spawn for one on CUDA (forkserver there is not yet

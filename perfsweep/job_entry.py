@@ -36,7 +36,7 @@ def unwritable_folder(job_dir: str, exc: OSError) -> str:
 
 def main(job_dir: str, conn: Any, payload: bytes, start_method: str = "spawn", package: str | None = None) -> None:
     """Run :func:`perfsweep.runner.job_main` with the arguments pickled in ``payload``;
-    ``start_method`` says how this process was started (perfsweep.launcher.start_method), for its row.
+    ``start_method`` says how this process was started (perfsweep.job_start.start_method), for its row.
     ``package``: where the sweep imported perfsweep from; a job that imported it elsewhere (a job
     server whose interpreter resolved another copy) fails saying so rather than run other code.
 
@@ -59,7 +59,7 @@ def main(job_dir: str, conn: Any, payload: bytes, start_method: str = "spawn", p
         conn.send(("error", "failed", why, "", {"start_method": start_method}))
         conn.close()
         return
-    # the sweep started this process with Ctrl-C and SIGTERM blocked (perfsweep.launcher.signals_blocked):
+    # the sweep started this process with Ctrl-C and SIGTERM blocked (perfsweep.job_start.signals_blocked):
     # one that came while the interpreter started is raised here, its traceback in job.log
     signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM))
     cfg_dict, token_data, label, launch_dir, cpus = pickle.loads(payload)  # imports torch (spawned)

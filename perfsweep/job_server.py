@@ -1,4 +1,4 @@
-"""Imported by the job server alone (perfsweep.launcher.FORKSERVER_PRELOAD), never by a job.
+"""Imported by the job server alone (perfsweep.job_start.FORKSERVER_PRELOAD), never by a job.
 
 The server is multiprocessing's forkserver: it imports torch once for the sweep and forks every
 CPU job from itself. It ends when the sweep and its jobs have (its "alive" pipe closes), and an
@@ -12,7 +12,11 @@ It ignores SIGUSR2, which SLURM sends every process of a job step as submitit's 
 the time limit is near: by default that signal ends a process, and a server gone leaves the
 sweep unable to tell how the jobs forked from it exit (multiprocessing then reports exit code
 255 for a job still running). Ctrl-C and SIGTERM reach it blocked
-(perfsweep.launcher.signals_blocked); it ends with the sweep.
+(perfsweep.job_start.signals_blocked); it ends with the sweep.
+
+Imported last of the server's imports, it creates the file named by PERFSWEEP_JOB_SERVER_READY
+(perfsweep.names.JOB_SERVER_READY_ENV) when the sweep started the server early: the sweep waits
+for it before it times the CPU's matmul peak. The variable goes with it, not to the jobs.
 """
 
 from __future__ import annotations
@@ -20,6 +24,9 @@ from __future__ import annotations
 import atexit
 import os
 import signal
+from pathlib import Path
+
+from perfsweep.names import JOB_SERVER_READY_ENV
 
 
 def _exit_now() -> None:
@@ -29,3 +36,6 @@ def _exit_now() -> None:
 atexit.register(_exit_now)
 os.register_at_fork(after_in_child=lambda: atexit.unregister(_exit_now))
 signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+
+if _ready := os.environ.pop(JOB_SERVER_READY_ENV, None):
+    Path(_ready).touch()

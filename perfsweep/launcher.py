@@ -30,10 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from perfsweep import data as data_mod
-from perfsweep import importer, interrupts, job_entry, runner, slots, store
+from perfsweep import importer, interrupts, job_entry, job_start, runner, slots, store
 from perfsweep.cli import first_line
-from perfsweep.config import PerfsweepConfig, StartMethod, short_dirname, to_plain_dict
+from perfsweep.config import PerfsweepConfig, short_dirname, to_plain_dict
 from perfsweep.envinfo import environ_set, oom_kills
+from perfsweep.job_start import signals_blocked  # by name: a test holds a signal in a job's start alone
 from perfsweep.names import (
     EXIT_0_STATUSES,
     GRID_AXES,
@@ -228,7 +229,7 @@ def _run_in_child(
     when the job reports ``ready`` (interpreter started, torch imported), so a slow start-up is
     not charged to the job; start-up itself gets ``timeout_s`` of its own.
     """
-    os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # keep the profiler's C++ start/stop lines off the terminal
+    job_start.apply_env_defaults()
     parent_conn, child_conn = mp.Pipe(duplex=False)
     cpus = list(placement.cpus) if placement is not None and placement.cpus else None
     payload = pickle.dumps((config, token_data, spec.label, str(spec.launch_dir), cpus))  # see perfsweep.job_entry
@@ -350,58 +351,6 @@ SPAWN_START_METHODS = ("spawn", "fork", "forkserver")
 other (joblib's loky workers report ``loky``)."""
 
 
-@contextlib.contextmanager
-def signals_blocked() -> Iterator[None]:
-    """Ctrl-C and SIGTERM blocked in this thread, and so in a process it starts, until the job
-    unblocks them (:func:`perfsweep.job_entry.main`), its output then going to its job.log.
-
-    Ctrl-C reaches the sweep's jobs with it (one process group); one that came while a job's
-    interpreter was still starting printed "Fatal Python error: init_import_site ...
-    KeyboardInterrupt" and its traceback on the user's terminal. Blocked, it waits, and the job
-    takes it as its first instruction; a signal to this process meanwhile is delivered on return.
-    multiprocessing's resource tracker is started first: starting it, in the first job's start,
-    unblocks both signals in this thread whatever was blocked before.
-    """
-    from multiprocessing import resource_tracker
-
-    resource_tracker.ensure_running()
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, interrupts.HELD_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-
-
-FORKSERVER_PRELOAD = ("torch", "torch._dynamo", "perfsweep.runner", "perfsweep.job_server")
-"""What the job server imports once for the sweep: torch, its Dynamo (torch.optim imports it with
-the first optimizer: 1.2 s of a tiny CPU job's 2.5 s on a 2-core Xeon), perfsweep's runner, and
-the server's own quick exit."""
-
-_server_env: dict[str, str] | None = None
-"""The environment the job server started with (under _SPAWN_LOCK); None until it has."""
-_server_failed = False
-"""The server could not start a job once: every later job is spawned."""
-
-
-def start_method(cfg: PerfsweepConfig, job_env: dict[str, str]) -> str:
-    """``spawn`` or ``forkserver`` for one job (``launcher.start_method``); call under _SPAWN_LOCK.
-
-    A forked job inherits what its server read on importing torch: OpenMP's and MKL's thread
-    counts, TORCH_LOGS, Inductor's settings. So a job is forked only where it has the server's
-    environment: not one given variables of its own (``hydra.job.env_set``, which Hydra also
-    sets and unsets in this process while it hands out jobs; a slot's CUDA_VISIBLE_DEVICES), nor
-    one of a process whose environment changed since the server started. Those are spawned."""
-    wanted = cfg.launcher.start_method
-    if _server_failed or wanted == StartMethod.spawn:
-        return "spawn"
-    if wanted == StartMethod.auto and runner.wants_cuda(cfg.device):
-        return "spawn"
-    if job_env or _server_env not in (None, dict(os.environ)):
-        log.debug("job spawned, not forked: its environment is not the job server's")
-        return "spawn"
-    return "forkserver"
-
-
 def _start_job(
     spec: JobSpec, child_conn: Any, payload: bytes, job_env: dict[str, str], started: list[Any]
 ) -> mp.process.BaseProcess:
@@ -411,12 +360,12 @@ def _start_job(
     it. (It lost the job, which trained on unwatched: after a SIGTERM to the sweep alone until
     the sweep was gone; the first forked start waits for the job server to import torch, 2 s.)
 
-    The job server is started with the first forked job, inside the same block: it and every
-    job forked from it start with Ctrl-C and SIGTERM blocked, as a spawned job does. A server that
-    fails (it died, it cannot be reached) costs that job nothing: it is spawned instead, and so
-    is every later job of this process. The choice and the start hold _SPAWN_LOCK, so a job
-    thread's start never sees another's environment (:func:`_spawning`)."""
-    global _server_env, _server_failed
+    The job server, unless the sweep started it early (perfsweep.job_start.start_early), is
+    started with the first forked job, inside the same block: it and every job forked from it
+    start with Ctrl-C and SIGTERM blocked, as a spawned job does. A server that fails (it died, it
+    cannot be reached) costs that job nothing: it is spawned instead, and so is every later job of
+    this process. The choice and the start hold _SPAWN_LOCK, so a job thread's start never sees
+    another's environment (:func:`_spawning`)."""
     name = f"perfsweep-job-{spec.job_num}"
     package = str(Path(sys.modules["perfsweep"].__file__ or "").resolve())  # a job must run the same code
 
@@ -424,19 +373,17 @@ def _start_job(
         return (str(spec.job_dir), child_conn, payload, how, package)
 
     with _SPAWN_LOCK:
-        if start_method(spec.cfg, job_env) == "forkserver":
-            ctx = mp.get_context("forkserver")
-            ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
-            proc = ctx.Process(target=job_entry.main, args=args("forkserver"), name=name)
+        if job_start.start_method(spec.cfg, job_env, runner.wants_cuda(spec.cfg.device)) == "forkserver":
+            proc = job_start.forkserver_context().Process(target=job_entry.main, args=args("forkserver"), name=name)
             try:
                 with _spawning({}), signals_blocked():
-                    if _server_env is None:
-                        _server_env = dict(os.environ)
+                    job_start.server_started()
                     proc.start()
                     started.append(proc)
+                job_start.job_forked()
                 return proc
             except (OSError, EOFError) as exc:
-                _server_failed = True
+                job_start.server_failed()
                 log.warning("could not fork the job from perfsweep's job server (%s); spawning it instead", exc)
         proc = mp.get_context("spawn").Process(target=job_entry.main, args=args("spawn"), name=name)
         with _spawning(job_env), signals_blocked():
@@ -636,16 +583,11 @@ def _running(proc: Any) -> bool:
     code 255 while it trained on. Its own pid is asked then."""
     if proc.is_alive():
         return True
-    return getattr(proc, "_start_method", None) == "forkserver" and proc.exitcode == 255 and _pid_running(proc.pid)
-
-
-def _pid_running(pid: int) -> bool:
-    """A process with ``pid`` exists and is not a zombie (its exit not yet collected)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):  # gone (without /proc: taken as gone, as multiprocessing said)
-        return False
+    return (
+        getattr(proc, "_start_method", None) == "forkserver"
+        and proc.exitcode == 255
+        and job_start.pid_running(proc.pid)
+    )
 
 
 def _join(proc: Any, timeout: float | None) -> None:

@@ -70,6 +70,14 @@ STACKS_ENV = "PERFSWEEP_STACKS_ON_SIGUSR1"
 """Set to 1, a perfsweep command prints every thread's Python stack to stderr on SIGUSR1 and goes
 on (faulthandler). Off by default: SIGUSR1 otherwise ends the process, and a scheduler may send it."""
 
+EARLY_JOB_SERVER_ENV = "PERFSWEEP_EARLY_JOB_SERVER"
+"""``1``: a sweep starts its job server as soon as its grid is composed; ``0``: with its first job;
+unset: early where a core is spare (perfsweep.job_start.start_early)."""
+
+JOB_SERVER_READY_ENV = "PERFSWEEP_JOB_SERVER_READY"
+"""A file the job server creates once its imports are done (perfsweep.job_server), when the sweep
+started it early (perfsweep.job_start.start_early); the server drops the variable, so no job sees it."""
+
 DEVICE_TIME_BY_LAUNCH = "cuda_kernels_by_launch"
 """``stages.device_time_source`` of GPU time attributed to the stage whose CPU range launched each
 kernel, whatever thread launched it (backward's kernels come from autograd's thread)."""

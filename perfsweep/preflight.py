@@ -264,6 +264,9 @@ def cpu_sweep_fields(cfgs: list[PerfsweepConfig], job_cpus: int | None = None) -
     if not on_cpu:
         return {}
     dtypes = {"fp32"} | ({"bf16"} if any(c.amp for c in on_cpu) else set())  # fp32 too: cpu_notice compares
+    from perfsweep import job_start
+
+    job_start.wait_until_ready()  # a job server started early is importing torch: not while the peak is timed
     # jobs given a share of the cores (launcher.parallel) run that many threads: measure with as many
     return cpu_peak.sweep_fields(on_cpu[0].threads or job_cpus, dtypes)
 

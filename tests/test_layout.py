@@ -131,6 +131,8 @@ def _third_party(path: Path, module: str) -> set[str]:
         ("perfsweep.ledger", set()),
         # config imports only what it validates with: Hydra's schema store and OmegaConf
         ("perfsweep.config", {"hydra", "omegaconf"}),
+        # the sweeper starts the job server with it before the sweep imports torch (test below)
+        ("perfsweep.job_start", {"perfsweep"}),
     ],
 )
 def test_light_modules_stay_light(module: str, allowed: set[str]):
@@ -138,6 +140,18 @@ def test_light_modules_stay_light(module: str, allowed: set[str]):
     assert _third_party(path, module) <= allowed
     if module == "perfsweep.config":
         assert not {n for n in imported_names(path, module) if n.startswith(("perfsweep", "hydra_plugins"))}
+
+
+def test_the_job_server_starts_before_torch_is_imported():
+    """perfsweep.job_start, with all it imports, leaves torch out: the server's imports of torch
+    overlap the sweep's own only if the sweep has not begun them when it starts the server."""
+    import subprocess
+
+    script = (
+        "import sys, perfsweep.job_start; print(sorted(m for m in ('torch', 'numpy', 'pandas') if m in sys.modules))"
+    )
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    assert res.stdout.strip() == "[]", res.stdout + res.stderr
 
 
 FIGURE = re.compile(r"tokens_per_s(?!tep)\w*\W{0,3} =|samples_per_s\W{0,3} =|/ \S*step_time|> NOISY|> 1\.5\b")

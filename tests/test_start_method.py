@@ -250,3 +250,56 @@ def _in_group(pgid: int) -> list[str]:
         except (OSError, IndexError, ValueError):
             continue
     return found
+
+
+def test_a_job_server_started_early_is_waited_for_before_the_cpu_peak(tmp_path: Path):
+    """Where a core is spare, the sweep starts the job server as soon as its grid is composed, so
+    the server imports torch while the sweep does; the CPU's matmul peak, timed in the sweep before
+    the first job, must not share the cores with those imports. The wait ends when the server says
+    it is ready (its last import creates a file): torch is loaded in it then. Without an early
+    server it returns at once. PERFSWEEP_EARLY_JOB_SERVER decides here, not this machine's load."""
+    import subprocess
+    import sys
+
+    script = (
+        "import os\n"
+        "from perfsweep import job_start\n"
+        "from perfsweep.config import Device, PerfsweepConfig, StartMethod\n"
+        "job_start.wait_until_ready()  # no server started early: returns at once\n"
+        "spawned = PerfsweepConfig(device=Device.cpu)\n"
+        "spawned.launcher.start_method = StartMethod.spawn\n"
+        "os.environ['PERFSWEEP_EARLY_JOB_SERVER'] = '1'\n"
+        "assert not job_start.start_early([spawned])  # no job would fork: no server\n"
+        "os.environ['PERFSWEEP_EARLY_JOB_SERVER'] = '0'\n"
+        "assert not job_start.start_early([PerfsweepConfig(device=Device.cpu)])  # not early: with the first job\n"
+        "os.environ['PERFSWEEP_EARLY_JOB_SERVER'] = '1'\n"
+        "assert job_start.start_early([PerfsweepConfig(device=Device.cpu)])\n"
+        "pid = job_start._server_pid()\n"
+        "job_start.wait_until_ready()\n"
+        "maps = open(f'/proc/{pid}/maps').read()\n"
+        "print(int('libtorch_cpu' in maps or 'libtorch_cuda' in maps), int(job_start.pid_running(pid)))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.split() == ["1", "1"], res.stdout + res.stderr[-2000:]
+
+
+def test_a_refused_sweep_leaves_no_job_server_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A grid refused after its server was started early (a data file that is not there is found
+    after the grid is composed) exits with its one line, and the server, still importing torch,
+    goes with it: it held the output of the refused sweep for 2 s more, and used a core."""
+    import sys
+
+    monkeypatch.setenv("PERFSWEEP_EARLY_JOB_SERVER", "1")  # early whatever this machine's load
+    proc = start_as_in_a_terminal(
+        [sys.executable, "-m", "perfsweep", "-m", "data=textfile", f"data.path={tmp_path}/no/such/file.txt"]
+        + ["seed=0,1", *[o for o in CPU if not o.startswith("data=")]],
+        tmp_path,
+    )
+    proc.wait(timeout=120)  # the command's exit, not the end of its output: a server would hold that
+    left = [cmd for cmd in _in_group(proc.pid) if "multiprocessing.forkserver" in cmd]
+    if left:
+        os.killpg(proc.pid, signal.SIGKILL)
+    out, err = finish(proc, 60)
+    assert proc.returncode == 2 and "no job was started" in err, err[-2000:]
+    assert not left, f"a job server outlived the refused sweep: {left}"

@@ -58,6 +58,10 @@ class PerfsweepSweeper(BasicSweeper):
                 run_cfgs.append(to_run_config(OmegaConf.masked_copy(job_cfg, [k for k in job_cfg if k != "hydra"])))
             except preflight.COMPOSE_ERRORS as exc:
                 _refuse(f"{preflight.error_line(exc)} [grid point {i + 1}/{len(jobs)}: {' '.join(job)}]")
+        from perfsweep import job_start
+
+        if type(self.launcher).__name__ == "BasicLauncher" and not self.config.hydra.job.env_set:
+            job_start.start_early(run_cfgs)  # the job server imports torch while this process does
         from perfsweep import importer, interrupts, launcher, schedule, search, store, summary  # torch, once composed
         from perfsweep.cli import first_line
         from perfsweep.names import EXIT_0_STATUSES, MULTI_HOST_LAUNCHERS

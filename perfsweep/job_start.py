@@ -1,0 +1,239 @@
+"""How a job's process starts: forked from the sweep's job server, or spawned; what a start holds.
+
+The job server is multiprocessing's forkserver: it imports torch once for the sweep
+(:data:`FORKSERVER_PRELOAD`; the server's own side is perfsweep.job_server) and forks CPU jobs
+from itself. Its imports take about 2 s on a 2-core CPU. Started with the first job, every sweep
+waited that long before its first job; :func:`start_early` starts it as soon as a sweep's grid
+is composed, where a core is spare, so its imports run while the sweep imports its own and
+checks the grid (docs/benchmarks.md). Torch-free for that reason.
+
+perfsweep.launcher decides each job's start (:func:`start_method`) and starts it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import multiprocessing as mp
+import os
+import signal
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from multiprocessing import forkserver
+from pathlib import Path
+from typing import Any
+
+from perfsweep import interrupts
+from perfsweep.config import Device, PerfsweepConfig, StartMethod
+from perfsweep.names import EARLY_JOB_SERVER_ENV, JOB_SERVER_READY_ENV
+
+log = logging.getLogger(__name__)
+
+FORKSERVER_PRELOAD = ("torch", "torch._dynamo", "perfsweep.runner", "perfsweep.job_server")
+"""What the job server imports once for the sweep: torch, its Dynamo (torch.optim imports it with
+the first optimizer: 1.2 s of a tiny CPU job's 2.5 s on a 2-core Xeon), perfsweep's runner, and
+the server's own quick exit (perfsweep.job_server, last: it says the server is ready)."""
+
+JOB_ENV_DEFAULTS = {"KINETO_LOG_LEVEL": "5"}
+"""Set in the sweep's process before any job starts (a job inherits them): the profiler's C++
+start and stop lines stay off the terminal."""
+
+_server_env: dict[str, str] | None = None
+"""The environment the job server started with; None until it has."""
+_server_failed = False
+"""The server could not start a job once: every later job is spawned."""
+_ready_file: Path | None = None
+"""Where an early server says it is ready; None once it has, or when none was started early."""
+_forked = 0
+"""Jobs forked from the server: one started early and never used is stopped at exit."""
+
+
+def start_method(cfg: PerfsweepConfig, job_env: dict[str, str], cuda: bool) -> str:
+    """``spawn`` or ``forkserver`` for one job (``launcher.start_method``; ``cuda``: the job runs on
+    CUDA); call under perfsweep.launcher's spawn lock.
+
+    A forked job inherits what its server read on importing torch: OpenMP's and MKL's thread
+    counts, TORCH_LOGS, Inductor's settings. So a job is forked only where it has the server's
+    environment: not one given variables of its own (``hydra.job.env_set``, which Hydra also
+    sets and unsets in this process while it hands out jobs; a slot's CUDA_VISIBLE_DEVICES), nor
+    one of a process whose environment changed since the server started. Those are spawned."""
+    wanted = cfg.launcher.start_method
+    if _server_failed or wanted == StartMethod.spawn:
+        return "spawn"
+    if wanted == StartMethod.auto and cuda:
+        return "spawn"
+    if job_env or (_server_env is not None and not _same_env(_server_env, dict(os.environ))):
+        log.debug("job spawned, not forked: its environment is not the job server's")
+        return "spawn"
+    return "forkserver"
+
+
+SET_BY_TORCH = ("TORCHINDUCTOR_CACHE_DIR",)
+"""Variables torch sets itself, to its default, when a process first imports Dynamo: the server
+does on its imports, the sweep when it imports Dynamo later (checking a user's model with its
+optimizer). Where the server started without one, the sweep's later value is that same default,
+not a change: a job forked from the server has it too."""
+
+
+def _same_env(server: dict[str, str], now: dict[str, str]) -> bool:
+    return {k: v for k, v in now.items() if k in server or k not in SET_BY_TORCH} == server
+
+
+def apply_env_defaults() -> None:
+    """:data:`JOB_ENV_DEFAULTS`, where the user set nothing else."""
+    for key, value in JOB_ENV_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+
+
+@contextlib.contextmanager
+def signals_blocked() -> Iterator[None]:
+    """Ctrl-C and SIGTERM blocked in this thread, and so in a process it starts, until the job
+    unblocks them (:func:`perfsweep.job_entry.main`), its output then going to its job.log.
+
+    Ctrl-C reaches the sweep's jobs with it (one process group); one that came while a job's
+    interpreter was still starting printed "Fatal Python error: init_import_site ...
+    KeyboardInterrupt" and its traceback on the user's terminal. Blocked, it waits, and the job
+    takes it as its first instruction; a signal to this process meanwhile is delivered on return.
+    multiprocessing's resource tracker is started first: starting it, in the first job's start,
+    unblocks both signals in this thread whatever was blocked before.
+    """
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, interrupts.HELD_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def forkserver_context() -> Any:
+    """multiprocessing's forkserver context, its server to import :data:`FORKSERVER_PRELOAD`."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+    return ctx
+
+
+def server_started() -> None:
+    """Record the environment the server starts with (call as it starts, with the first job)."""
+    global _server_env
+    if _server_env is None:
+        _server_env = dict(os.environ)
+
+
+def job_forked() -> None:
+    """A job was forked from the server: it is in use, and ends with the sweep by itself."""
+    global _forked
+    _forked += 1
+
+
+def server_failed() -> None:
+    """The server could not start a job: this one and every later one are spawned."""
+    global _server_failed
+    _server_failed = True
+
+
+def may_use_cuda(device: Device) -> bool:
+    """Whether a job asking for ``device`` may run on CUDA, without importing torch: an NVIDIA
+    (or ROCm, or WSL) GPU device file, and CUDA_VISIBLE_DEVICES not set empty. A wrong yes only
+    leaves the job server to start with the first job, as before; the job's start asks torch."""
+    if device != Device.auto:
+        return device == Device.cuda
+    if os.environ.get("CUDA_VISIBLE_DEVICES") in ("", "-1"):
+        return False
+    return any(Path(p).exists() for p in ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg"))
+
+
+def spare_core() -> bool:
+    """Whether a core is idle for the server's imports: the load average over the last minute is at
+    least one under this process's cores. On a busy machine (2 cores running 2 test workers) the
+    imports only took the core from other work, the sweep's own checks among them: a set of the
+    suite's tests took 10% longer so, one refused sweep 0.7 s more CPU."""
+    try:
+        return os.getloadavg()[0] + 1 <= len(os.sched_getaffinity(0))
+    except (OSError, AttributeError):  # no load average, or no affinity (not Linux): not known to be spare
+        return False
+
+
+def start_early(cfgs: list[PerfsweepConfig]) -> bool:
+    """Start the job server now if any of ``cfgs`` would be forked (:func:`start_method`, CUDA
+    guessed by :func:`may_use_cuda`) and a core is spare (:func:`spare_core`; EARLY_JOB_SERVER_ENV
+    says otherwise: 1 always, 0 never); True if it was. Call before any job starts, where jobs start
+    in this process (perfsweep's own launcher, not submitit's nor joblib's) and get no environment
+    of their own (``hydra.job.env_set``).
+
+    The server starts with Ctrl-C and SIGTERM blocked, as with a job (:func:`signals_blocked`), and
+    creates a file once its imports are done (JOB_SERVER_READY_ENV), which :func:`wait_until_ready`
+    waits for. One no job was forked from (the sweep refused, every job spawned) is stopped at exit:
+    still importing, it held the output of a refused sweep for 2 s after its one line."""
+    global _ready_file
+    if _server_env is not None or not any(start_method(c, {}, may_use_cuda(c.device)) == "forkserver" for c in cfgs):
+        return False
+    wanted = os.environ.get(EARLY_JOB_SERVER_ENV, "")
+    if wanted == "0" or (wanted != "1" and not spare_core()):
+        return False
+    apply_env_defaults()
+    ready = Path(tempfile.gettempdir()) / f"perfsweep-job-server-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    forkserver_context()
+    os.environ[JOB_SERVER_READY_ENV] = str(ready)  # the server takes it, and drops it before forking any job
+    try:
+        with signals_blocked():
+            forkserver.ensure_running()
+    except OSError as exc:
+        log.debug("could not start the job server early (%s); it starts with the first job", exc)
+        return False
+    finally:
+        del os.environ[JOB_SERVER_READY_ENV]
+    server_started()
+    _ready_file = ready
+    atexit.register(_stop_unused)
+    return True
+
+
+def wait_until_ready(timeout_s: float = 120.0) -> None:
+    """Wait for an early server's imports to end, so that what this process times next (the CPU's
+    matmul peak, perfsweep.cpu_peak) does not share the cores with them. Returns at once where no
+    server was started early, once it is ready, gone, or after ``timeout_s``."""
+    global _ready_file
+    if _ready_file is None:
+        return
+    deadline = time.monotonic() + timeout_s
+    while not _ready_file.exists() and _server_alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    with contextlib.suppress(OSError):
+        _ready_file.unlink()
+    _ready_file = None
+
+
+def _server_pid() -> int | None:
+    return getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+
+
+def _server_alive() -> bool:
+    pid = _server_pid()
+    return pid is not None and pid_running(pid)
+
+
+def _stop_unused() -> None:
+    """At exit: a server started early that no job was forked from is killed, and its ready file removed."""
+    if _ready_file is not None:
+        with contextlib.suppress(OSError):
+            _ready_file.unlink()
+    pid = _server_pid()
+    if _forked or pid is None:
+        return
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
+def pid_running(pid: int) -> bool:
+    """A process with ``pid`` exists and is not a zombie (its exit not yet collected)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):  # gone (without /proc: taken as gone, as multiprocessing said)
+        return False
