@@ -380,7 +380,7 @@ def _start_job(
                     job_start.server_started()
                     proc.start()
                     started.append(proc)
-                job_start.job_forked()
+                    job_start.job_forked()
                 return proc
             except (OSError, EOFError) as exc:
                 job_start.server_failed()
