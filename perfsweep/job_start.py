@@ -18,6 +18,7 @@ import logging
 import multiprocessing as mp
 import os
 import signal
+import sys
 import tempfile
 import time
 import uuid
@@ -46,7 +47,9 @@ _server_env: dict[str, str] | None = None
 _server_failed = False
 """The server could not start a job once: every later job is spawned."""
 _ready_file: Path | None = None
-"""Where an early server says it is ready; None once it has, or when none was started early."""
+"""Where an early server says it is ready (removed at exit); None where none was started early."""
+_ready_seen = False
+"""The early server said it was ready: later waits return at once."""
 _forked = 0
 """Jobs forked from the server: one started early and never used is stopped at exit."""
 
@@ -79,7 +82,23 @@ not a change: a job forked from the server has it too."""
 
 
 def _same_env(server: dict[str, str], now: dict[str, str]) -> bool:
-    return {k: v for k, v in now.items() if k in server or k not in SET_BY_TORCH} == server
+    """``now`` is ``server``, but for a variable of SET_BY_TORCH whose value is what torch sets it
+    to from the server's (a user's relative TORCHINDUCTOR_CACHE_DIR made absolute, or torch's
+    default where there was none): so a value set to anything else still makes a difference."""
+    return all(
+        server.get(k) == now.get(k) or (k in SET_BY_TORCH and now.get(k) == _set_by_torch(k, server))
+        for k in set(server) | set(now)
+    )
+
+
+def _set_by_torch(key: str, server: dict[str, str]) -> str | None:
+    """The value torch gives ``key`` on importing Dynamo in a process started with ``server``'s
+    environment. Only torch's own module sets it, so where this process has not imported that
+    module, only an unchanged value is the same (and this module imports no torch)."""
+    utils = sys.modules.get("torch._inductor.runtime.cache_dir_utils")
+    if utils is None:
+        return server.get(key)
+    return os.path.abspath(server.get(key) or utils.default_cache_dir())
 
 
 def apply_env_defaults() -> None:
@@ -96,7 +115,8 @@ def signals_blocked() -> Iterator[None]:
     Ctrl-C reaches the sweep's jobs with it (one process group); one that came while a job's
     interpreter was still starting printed "Fatal Python error: init_import_site ...
     KeyboardInterrupt" and its traceback on the user's terminal. Blocked, it waits, and the job
-    takes it as its first instruction; a signal to this process meanwhile is delivered on return.
+    takes it as its first instruction. This process may still take it meanwhile, through another
+    of its threads: hold it there with interrupts.held.
     multiprocessing's resource tracker is started first: starting it, in the first job's start,
     unblocks both signals in this thread whatever was blocked before.
     """
@@ -175,37 +195,42 @@ def start_early(cfgs: list[PerfsweepConfig]) -> bool:
     wanted = os.environ.get(EARLY_JOB_SERVER_ENV, "")
     if wanted == "0" or (wanted != "1" and not spare_core()):
         return False
+    if _server_pid() is not None:  # this process runs a forkserver already (a notebook's, a test's)
+        return False
     apply_env_defaults()
-    ready = Path(tempfile.gettempdir()) / f"perfsweep-job-server-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    _ready_file = Path(tempfile.gettempdir()) / f"perfsweep-job-server-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    atexit.register(_stop_unused)  # first: a Ctrl-C held in the start comes as it ends
     forkserver_context()
-    os.environ[JOB_SERVER_READY_ENV] = str(ready)  # the server takes it, and drops it before forking any job
     try:
-        with signals_blocked():
-            forkserver.ensure_running()
+        with interrupts.held(), signals_blocked():
+            os.environ[JOB_SERVER_READY_ENV] = str(_ready_file)  # the server takes it, and drops it
+            try:
+                forkserver.ensure_running()
+            finally:
+                del os.environ[JOB_SERVER_READY_ENV]
+            server_started()
     except OSError as exc:
         log.debug("could not start the job server early (%s); it starts with the first job", exc)
+        _ready_file = None
         return False
-    finally:
-        del os.environ[JOB_SERVER_READY_ENV]
-    server_started()
-    _ready_file = ready
-    atexit.register(_stop_unused)
     return True
 
 
-def wait_until_ready(timeout_s: float = 120.0) -> None:
+def wait_until_ready(timeout_s: float = 120.0) -> bool:
     """Wait for an early server's imports to end, so that what this process times next (the CPU's
     matmul peak, perfsweep.cpu_peak) does not share the cores with them. Returns at once where no
-    server was started early, once it is ready, gone, or after ``timeout_s``."""
-    global _ready_file
-    if _ready_file is None:
-        return
+    server was started early (or it said so before), once it is ready, gone, or after
+    ``timeout_s``; True if it said it was ready."""
+    global _ready_seen
+    if _ready_file is None or _ready_seen:
+        return _ready_seen
     deadline = time.monotonic() + timeout_s
     while not _ready_file.exists() and _server_alive() and time.monotonic() < deadline:
         time.sleep(0.02)
-    with contextlib.suppress(OSError):
-        _ready_file.unlink()
-    _ready_file = None
+    _ready_seen = _ready_file.exists()
+    if not _ready_seen:
+        log.warning("perfsweep's job server did not say it was ready in %g s; timing the CPU peak anyway", timeout_s)
+    return _ready_seen
 
 
 def _server_pid() -> int | None:
@@ -218,16 +243,16 @@ def _server_alive() -> bool:
 
 
 def _stop_unused() -> None:
-    """At exit: a server started early that no job was forked from is killed, and its ready file removed."""
+    """At exit: a server started early that no job was forked from is killed; then its ready file
+    is removed (after: a server still importing could create it again)."""
+    pid = _server_pid()
+    if not _forked and pid is not None:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
     if _ready_file is not None:
         with contextlib.suppress(OSError):
             _ready_file.unlink()
-    pid = _server_pid()
-    if _forked or pid is None:
-        return
-    with contextlib.suppress(OSError):
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
 
 
 def pid_running(pid: int) -> bool:

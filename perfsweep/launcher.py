@@ -355,10 +355,12 @@ def _start_job(
     spec: JobSpec, child_conn: Any, payload: bytes, job_env: dict[str, str], started: list[Any]
 ) -> mp.process.BaseProcess:
     """Start the job's process (:func:`start_method`), its signals blocked (:func:`signals_blocked`),
-    and put it in ``started`` as soon as it runs. A Ctrl-C or SIGTERM held meanwhile is raised as
-    the mask comes back, out of this call: the caller then finds the job in ``started`` and stops
-    it. (It lost the job, which trained on unwatched: after a SIGTERM to the sweep alone until
-    the sweep was gone; the first forked start waits for the job server to import torch, 2 s.)
+    and put it in ``started`` as soon as it runs. A Ctrl-C or SIGTERM meanwhile is held
+    (interrupts.held: the mask alone holds nothing once another thread of this process, the
+    heartbeat's or OpenMP's, can take the signal) and raised out of this call: the caller then
+    finds the job in ``started`` and stops it. (It lost the job, which trained on unwatched: after
+    a SIGTERM to the sweep alone until the sweep was gone; the first forked start waits for the
+    job server to import torch, 2 s.)
 
     The job server, unless the sweep started it early (perfsweep.job_start.start_early), is
     started with the first forked job, inside the same block: it and every job forked from it
@@ -376,7 +378,7 @@ def _start_job(
         if job_start.start_method(spec.cfg, job_env, runner.wants_cuda(spec.cfg.device)) == "forkserver":
             proc = job_start.forkserver_context().Process(target=job_entry.main, args=args("forkserver"), name=name)
             try:
-                with _spawning({}), signals_blocked():
+                with interrupts.held(), _spawning({}), signals_blocked():
                     job_start.server_started()
                     proc.start()
                     started.append(proc)
@@ -386,7 +388,7 @@ def _start_job(
                 job_start.server_failed()
                 log.warning("could not fork the job from perfsweep's job server (%s); spawning it instead", exc)
         proc = mp.get_context("spawn").Process(target=job_entry.main, args=args("spawn"), name=name)
-        with _spawning(job_env), signals_blocked():
+        with interrupts.held(), _spawning(job_env), signals_blocked():
             proc.start()
             started.append(proc)
         return proc

@@ -46,14 +46,16 @@ records, in LEAKY_LOG, the job, its pid, the builds its module has seen, whether
 was imported before it, and JOB_TAG."""
 
 
-def _user_sweep(tmp_path: Path, *overrides: str) -> tuple[list[dict], list[list[str]]]:
+def _user_sweep(
+    tmp_path: Path, *overrides: str, env: dict[str, str] | None = None
+) -> tuple[list[dict], list[list[str]]]:
     (tmp_path / "usermodels.py").write_text(LEAKY)
     log = tmp_path / "builds.txt"
     res = run_perfsweep(
         ["-m", "model=custom", "model._target_=usermodels.leaky", "model.loss=cross_entropy", "seed=0,1", *overrides]
         + [o for o in CPU if not o.startswith("model=")],
         tmp_path,
-        env={"LEAKY_LOG": str(log)},
+        env={"LEAKY_LOG": str(log), **(env or {})},
     )
     assert res.returncode == 0, res.stderr[-3000:]
     runs = sqlite_rows(tmp_path / "results.db", "SELECT job_num, status, start_method FROM runs ORDER BY job_num")
@@ -80,11 +82,16 @@ def _fresh(jobs: dict[str, list[list[str]]]) -> bool:
     )
 
 
-def test_cpu_jobs_fork_from_the_job_server_and_share_nothing(tmp_path: Path):
+@pytest.mark.parametrize("early", ["1", "0"], ids=["server-early", "server-with-the-first-job"])
+def test_cpu_jobs_fork_from_the_job_server_and_share_nothing(early: str, tmp_path: Path):
     """Two jobs of one sweep: each forked (torch and Dynamo already imported when the user's
     module is), each its own process, and each builds the model as the first build of a freshly
-    imported module: nothing of the job before it is there."""
-    runs, builds = _user_sweep(tmp_path)
+    imported module: nothing of the job before it is there. Whenever the server started: the
+    sweep imports Dynamo to check the user's model after an early server has started, and torch
+    then makes the user's relative TORCHINDUCTOR_CACHE_DIR absolute in the sweep, which made
+    every job spawned (a review found it)."""
+    env = {"PERFSWEEP_EARLY_JOB_SERVER": early, "TORCHINDUCTOR_CACHE_DIR": "inductor-cache"}
+    runs, builds = _user_sweep(tmp_path, env=env)
     assert [(r["status"], r["start_method"]) for r in runs] == [("ok", "forkserver")] * 2
     jobs = _per_job(builds)
     assert sorted(jobs) == ["perfsweep-job-0", "perfsweep-job-1"] and _fresh(jobs), builds
@@ -193,18 +200,25 @@ def test_a_jobs_result_outlives_its_job_servers_signal(signum: int, tmp_path: Pa
     assert [(r["status"], r["error"], r["start_method"]) for r in runs] == [("ok", None, "forkserver")] * jobs
 
 
-def test_a_signal_held_while_a_job_starts_stops_that_job_too(tmp_path: Path):
+@pytest.mark.parametrize("when", ["inside-the-start", "while-the-server-imports"])
+def test_a_signal_held_while_a_job_starts_stops_that_job_too(
+    when: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     """A Ctrl-C or SIGTERM that comes while a job is being started is held (the job must start
-    with both blocked) and raised as the start returns. The sweep lost the job then: it stored
+    with both blocked) and raised once it has started. The sweep lost the job then: it stored
     the run interrupted and exited, and the job, which a SIGTERM to the sweep alone never
     reached, trained on unwatched until its next progress line found the sweep gone and died of
     a BrokenPipeError (its traceback in job.log), the sweep's exit waiting for that (3 s steps
-    here). The first forked start waits for the job server to import torch (2 s), so the window
-    is not small. The SIGTERM is sent here from inside the start, where it is held: the sweep
-    now stops the job as it stops one that was running, and nothing it started outlives it."""
+    here). The first forked start waits for the job server to import torch (2 s, the server
+    started with the first job here), so the window is not small. The SIGTERM comes from inside
+    the start (a driver), or from outside while the start waits for the server: the sweep's other
+    threads (its heartbeat's) do not block it, so it was raised at once, before the job was
+    handed over (a review found it). The sweep now stops the job as it stops a running one, and
+    nothing it started outlives it."""
     import sys
 
     (tmp_path / "usermodels.py").write_text(SLOW.replace("time.sleep(0.7)", "time.sleep(3.0)"))
+    monkeypatch.setenv("PERFSWEEP_EARLY_JOB_SERVER", "0")  # the first job's start waits for the server's imports
     driver = (
         "import contextlib, os, signal, sys\n"
         "from perfsweep import launcher\n"
@@ -219,12 +233,21 @@ def test_a_signal_held_while_a_job_starts_stops_that_job_too(tmp_path: Path):
         "from perfsweep.__main__ import cli\n"
         "cli()\n"
     )
+    command = ["-c", driver] if when == "inside-the-start" else ["-m", "perfsweep"]
     proc = start_as_in_a_terminal(
-        [sys.executable, "-c", driver, "-m", "model=custom", "model._target_=usermodels.slow"]
+        [sys.executable, *command, "-m", "model=custom", "model._target_=usermodels.slow"]
         + ["model.loss=cross_entropy", "steps.measure=2", "profile.enabled=false"]
         + [o for o in CPU if not o.startswith(("model=", "steps.measure", "profile."))],
         tmp_path,
     )
+    if when == "while-the-server-imports":
+        try:
+            job_server(proc.pid)  # the first job's start has begun; the server imports for 2 s
+            time.sleep(0.3)
+            os.kill(proc.pid, signal.SIGTERM)  # to the sweep alone
+        except BaseException:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
     out, err = finish(proc, 120)
     time.sleep(0.5)  # the job server ends as the sweep does
     left = _in_group(proc.pid)
@@ -265,7 +288,7 @@ def test_a_job_server_started_early_is_waited_for_before_the_cpu_peak(tmp_path: 
         "import os\n"
         "from perfsweep import job_start\n"
         "from perfsweep.config import Device, PerfsweepConfig, StartMethod\n"
-        "job_start.wait_until_ready()  # no server started early: returns at once\n"
+        "assert not job_start.wait_until_ready()  # no server started early: returns at once\n"
         "spawned = PerfsweepConfig(device=Device.cpu)\n"
         "spawned.launcher.start_method = StartMethod.spawn\n"
         "os.environ['PERFSWEEP_EARLY_JOB_SERVER'] = '1'\n"
@@ -275,7 +298,7 @@ def test_a_job_server_started_early_is_waited_for_before_the_cpu_peak(tmp_path: 
         "os.environ['PERFSWEEP_EARLY_JOB_SERVER'] = '1'\n"
         "assert job_start.start_early([PerfsweepConfig(device=Device.cpu)])\n"
         "pid = job_start._server_pid()\n"
-        "job_start.wait_until_ready()\n"
+        "assert job_start.wait_until_ready()  # it said so: not a timeout, not a dead server\n"
         "maps = open(f'/proc/{pid}/maps').read()\n"
         "print(int('libtorch_cpu' in maps or 'libtorch_cuda' in maps), int(job_start.pid_running(pid)))\n"
     )
