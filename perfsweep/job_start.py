@@ -229,7 +229,8 @@ def wait_until_ready(timeout_s: float = 120.0) -> bool:
         time.sleep(0.02)
     _ready_seen = _ready_file.exists()
     if not _ready_seen:
-        log.warning("perfsweep's job server did not say it was ready in %g s; timing the CPU peak anyway", timeout_s)
+        why = "is gone" if not _server_alive() else f"did not say it was ready in {timeout_s:g} s"
+        log.warning("perfsweep's job server %s; timing the CPU peak anyway", why)
     return _ready_seen
 
 
