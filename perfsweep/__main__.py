@@ -102,10 +102,10 @@ def hydra_main(cfg: DictConfig) -> str:
                     f"invalid config: repeat={run_cfg.repeat}: repeats run as a multirun, each in its own "
                     "process; add -m"
                 )
-        if not multirun and not hc.job.env_set:
+        if not multirun:
             from perfsweep import job_start
 
-            job_start.start_early([run_cfg])  # the job server imports torch while this process does
+            job_start.start_early([run_cfg], dict(hc.job.env_set or {}))  # the server imports while we do
         from perfsweep import importer, launcher, summary  # torch, once the config is known to be valid
 
         if not multirun:

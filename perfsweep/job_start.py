@@ -178,19 +178,21 @@ def spare_core() -> bool:
         return False
 
 
-def start_early(cfgs: list[PerfsweepConfig]) -> bool:
-    """Start the job server now if any of ``cfgs`` would be forked (:func:`start_method`, CUDA
-    guessed by :func:`may_use_cuda`) and a core is spare (:func:`spare_core`; EARLY_JOB_SERVER_ENV
-    says otherwise: 1 always, 0 never); True if it was. Call before any job starts, where jobs start
-    in this process (perfsweep's own launcher, not submitit's nor joblib's) and get no environment
-    of their own (``hydra.job.env_set``).
+def start_early(cfgs: list[PerfsweepConfig], job_env: dict[str, str]) -> bool:
+    """Start the job server now if any of ``cfgs`` would be forked (:func:`start_method`, with the
+    jobs' ``hydra.job.env_set`` as ``job_env``, CUDA guessed by :func:`may_use_cuda`) and a core is
+    spare (:func:`spare_core`; EARLY_JOB_SERVER_ENV says otherwise: 1 always, 0 never); True if it
+    was. Call before any job starts, where jobs start in this process (perfsweep's own launcher,
+    not submitit's nor joblib's).
 
     The server starts with Ctrl-C and SIGTERM blocked, as with a job (:func:`signals_blocked`), and
     creates a file once its imports are done (JOB_SERVER_READY_ENV), which :func:`wait_until_ready`
     waits for. One no job was forked from (the sweep refused, every job spawned) is stopped at exit:
     still importing, it held the output of a refused sweep for 2 s after its one line."""
     global _ready_file
-    if _server_env is not None or not any(start_method(c, {}, may_use_cuda(c.device)) == "forkserver" for c in cfgs):
+    if _server_env is not None or not any(
+        start_method(c, job_env, may_use_cuda(c.device)) == "forkserver" for c in cfgs
+    ):
         return False
     wanted = os.environ.get(EARLY_JOB_SERVER_ENV, "")
     if wanted == "0" or (wanted != "1" and not spare_core()):

@@ -239,9 +239,10 @@ def _run_in_child(
     try:
         try:
             env = {**spec.env, **(placement.env() if placement is not None else {})}
-            proc = _start_job(spec, child_conn, payload, env, started)
+            _start_job(spec, child_conn, payload, env, started)
         finally:
             child_conn.close()  # the job holds the only sending end: its death closes the pipe
+        proc = started[0]
         deadline = time.monotonic() + spec.cfg.timeout_s
         while outcome is None:
             beat()
@@ -272,7 +273,6 @@ def _run_in_child(
         if not started:  # it never started: nothing to stop
             parent_conn.close()
             raise
-        # started[0], not proc: a signal held while the job started comes as its start returns
         ended = _wait_for_exit(parent_conn, started[0], outcome and (*outcome, utcnow()), stopped=True)[0]
         if ended is not None:  # it reported: a result that crossed the Ctrl-C is kept (perfsweep_outcome)
             exc.perfsweep_outcome = ended
@@ -351,11 +351,9 @@ SPAWN_START_METHODS = ("spawn", "fork", "forkserver")
 other (joblib's loky workers report ``loky``)."""
 
 
-def _start_job(
-    spec: JobSpec, child_conn: Any, payload: bytes, job_env: dict[str, str], started: list[Any]
-) -> mp.process.BaseProcess:
+def _start_job(spec: JobSpec, child_conn: Any, payload: bytes, job_env: dict[str, str], started: list[Any]) -> None:
     """Start the job's process (:func:`start_method`), its signals blocked (:func:`signals_blocked`),
-    and put it in ``started`` as soon as it runs. A Ctrl-C or SIGTERM meanwhile is held
+    and put it in ``started`` as soon as it runs (the only way out: see below). A Ctrl-C or SIGTERM meanwhile is held
     (interrupts.held: the mask alone holds nothing once another thread of this process, the
     heartbeat's or OpenMP's, can take the signal) and raised out of this call: the caller then
     finds the job in ``started`` and stops it. (It lost the job, which trained on unwatched: after
@@ -383,7 +381,7 @@ def _start_job(
                     proc.start()
                     started.append(proc)
                     job_start.job_forked()
-                return proc
+                return
             except (OSError, EOFError) as exc:
                 job_start.server_failed()
                 log.warning("could not fork the job from perfsweep's job server (%s); spawning it instead", exc)
@@ -391,7 +389,6 @@ def _start_job(
         with interrupts.held(), _spawning(job_env), signals_blocked():
             proc.start()
             started.append(proc)
-        return proc
 
 
 @contextlib.contextmanager

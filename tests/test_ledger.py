@@ -122,7 +122,7 @@ def test_h100_peaks_within_5_percent(shape: GPTShape, setting: Setting, measured
 
 
 def test_the_h100_oom_cell_is_skipped_and_its_neighbour_runs() -> None:
-    """The shared H100 database (../shared/gpu/h100-2026-11-22, an older perfsweep): gpt2_small
+    """The H100 database of 2026-11-22 (an older perfsweep; docs/benchmarks.md gives its provenance): gpt2_small
     bf16 + compile at batch 64 x 2048 ran out of memory on the 79.1 GiB card, 64 x 1024 ran."""
     unpadded = GPTShape(12, 12, 768, 3072, 2048, 100_277, True, 0.0)
     assert not ledger.predict_gpt(unpadded, Setting(64, 2048, True, False, True, "cuda")).fits(H100_FREE_BYTES)

@@ -60,8 +60,9 @@ class PerfsweepSweeper(BasicSweeper):
                 _refuse(f"{preflight.error_line(exc)} [grid point {i + 1}/{len(jobs)}: {' '.join(job)}]")
         from perfsweep import job_start
 
-        if type(self.launcher).__name__ == "BasicLauncher" and not self.config.hydra.job.env_set:
-            job_start.start_early(run_cfgs)  # the job server imports torch while this process does
+        if type(self.launcher).__name__ == "BasicLauncher":  # the jobs start in this process
+            env_set = OmegaConf.to_container(self.config.hydra.job.env_set, resolve=False)  # per job: ${hydra:job.num}
+            job_start.start_early(run_cfgs, {str(k): str(v) for k, v in env_set.items()})  # imports while we do
         from perfsweep import importer, interrupts, launcher, schedule, search, store, summary  # torch, once composed
         from perfsweep.cli import first_line
         from perfsweep.names import EXIT_0_STATUSES, MULTI_HOST_LAUNCHERS
