@@ -55,7 +55,9 @@ if [ -z "${REHEARSE:-}" ]; then
   # pytest and pytest-xdist come only where the image lacks them: its own match its other plugins
   wheels=$(ls .whl/*.whl)
   python3 -c "import pytest" 2>/dev/null && wheels=$(grep -Ev '/(pytest-|pluggy-|iniconfig-)' <<<"$wheels")
-  python3 -c "import xdist" 2>/dev/null && wheels=$(grep -Ev '/(pytest_xdist-|execnet-)' <<<"$wheels")
+  # (pyproject's addopts use --no-loadscope-reorder, new in pytest-xdist 3.8)
+  python3 -c "import sys, xdist; sys.exit(tuple(map(int, xdist.__version__.split('.')[:2])) < (3, 8))" 2>/dev/null \
+    && wheels=$(grep -Ev '/(pytest_xdist-|execnet-)' <<<"$wheels")
   # shellcheck disable=SC2086
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir $wheels \
     && python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . \
@@ -96,7 +98,9 @@ vm = lambda: int(re.search(r'VmSize:\s+(\d+)', open('/proc/self/status').read())
 from perfsweep.memory import step_alloc_peak_bytes
 before = vm(); step_alloc_peak_bytes(lambda: torch.ones(16).sum()); print('before', before, 'after', vm())"
     step "pytest: the whole suite, as the README runs it"
-    check timeout -s INT -k 30 500 python3 -m pytest -v -p no:cacheprovider --durations=25
+    # 550 s: the device call's 600 less the install and the check above; junit.xml: each test's
+    # time, to order tests/conftest.py's LONGEST_FIRST by what the files take there
+    check timeout -s INT -k 30 550 python3 -m pytest -v -p no:cacheprovider --durations=25 --junitxml="$OUT/junit.xml"
     ;;
   sweeps)
     # the limits add up to 530 s, inside the device call's 600 with the install: on 2026-11-26 these
