@@ -214,3 +214,38 @@ def job_tree(sweep_pid: int) -> list[tuple[int, bool]]:
     jobs = [pid for pid, cmd in children.items() if b"spawn_main" in cmd and b"resource_tracker" not in cmd]
     forked = [pid for pid, (ppid, _) in procs.items() if ppid in servers]
     return [(pid, False) for pid in jobs + forked] + [(pid, True) for pid in servers]
+
+
+# A real SQLite database that stores the runs but refuses to close the sweep (its end and closing
+# figures), as a disk filling up or a permission revoked after the last job would.
+REFUSE_CLOSE = """
+CREATE TRIGGER refuse_close BEFORE UPDATE OF status ON sweeps WHEN NEW.status = 'done'
+BEGIN SELECT RAISE(ABORT, 'disk I/O error (test trigger)'); END;
+"""
+
+
+def sqlite_script(db: Path, script: str) -> None:
+    """Runs SQL on a SQLite file outside perfsweep, as a user or a failing disk would."""
+    con = sqlite3.connect(db)
+    con.executescript(script)
+    con.close()
+
+
+def tiny_job(tmp_path: Path, job_num: int = 0, **settings):
+    """A job of a few hundred milliseconds, stored in tmp_path/results.db unless ``settings`` say."""
+    from perfsweep import launcher
+    from perfsweep.config import DataConfig, DataKind, DbConfig, ModelConfig, PerfsweepConfig, ProfileConfig
+
+    cfg = PerfsweepConfig(
+        **{
+            "model": ModelConfig(name="tiny", args=dict(n_layers=1, n_heads=2, d_model=32, d_ff=64, max_seq_len=64)),
+            "data": DataConfig(name="syn", kind=DataKind.synthetic, synthetic_vocab=64, synthetic_tokens=5000),
+            "batch": 2,
+            "seq_len": 16,
+            "device": "cpu",
+            "profile": ProfileConfig(enabled=False),
+            "db": DbConfig(url=f"sqlite:///{tmp_path / 'results.db'}"),
+            **settings,
+        }
+    )
+    return launcher.JobSpec(cfg, tmp_path / "job", tmp_path, str(tmp_path), "s", ["batch=2"], job_num=job_num)
