@@ -169,3 +169,23 @@ def test_derived_figures_have_one_home():
     ]
     assert hits == []
     assert FIGURE.search((REPO / "perfsweep/metrics.py").read_text())  # the pattern does match figure code
+
+
+def test_the_suite_deals_its_longest_files_first():
+    """tests/conftest.py's LONGEST_FIRST names test files that exist, and on the seconds the H100
+    machine's run of 2026-11-27 measured (tests/fixtures/h100-2026-11-27), the order ends within 5%
+    of the best order those seconds allow. A renamed file, or one that grew long and stayed unnamed,
+    fails here rather than as a suite cut off on a lent GPU."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import suite_order
+
+    from tests.conftest import LONGEST_FIRST
+
+    files = {p.stem for p in (REPO / "tests").glob("test_*.py")}
+    assert set(LONGEST_FIRST) <= files, set(LONGEST_FIRST) - files
+    seconds = suite_order.file_seconds([REPO / "tests" / "fixtures" / "h100-2026-11-27" / "junit.xml"])
+    assert sum(seconds.values()) > 3000  # the whole run was read, mapped to today's files
+    named = [f for f in LONGEST_FIRST if f in seconds]
+    order = named + sorted(f for f in seconds if f not in LONGEST_FIRST)
+    best = sorted(seconds, key=lambda f: -seconds[f])
+    assert suite_order.simulated_end(seconds, order, 8) <= 1.05 * suite_order.simulated_end(seconds, best, 8)
