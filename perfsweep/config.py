@@ -545,7 +545,8 @@ class PerfsweepConfig:
     """Seeds torch, the data order and the synthetic corpus; 0 to 2**64-1, torch's range."""
     threads: int | None = None
     """torch.set_num_threads in the job (in each rank); null: the cores the job was given (its
-    launcher slot, its SLURM allocation, shared among its ranks), else torch's default."""
+    launcher slot, its SLURM allocation, its cgroup's CPU quota, shared among its ranks), else
+    torch's default."""
     nproc: int | None = None
     """Ranks of one job: N trains the grid point as an N-process DistributedDataParallel job
     started by torch.distributed's elastic launch (what torchrun runs), NCCL on CUDA (a GPU per

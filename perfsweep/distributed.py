@@ -162,7 +162,7 @@ def run(
         start_method="spawn",
         logs_specs=DefaultLogsSpecs(log_dir=str(job_dir / "ranks")),
     )
-    affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    affinity = slots.allowed_cpus()  # the ranks split these: within the cgroup's CPU quota too
     try:
         results = elastic_launch(config, entrypoint)(
             to_plain_dict(cfg), token_data, str(job_dir), label, launch_dir, affinity, conn

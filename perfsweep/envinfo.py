@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from perfsweep import slots
+from perfsweep import cgroups, slots
 
 
 def cpu_name() -> str:
@@ -26,33 +26,17 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
-
-
-def oom_kills(root: Path = CGROUP_ROOT) -> int | None:
+def oom_kills(root: Path = cgroups.ROOT) -> int | None:
     """How many processes of this process's memory cgroup the kernel's OOM killer has killed so
     far (cgroup v2 ``memory.events``, v1 ``memory.oom_control``: ``oom_kill N``), or None where
     the kernel does not say. A job that died of SIGKILL while it rose was killed for memory; one
     that died while it stayed was killed by someone else (``kill -9``, a scheduler)."""
-    try:
-        groups = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    places = []
-    for line in groups:
-        _, controllers, path = line.split(":", 2)
-        if controllers == "":  # v2: one tree
-            places += [root / path.lstrip("/") / "memory.events", root / "memory.events"]
-        elif "memory" in controllers.split(","):  # v1: the memory controller's own tree
-            places += [
-                root / "memory" / path.lstrip("/") / "memory.oom_control",
-                root / "memory" / "memory.oom_control",
-            ]
-    for place in places:  # in a container the cgroup's path may be outside its view: then its root is the group
-        with contextlib.suppress(OSError, ValueError):
-            for line in place.read_text().splitlines():
-                if line.startswith("oom_kill "):
-                    return int(line.split()[1])
+    for folder in cgroups.group_dirs("memory", root):  # its own group's count first
+        for name in ("memory.events", "memory.oom_control"):
+            with contextlib.suppress(OSError, ValueError):
+                for line in (folder / name).read_text().splitlines():
+                    if line.startswith("oom_kill "):
+                        return int(line.split()[1])
     return None
 
 

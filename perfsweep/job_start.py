@@ -27,7 +27,7 @@ from multiprocessing import forkserver
 from pathlib import Path
 from typing import Any
 
-from perfsweep import interrupts
+from perfsweep import cgroups, interrupts
 from perfsweep.config import Device, PerfsweepConfig, StartMethod
 from perfsweep.names import EARLY_JOB_SERVER_ENV, JOB_SERVER_READY_ENV
 
@@ -168,14 +168,20 @@ def may_use_cuda(device: Device) -> bool:
 
 
 def spare_core() -> bool:
-    """Whether a core is idle for the server's imports: the load average over the last minute is at
-    least one under this process's cores. On a busy machine (2 cores running 2 test workers) the
-    imports only took the core from other work, the sweep's own checks among them: a set of the
-    suite's tests took 10% longer so, one refused sweep 0.7 s more CPU."""
+    """Whether a core is idle for the server's imports: this process may use two or more (its
+    affinity mask, no more than its cgroup's CPU quota: the sweep itself keeps one busy), and the
+    load average over the last minute is at least one under that. On a busy machine (2 cores
+    running 2 test workers) the imports only took the core from other work, the sweep's own checks
+    among them: a set of the suite's tests took 10% longer so, one refused sweep 0.7 s more CPU.
+    (The load average is the host's, also in a container: a busy host reads as busy.)"""
     try:
-        return os.getloadavg()[0] + 1 <= len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
+        load = os.getloadavg()[0]
     except (OSError, AttributeError):  # no load average, or no affinity (not Linux): not known to be spare
         return False
+    quota = cgroups.quota_cores()
+    cores = min(cores, quota) if quota is not None else cores
+    return cores >= 2 and load + 1 <= cores
 
 
 def start_early(cfgs: list[PerfsweepConfig], job_env: dict[str, str]) -> bool:

@@ -17,6 +17,7 @@ blurs differences such as checkpointing's saving, hence the allocator-based head
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import resource
@@ -26,6 +27,8 @@ from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
+
+from perfsweep import cgroups
 
 log = logging.getLogger(__name__)
 
@@ -104,16 +107,15 @@ def reset_peak_rss() -> bool:
 
 
 def _cgroup_free_bytes() -> int | None:
-    """memory.max - memory.current of this process's cgroup (v2), None where unlimited or absent."""
-    try:
-        line = Path("/proc/self/cgroup").read_text().splitlines()[0]
-        base = Path("/sys/fs/cgroup") / line.split("::", 1)[1].lstrip("/")
-        limit = (base / "memory.max").read_text().strip()
-        if limit == "max":
-            return None
-        return int(limit) - int((base / "memory.current").read_text())
-    except (OSError, IndexError, ValueError):
-        return None
+    """The least of memory.max - memory.current over this process's cgroup and its ancestors (v2),
+    None where none is limited or there is none."""
+    headroom = []
+    for folder in cgroups.group_dirs("memory"):
+        with contextlib.suppress(OSError, ValueError):
+            limit = (folder / "memory.max").read_text().strip()
+            if limit != "max":
+                headroom.append(int(limit) - int((folder / "memory.current").read_text()))
+    return min(headroom) if headroom else None
 
 
 def free_bytes(device: torch.device) -> int | None:

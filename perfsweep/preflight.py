@@ -264,11 +264,12 @@ def cpu_sweep_fields(cfgs: list[PerfsweepConfig], job_cpus: int | None = None) -
     if not on_cpu:
         return {}
     dtypes = {"fp32"} | ({"bf16"} if any(c.amp for c in on_cpu) else set())  # fp32 too: cpu_notice compares
-    from perfsweep import job_start
+    from perfsweep import job_start, slots
 
     job_start.wait_until_ready()  # a job server started early is importing torch: not while the peak is timed
-    # jobs given a share of the cores (launcher.parallel) run that many threads: measure with as many
-    return cpu_peak.sweep_fields(on_cpu[0].threads or job_cpus, dtypes)
+    # jobs given a share of the cores (launcher.parallel, a cgroup's CPU quota) run that many
+    # threads: measure with as many
+    return cpu_peak.sweep_fields(on_cpu[0].threads or job_cpus or slots.default_threads(), dtypes)
 
 
 def cpu_notice(fields: dict[str, float]) -> str | None:
@@ -486,7 +487,7 @@ def placements(cfgs: list[PerfsweepConfig], hydra_launcher: str = "BasicLauncher
             f"the jobs run on CPU ({where}): leave it unset"
         )
     nproc = max(c.nproc or 1 for c in cfgs)
-    cpus = slots.usable_cpus()
+    cpus = slots.allowed_cpus()
     placements = slots.plan(
         parallel, on_cuda, nproc, first.launcher.gpus_per_job, cpus, slots.visible_gpus() if on_cuda else []
     )

@@ -475,13 +475,12 @@ def grad_scaler_figures(trainer: Trainer, measure_start_step: int) -> dict[str, 
 
 def set_threads(cfg: PerfsweepConfig) -> None:
     """torch's threads: ``threads`` when set; else, when this process was given fewer cores than
-    the machine has (a launcher slot, a rank's share, SLURM's allocation), that many, so a job does
-    not run more threads than cores; else torch's default."""
-    allotted = slots.cpu_share()["cpus_allotted"]
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    elif isinstance(allotted, int) and allotted < (os.cpu_count() or allotted):
-        torch.set_num_threads(allotted)
+    the machine has (a launcher slot, a rank's share, SLURM's allocation, a cgroup's CPU quota),
+    that many (slots.default_threads), so a job does not run more threads than it may keep busy;
+    else torch's default."""
+    threads = cfg.threads or slots.default_threads()
+    if threads:
+        torch.set_num_threads(threads)
 
 
 def progress_to(conn: Any) -> Progress:

@@ -16,6 +16,7 @@ import os
 import threading
 from dataclasses import dataclass
 
+from perfsweep import cgroups
 from perfsweep.config import ConfigError
 
 
@@ -57,17 +58,37 @@ def usable_cpus() -> list[int]:
         return list(range(os.cpu_count() or 1))
 
 
+def allowed_cpus() -> list[int]:
+    """The cores jobs may keep busy at once: the affinity mask's, no more than the cgroup's CPU
+    quota allows (cgroups.quota_cores). Slots and ranks split these, so jobs side by side share
+    the quota instead of each taking all of it."""
+    cpus = usable_cpus()
+    quota = cgroups.quota_cores()
+    return cpus[:quota] if quota is not None else cpus
+
+
 def cpu_share(cpus: list[int] | tuple[int, ...] | None = None) -> dict[str, object]:
     """The cores a job was given (``cpus``; default this process's affinity mask: a launcher slot,
-    a container, or SLURM where it binds tasks) and how many of them it may use,
-    SLURM_CPUS_PER_TASK where that is fewer (SLURM without task binding leaves the mask whole but
-    allots only those)."""
+    a container, or SLURM where it binds tasks) and how many of them it may use: fewer where
+    SLURM_CPUS_PER_TASK says so (SLURM without task binding leaves the mask whole but allots only
+    those), or the cgroup's CPU quota allows fewer (a container's ``--cpus``, a pod's limit)."""
     cpus = list(cpus) if cpus else usable_cpus()
     allotted = len(cpus)
     slurm = os.environ.get("SLURM_CPUS_PER_TASK")
     if slurm and slurm.isdigit():
         allotted = min(allotted, int(slurm))
+    quota = cgroups.quota_cores()
+    if quota is not None:
+        allotted = min(allotted, quota)
     return {"cpu_affinity": cpu_list(cpus)[:255], "cpus_allotted": allotted}  # the column's length
+
+
+def default_threads() -> int | None:
+    """The torch threads of a job whose ``threads`` is null: its allotted CPUs (:func:`cpu_share`)
+    where those are fewer than the machine's cores, else None (torch's default, a thread per
+    core). The job sets it; the sweep measures the CPU's matmul peak with the same count."""
+    allotted = cpu_share()["cpus_allotted"]
+    return allotted if isinstance(allotted, int) and allotted < (os.cpu_count() or allotted) else None
 
 
 def slurm_job_id() -> str | None:
@@ -115,9 +136,12 @@ def plan(
         n_slots = parallel
         if len(cpus) // parallel < nproc:
             key, value = ("launcher.parallel", parallel) if parallel > 1 else ("nproc", nproc)
+            quota = cgroups.cpu_quota()
+            capped = quota is not None and quota < len(usable_cpus())
+            limit = f", its cgroup's CPU quota: {quota:g} CPU{'' if quota == 1 else 's'}" if capped else ""
             raise ConfigError(
                 f"invalid config: {key}={value}: {parallel} job(s) of {nproc} rank(s) need a CPU core per rank "
-                f"and this process may use {len(cpus)} ({cpu_list(cpus)}); lower launcher.parallel or nproc"
+                f"and this process may use {len(cpus)} ({cpu_list(cpus)}{limit}); lower launcher.parallel or nproc"
             )
         if parallel == 1:
             return [Placement(0)]

@@ -203,7 +203,8 @@ class Run(Base):
     """The cores the job process could run on (its affinity mask, e.g. ``0-3``): its launcher slot,
     its SLURM allocation where SLURM binds tasks, or the whole machine."""
     cpus_allotted: Mapped[int | None] = mapped_column(Integer)
-    """CPUs the job was given: the affinity mask's size, or SLURM_CPUS_PER_TASK where smaller."""
+    """CPUs the job was given: the affinity mask's size, or SLURM_CPUS_PER_TASK or the cgroup's CPU
+    quota in whole CPUs (a container's ``--cpus``) where smaller."""
     cuda_visible_devices: Mapped[str | None] = mapped_column(String(255))
     """CUDA_VISIBLE_DEVICES as the job saw it (its launcher slot's GPUs); null when unset."""
     start_method: Mapped[str | None] = mapped_column(String(16))
