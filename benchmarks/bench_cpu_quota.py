@@ -20,6 +20,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
@@ -90,7 +91,10 @@ def main() -> int:
                     f"round {i + 1}: "
                     + ", ".join(f"{t} threads {runs[t][-1]['tokens_per_s']:,.0f} tokens/s" for t in order)
                 )
-    finally:
+    finally:  # once its processes are gone: multiprocessing's resource tracker outlives a sweep by a moment
+        deadline = time.monotonic() + 30
+        while (group / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
+            time.sleep(0.1)
         group.rmdir()
     first = runs[quota][0]
     print(

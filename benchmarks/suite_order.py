@@ -57,14 +57,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("junit", nargs="+", type=Path)
     parser.add_argument("--workers", type=int, default=8, help="xdist workers (pyproject: at most 8)")
     args = parser.parse_args(argv)
-    missing = [str(p) for p in args.junit if not p.is_file()]
-    if missing:
-        print(f"suite_order: no such file: {', '.join(missing)}", file=sys.stderr)
+    if args.workers < 1:
+        print(f"suite_order: --workers {args.workers}: must be 1 or more", file=sys.stderr)
         return 2
     sys.path.insert(0, str(ROOT))
     from tests.conftest import LONGEST_FIRST
 
-    seconds = file_seconds(args.junit)
+    try:
+        seconds = file_seconds(args.junit)
+    except (OSError, ET.ParseError) as exc:
+        print(f"suite_order: cannot read a junit XML file: {exc}", file=sys.stderr)
+        return 2
+    if not seconds:
+        print(f"suite_order: no test of this suite in {', '.join(map(str, args.junit))}", file=sys.stderr)
+        return 2
     order = [f for f in LONGEST_FIRST if f in seconds] + sorted(f for f in seconds if f not in LONGEST_FIRST)
     for name, s in seconds.most_common():
         print(f"{name:28s} {s:8.1f} s{'' if name in LONGEST_FIRST else '   (not in LONGEST_FIRST)'}")

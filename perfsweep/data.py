@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+from perfsweep import slots
 from perfsweep.cli import said_if_slow
 from perfsweep.config import DataConfig, DataKind
 
@@ -118,7 +119,7 @@ def _tokenize(files: list[Path], encoding: str) -> np.ndarray:
     texts = [f.read_text(encoding="utf-8", errors="replace") for f in files]
     eot = enc.eot_token
     ids: list[int] = []
-    for doc in enc.encode_ordinary_batch(texts, num_threads=max(1, os.cpu_count() or 1)):
+    for doc in enc.encode_ordinary_batch(texts, num_threads=len(slots.allowed_cpus())):  # within a CPU quota too
         ids.extend(doc)
         ids.append(eot)
     return np.asarray(ids, dtype=np.uint32)

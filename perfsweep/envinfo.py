@@ -26,7 +26,7 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def oom_kills(root: Path = cgroups.ROOT) -> int | None:
+def oom_kills(root: Path | None = None) -> int | None:
     """How many processes of this process's memory cgroup the kernel's OOM killer has killed so
     far (cgroup v2 ``memory.events``, v1 ``memory.oom_control``: ``oom_kill N``), or None where
     the kernel does not say. A job that died of SIGKILL while it rose was killed for memory; one

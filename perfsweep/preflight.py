@@ -510,9 +510,11 @@ def at_once(launcher_cfg: Any, hydra_launcher: str, n_jobs: int, placements: lis
         return min(len(placements), n_jobs)
     if hydra_launcher == "LocalLauncher":  # submitit's local executor starts every job at once
         return n_jobs
+    from perfsweep import slots
+
     n = launcher_cfg.get("n_jobs") or launcher_cfg.get("array_parallelism") or 1
-    if n < 0:
-        n = (os.cpu_count() or 1) + 1 + n
+    if n < 0:  # joblib counts the CPUs it may use (loky's cpu_count: a cgroup's quota too)
+        n = len(slots.allowed_cpus()) + 1 + n
     return max(1, min(int(n), n_jobs))
 
 

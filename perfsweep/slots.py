@@ -136,12 +136,14 @@ def plan(
         n_slots = parallel
         if len(cpus) // parallel < nproc:
             key, value = ("launcher.parallel", parallel) if parallel > 1 else ("nproc", nproc)
-            quota = cgroups.cpu_quota()
-            capped = quota is not None and quota < len(usable_cpus())
-            limit = f", its cgroup's CPU quota: {quota:g} CPU{'' if quota == 1 else 's'}" if capped else ""
+            quota, mask = cgroups.cpu_quota(), usable_cpus()
+            if quota is not None and quota < len(mask):
+                may = f"{len(cpus)} CPU(s) (cores {cpu_list(mask)}, limited by its cgroup's CPU quota of {quota:g})"
+            else:
+                may = f"{len(cpus)} ({cpu_list(cpus)})"
             raise ConfigError(
                 f"invalid config: {key}={value}: {parallel} job(s) of {nproc} rank(s) need a CPU core per rank "
-                f"and this process may use {len(cpus)} ({cpu_list(cpus)}{limit}); lower launcher.parallel or nproc"
+                f"and this process may use {may}; lower launcher.parallel or nproc"
             )
         if parallel == 1:
             return [Placement(0)]

@@ -60,25 +60,27 @@ def sigint_as_in_a_terminal() -> Iterator[None]:
 # longest first, so that no long file is dealt last and sets the suite's end alone. xdist's own
 # order, most tests first, dealt test_sweep.py (17 tests) after twenty short files. Ordered by the
 # seconds each file took on the H100 machine of 2026-11-27 (8 workers), where the suite is
-# tightest: test_sweep 380, test_bad_input 319, test_cpu_isa 308, test_custom_model 299,
-# test_start_method 267, test_kept_results 233, test_compile_cache 232, test_scale_out 221,
-# test_lifecycle 215, test_gpu 156, test_report 135, test_audit 128, test_stop 113, test_search
-# 81; the rest under 30 each. test_lifecycle, test_kept_results and test_stop were one file then,
-# and test_compile_cache with test_cpu_isa another: 512 s and 526 s, both unfinished when the run's
-# 550 s were up (3 tests; a second call ran them: 65 s of the figures above). Dealt in this order
-# to 8 workers, that run's seconds end at 418 s, the best order's too (3,182 over 8: 398):
-# `python benchmarks/suite_order.py tests/fixtures/h100-2026-11-27/junit.xml`, and test_layout.py
-# checks it. Files not named follow, in their own order.
+# tightest (tests/fixtures/h100-2026-11-27/junit.xml): test_sweep 380, test_bad_input 319,
+# test_custom_model 299, test_cpu_isa 294, test_start_method 267, test_compile_cache 232,
+# test_scale_out 221, test_lifecycle 215, test_kept_results 203, test_gpu 156, test_report 135,
+# test_audit 128, test_stop 94, test_search 81; the rest under 30 each. test_lifecycle,
+# test_kept_results and test_stop were one file then, and test_compile_cache with test_cpu_isa
+# another: 512 s and 526 s, both unfinished when the run's 550 s were up. (The 3 tests they had
+# left took 15 s in test_cpu_isa, 31 s in test_kept_results and 19 s in test_stop, in a second
+# call; the fixture holds the first call alone.) Dealt in this order to 8 workers, that run's
+# seconds end at 418 s, as in the best order (3,182 over 8: 398): `python
+# benchmarks/suite_order.py tests/fixtures/h100-2026-11-27/junit.xml`, and test_layout.py checks
+# it. Files not named follow, in their own order.
 LONGEST_FIRST = (
     "test_sweep",
     "test_bad_input",
-    "test_cpu_isa",
     "test_custom_model",
+    "test_cpu_isa",
     "test_start_method",
-    "test_kept_results",
     "test_compile_cache",
     "test_scale_out",
     "test_lifecycle",
+    "test_kept_results",
     "test_gpu",
     "test_report",
     "test_audit",

@@ -11,6 +11,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -88,6 +89,43 @@ def test_a_hybrid_host_reads_the_cpu_controller_from_v1(tmp_path: Path):
     assert cgroups.cpu_quota(root, proc) == 2.0
 
 
+def test_the_mount_says_which_group_is_where(tmp_path: Path):
+    """mountinfo names each tree's mount point and the group mounted there: a cgroup namespace's
+    process in a sibling group reads ``/../b`` against a mount of ``/..``; a pod's container has its
+    own group mounted; a group outside the mount falls back to the mount point. (A reviewer's real
+    namespace gave ``/../b``, and the quota was missed when the path was read as folders.)"""
+    proc, info = tmp_path / "proc-self-cgroup", tmp_path / "mountinfo"
+    v1 = tmp_path / "sys fs" / "cpu"  # a space in the mount point: mountinfo writes it \040
+    _tree(v1, {"b/cpu.cfs_quota_us": "50000\n", "b/cpu.cfs_period_us": "100000\n", "cpu.cfs_quota_us": "-1\n"})
+    mounted = str(v1).replace(" ", "\\040")
+    info.write_text(
+        f"31 23 0:28 / /sys/fs/cgroup rw - tmpfs tmpfs rw\n"
+        f"32 31 0:29 /.. {mounted} rw,relatime - cgroup cgroup rw,cpu,cpuacct\n"
+        f"41 31 0:38 / {tmp_path / 'unified'} rw - cgroup2 cgroup2 rw\n"
+    )
+    proc.write_text("3:cpu,cpuacct:/../b\n0::/\n")
+    assert cgroups.group_dirs("cpu", proc=proc, mountinfo=info) == [v1 / "b", v1]
+    assert cgroups.cpu_quota(proc=proc, mountinfo=info) == 0.5
+    proc.write_text("3:cpu,cpuacct:/elsewhere/../../x\n")  # outside the mount: its point alone
+    assert cgroups.group_dirs("cpu", proc=proc, mountinfo=info) == [v1]
+    # v2 in a pod: the container's own group is the mount's root, its path the same
+    v2 = tmp_path / "cg2"
+    _tree(v2, {"cpu.max": "200000 100000\n"})
+    info.write_text(f"50 31 0:40 /kubepods/pod1/ctr {v2} rw - cgroup2 cgroup2 rw\n")
+    proc.write_text("0::/kubepods/pod1/ctr\n")
+    assert cgroups.group_dirs("cpu", proc=proc, mountinfo=info) == [v2]
+    assert cgroups.cpu_quota(proc=proc, mountinfo=info) == 2.0
+
+
+def test_a_group_name_that_is_not_utf8_is_read(tmp_path: Path):
+    """A group named with a byte that is not UTF-8 stopped every sweep with UnicodeDecodeError."""
+    root, proc = tmp_path / "cgroup", tmp_path / "proc-self-cgroup"
+    name = os.fsdecode(b"q\xff")
+    _tree(root, {f"cpu/{name}/cpu.cfs_quota_us": "150000\n", f"cpu/{name}/cpu.cfs_period_us": "100000\n"})
+    proc.write_bytes(b"3:cpu:/q\xff\n")
+    assert cgroups.cpu_quota(root, proc) == 1.5
+
+
 def test_nothing_to_read_is_no_limit(tmp_path: Path):
     assert cgroups.cpu_quota(tmp_path, tmp_path / "missing") is None
     (tmp_path / "proc").write_text("0::/a\n")
@@ -105,7 +143,7 @@ def _real_cpu_group(cpus: float) -> Iterator[Path]:
     if (v1 / "cpu.cfs_quota_us").exists():
         group = v1 / name
         files = {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": str(int(cpus * 100000))}
-    elif "cpu" in (cgroups.ROOT / "cgroup.subtree_control").read_text(errors="replace").split():
+    elif "cpu" in (cgroups._read(cgroups.ROOT / "cgroup.subtree_control") or "").split():
         group = cgroups.ROOT / name
         files = {"cpu.max": f"{int(cpus * 100000)} 100000"}
     else:
@@ -119,8 +157,16 @@ def _real_cpu_group(cpus: float) -> Iterator[Path]:
             (group / file).write_text(value)
         yield group / "cgroup.procs"
     finally:
-        with contextlib.suppress(OSError):
-            group.rmdir()  # its processes have exited
+        remove_group(group)
+
+
+def remove_group(group: Path, within_s: float = 30.0) -> None:
+    """rmdir ``group`` once its last process has left: multiprocessing's resource tracker outlives
+    the sweep by a moment, and an rmdir then fails (EBUSY), which left a group behind."""
+    deadline = time.monotonic() + within_s
+    while (group / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    group.rmdir()
 
 
 @pytest.mark.slow
@@ -152,4 +198,31 @@ def test_a_sweep_in_a_pod_limited_to_one_cpu_runs_its_jobs_on_one(tmp_path: Path
         refused = perfsweep("-m", "amp=true,false", "launcher.parallel=2", *tiny)
         assert refused.returncode == 2, refused.stderr[-3000:]
         (line,) = refused.stderr.strip().splitlines()
-        assert "launcher.parallel=2" in line and "its cgroup's CPU quota: 1 CPU)" in line, line
+        assert "launcher.parallel=2" in line and "may use 1 CPU(s) (cores " in line, line
+        assert "limited by its cgroup's CPU quota of 1)" in line, line
+
+
+def test_the_cpu_peak_is_timed_with_the_jobs_default_threads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A job whose ``threads`` is null runs its allotted CPUs as threads where they are fewer than
+    the cores (slots.default_threads: SLURM's allocation here, a cgroup quota alike); the sweep's
+    matmul peak is timed with as many, so the jobs' utilisation has a base. It was timed with
+    torch's default, a thread per core, and those jobs got no utilisation."""
+    if len(os.sched_getaffinity(0)) < 2 or (os.cpu_count() or 1) < 2:
+        pytest.skip("needs 2 or more cores, so that 1 allotted CPU is fewer than the cores")
+    import torch
+
+    from perfsweep import preflight
+    from tests.util import tiny_job
+
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "1")
+    assert slots.default_threads() == 1
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # torch's default on 2 cores (an xdist worker of this suite runs fewer)
+    try:
+        fields = preflight.cpu_sweep_fields([tiny_job(tmp_path).cfg])
+    finally:
+        torch.set_num_threads(before)
+    assert fields["cpu_matmul_threads"] == 1 and fields["cpu_matmul_fp32_flops"] > 0
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK")
+    if cgroups.quota_cores() is None and len(os.sched_getaffinity(0)) == os.cpu_count():
+        assert slots.default_threads() is None  # the whole machine: torch's default

@@ -173,12 +173,12 @@ def test_derived_figures_have_one_home():
     assert FIGURE.search((REPO / "perfsweep/metrics.py").read_text())  # the pattern does match figure code
 
 
-def test_the_suite_deals_its_longest_files_first():
+def test_the_suite_deals_its_longest_files_first(monkeypatch: pytest.MonkeyPatch):
     """tests/conftest.py's LONGEST_FIRST names test files that exist, and on the seconds the H100
     machine's run of 2026-11-27 measured (tests/fixtures/h100-2026-11-27), the order ends within 5%
     of the best order those seconds allow. A renamed file, or one that grew long and stayed unnamed,
     fails here rather than as a suite cut off on a lent GPU."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     import suite_order
 
     from tests.conftest import LONGEST_FIRST
