@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -59,11 +58,13 @@ def sweep(group: Path, work: Path, order: list[int], extra: list[str]) -> list[d
     res = subprocess.run(["sh", "-c", script, "sh", *args], cwd=work, env=env, capture_output=True, text=True)
     if res.returncode != 0:
         raise SystemExit(f"bench_cpu_quota: the sweep failed: {res.stderr.strip().splitlines()[-1:]}")
-    con = sqlite3.connect(work / "results.db")
-    con.row_factory = sqlite3.Row
-    rows = [dict(r) for r in con.execute("SELECT * FROM runs ORDER BY job_num")]
-    con.close()
-    return rows
+    from perfsweep.query import read_only_engine, run_query  # what `perfsweep query` reads with
+
+    engine = read_only_engine(str(work / "results.db"))
+    try:
+        return run_query(engine, "SELECT * FROM runs ORDER BY job_num").to_dict("records")
+    finally:
+        engine.dispose()
 
 
 def main() -> int:
