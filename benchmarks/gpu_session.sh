@@ -101,6 +101,8 @@ before = vm(); step_alloc_peak_bytes(lambda: torch.ones(16).sum()); print('befor
     # 550 s: the device call's 600 less the install and the check above; junit.xml: each test's
     # time, to order tests/conftest.py's LONGEST_FIRST by what the files take there
     check timeout -s INT -k 30 550 python3 -m pytest -v -p no:cacheprovider --durations=25 --junitxml="$OUT/junit.xml"
+    step "each file's seconds, and the end of tests/conftest.py's LONGEST_FIRST order on them"
+    python3 benchmarks/suite_order.py "$OUT/junit.xml"
     ;;
   sweeps)
     # the limits add up to 530 s, inside the device call's 600 with the install: on 2026-11-26 these
