@@ -58,13 +58,9 @@ def sweep(group: Path, work: Path, order: list[int], extra: list[str]) -> list[d
     res = subprocess.run(["sh", "-c", script, "sh", *args], cwd=work, env=env, capture_output=True, text=True)
     if res.returncode != 0:
         raise SystemExit(f"bench_cpu_quota: the sweep failed: {res.stderr.strip().splitlines()[-1:]}")
-    from perfsweep.query import read_only_engine, run_query  # what `perfsweep query` reads with
+    from perfsweep.query import records
 
-    engine = read_only_engine(str(work / "results.db"))
-    try:
-        return run_query(engine, "SELECT * FROM runs ORDER BY job_num").to_dict("records")
-    finally:
-        engine.dispose()
+    return records(str(work / "results.db"), "SELECT * FROM runs ORDER BY job_num")
 
 
 def main() -> int:

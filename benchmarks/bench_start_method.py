@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -53,10 +52,9 @@ def sweep(method: str, work: Path, extra: list[str]) -> tuple[float, list[dict]]
     wall = time.perf_counter() - t0
     if res.returncode != 0:
         raise SystemExit(f"bench_start_method: the {method} sweep exited {res.returncode}:\n{res.stderr[-3000:]}")
-    con = sqlite3.connect(work / "results.db")
-    con.row_factory = sqlite3.Row
-    rows = [dict(r) for r in con.execute("SELECT * FROM runs ORDER BY job_num")]
-    con.close()
+    from perfsweep.query import records
+
+    rows = records(str(work / "results.db"), "SELECT * FROM runs ORDER BY job_num")
     bad = [(r["status"], r["start_method"]) for r in rows if r["status"] != "ok" or r["start_method"] != stored]
     if bad:
         raise SystemExit(f"bench_start_method: a {method} sweep's runs were {bad}, not all ok and {stored}")

@@ -13,6 +13,7 @@ import decimal
 import json
 import math
 import sys
+from typing import Any
 
 import pandas as pd
 from sqlalchemy import text
@@ -92,6 +93,16 @@ def run_query(engine: Engine, sql: str) -> pd.DataFrame:
     raw = pd.DataFrame([tuple(r) for r in rows], columns=range(len(keys)), dtype=object)
     typed = pd.concat([typed_column(raw[i]) for i in range(len(keys))], axis=1) if keys else raw
     return typed.set_axis(keys, axis=1)  # by position: a join may name two columns alike (a.phase, b.phase)
+
+
+def records(db: str, sql: str) -> list[dict[str, Any]]:
+    """The rows of a read-only ``sql`` on ``db`` (a SQLite file path or URL, or a PostgreSQL URL)
+    as dicts: for a script or a notebook that wants plain rows, read as ``perfsweep query`` reads."""
+    engine = read_only_engine(db)
+    try:
+        return run_query(engine, sql).to_dict("records")
+    finally:
+        engine.dispose()
 
 
 def typed_column(values: pd.Series) -> pd.Series:

@@ -343,3 +343,19 @@ def test_an_infinite_value_is_strict_json(db, capsys):
     assert json.loads(out, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}")) == [
         {"up": "inf", "down": "-inf", "plain": 2.5}
     ]
+
+
+def test_records_gives_plain_rows_and_writes_nothing(db):
+    """perfsweep.query.records, the scripts' and notebooks' way to rows: the runs as dicts, typed as
+    the query prints them, and a write refused as ``perfsweep query`` refuses it."""
+    from perfsweep.query import records
+
+    before = snapshot(db)
+    got = records(db, "SELECT batch, amp, model_name FROM runs ORDER BY batch")
+    assert got == [
+        {"batch": 4, "amp": False, "model_name": "it's; fine"},
+        {"batch": 8, "amp": True, "model_name": "it's; fine"},
+    ]
+    with pytest.raises(QueryError):
+        records(db, "DELETE FROM runs")
+    assert snapshot(db) == before
