@@ -16,7 +16,16 @@ from pathlib import Path
 import pytest
 
 from tests.test_custom_model import USER_MODEL
-from tests.util import TINY, finish, job_process, job_server, run_perfsweep, sqlite_rows, start_as_in_a_terminal
+from tests.util import (
+    TINY,
+    finish,
+    in_group,
+    job_process,
+    job_server,
+    run_perfsweep,
+    sqlite_rows,
+    start_as_in_a_terminal,
+)
 
 CPU = [*TINY, "device=cpu"]  # asserts the CPU's choice: auto forks CPU jobs, spawns CUDA ones
 
@@ -250,7 +259,7 @@ def test_a_signal_held_while_a_job_starts_stops_that_job_too(
             raise
     out, err = finish(proc, 120)
     time.sleep(0.5)  # the job server ends as the sweep does
-    left = _in_group(proc.pid)
+    left = in_group(proc.pid)
     if left:
         os.killpg(proc.pid, signal.SIGKILL)
     assert not left, f"processes the sweep started outlived it: {left}"
@@ -260,19 +269,6 @@ def test_a_signal_held_while_a_job_starts_stops_that_job_too(
     assert "Traceback" not in err, err[-3000:]
     (log,) = tmp_path.glob("multirun/*/*/*/job.log")
     assert "Traceback" not in log.read_text(), log.read_text()[-3000:]  # stopped, not cut off
-
-
-def _in_group(pgid: int) -> list[str]:
-    """The command lines of the processes in process group ``pgid``."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-                found.append((stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:200])
-        except (OSError, IndexError, ValueError):
-            continue
-    return found
 
 
 def test_a_job_server_started_early_is_waited_for_before_the_cpu_peak(tmp_path: Path):
@@ -320,7 +316,7 @@ def test_a_refused_sweep_leaves_no_job_server_behind(tmp_path: Path, monkeypatch
         tmp_path,
     )
     proc.wait(timeout=120)  # the command's exit, not the end of its output: a server would hold that
-    left = [cmd for cmd in _in_group(proc.pid) if "multiprocessing.forkserver" in cmd]
+    left = [cmd for cmd in in_group(proc.pid) if "multiprocessing.forkserver" in cmd]
     if left:
         os.killpg(proc.pid, signal.SIGKILL)
     out, err = finish(proc, 60)

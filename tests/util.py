@@ -198,21 +198,37 @@ def _one_of(sweep_pid: int, server: bool, within_s: float) -> int:
     return found[0]
 
 
+def processes() -> dict[int, tuple[int, int, str, bytes]]:
+    """Every process as pid -> (parent pid, process group, state: ``Z`` a zombie, command line)."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after the name, which may hold spaces
+            cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ")
+            found[int(stat.parent.name)] = (int(fields[1]), int(fields[2]), fields[0], cmdline)
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def in_group(pgid: int) -> list[str]:
+    """The command lines of the live processes (zombies left out) in process group ``pgid``."""
+    return [
+        cmd.decode(errors="replace")[:200]
+        for _, group, state, cmd in processes().values()
+        if group == pgid and state not in ("Z", "X")
+    ]
+
+
 def job_tree(sweep_pid: int) -> list[tuple[int, bool]]:
     """The sweep's job processes and job servers, as (pid, is a server). A spawned job runs
     multiprocessing's spawn_main; the server's command line names multiprocessing.forkserver, and
     a job forked from it is its child (and keeps that command line); the resource tracker is neither."""
-    procs: dict[int, tuple[int, bytes]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            procs[int(stat.parent.name)] = (ppid, (stat.parent / "cmdline").read_bytes().replace(b"\0", b" "))
-        except (OSError, IndexError, ValueError):
-            continue
-    children = {pid: cmd for pid, (ppid, cmd) in procs.items() if ppid == sweep_pid}
+    procs = processes()
+    children = {pid: cmd for pid, (ppid, _, _, cmd) in procs.items() if ppid == sweep_pid}
     servers = {pid for pid, cmd in children.items() if b"multiprocessing.forkserver" in cmd}
     jobs = [pid for pid, cmd in children.items() if b"spawn_main" in cmd and b"resource_tracker" not in cmd]
-    forked = [pid for pid, (ppid, _) in procs.items() if ppid in servers]
+    forked = [pid for pid, (ppid, *_) in procs.items() if ppid in servers]
     return [(pid, False) for pid in jobs + forked] + [(pid, True) for pid in servers]
 
 
