@@ -5,7 +5,7 @@ Makes a cgroup limited to ``--cpus`` CPUs (root and a writable cgroupfs needed; 
 each round one sweep in it of two jobs, ``threads`` = the quota's whole CPUs and ``threads`` = every
 core this process may use (torch's default, which perfsweep kept before), in alternating order.
 Reports each setting's median tokens/s, step-time CV and p90/p10 over the rounds, and the ratios
-with 95% bootstrap intervals. Usage:
+with 95% bootstrap intervals. The cgroup comes from tests.util, as in the tests (the [test] extra). Usage:
 
     sudo python benchmarks/bench_cpu_quota.py                   # 1 CPU, 5 rounds, model=small on CPU
     sudo python benchmarks/bench_cpu_quota.py --cpus 2 --rounds 3 model=tiny batch=8
@@ -16,46 +16,24 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import subprocess
 import sys
 import tempfile
-import time
-import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.util: the cgroup helpers the tests use
+from tests.util import NoCgroup, cpu_limited_group, perfsweep_in_group  # noqa: E402
+
 DEFAULT = ["model=small", "batch=4", "seq_len=128", "steps.measure=20", "profile.enabled=false", "report=false"]
-
-
-def make_group(cpus: float) -> Path:
-    """A new cgroup limited to ``cpus`` CPUs; returns its folder."""
-    from perfsweep import cgroups
-
-    name = f"perfsweep-bench-{uuid.uuid4().hex[:8]}"
-    if (cgroups.ROOT / "cpu" / "cpu.cfs_quota_us").exists():
-        group = cgroups.ROOT / "cpu" / name
-        files = {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": str(int(cpus * 100000))}
-    else:
-        group = cgroups.ROOT / name
-        files = {"cpu.max": f"{int(cpus * 100000)} 100000"}
-    try:
-        group.mkdir()
-        for file, value in files.items():
-            (group / file).write_text(value)
-    except OSError as exc:
-        raise SystemExit(f"bench_cpu_quota: cannot make a cgroup at {group} ({exc.strerror}): run as root") from None
-    return group
 
 
 def sweep(group: Path, work: Path, order: list[int], extra: list[str]) -> list[dict]:
     """The runs of one sweep of ``threads=order`` run inside ``group``."""
     work.mkdir()
-    script = f'echo $$ > "{group / "cgroup.procs"}" && exec "{sys.executable}" -m perfsweep "$@"'
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    args = ["-m", f"threads={','.join(map(str, order))}", "device=cpu", *extra]
-    res = subprocess.run(["sh", "-c", script, "sh", *args], cwd=work, env=env, capture_output=True, text=True)
+    res = perfsweep_in_group(group, ["-m", f"threads={','.join(map(str, order))}", "device=cpu", *extra], work, env)
     if res.returncode != 0:
         raise SystemExit(f"bench_cpu_quota: the sweep failed: {res.stderr.strip().splitlines()[-1:]}")
     from perfsweep.query import records
@@ -76,10 +54,9 @@ def main() -> int:
     quota = max(1, int(args.cpus))
     if quota >= cores:
         raise SystemExit(f"bench_cpu_quota: --cpus {args.cpus:g}: must leave fewer CPUs than the {cores} cores here")
-    group = make_group(args.cpus)
     runs: dict[int, list[dict]] = {quota: [], cores: []}
     try:
-        with tempfile.TemporaryDirectory() as tmp:
+        with cpu_limited_group(args.cpus, "perfsweep-bench") as group, tempfile.TemporaryDirectory() as tmp:
             for i in range(args.rounds):
                 order = [quota, cores] if i % 2 == 0 else [cores, quota]
                 for r in sweep(group, Path(tmp) / f"round{i}", order, extra):
@@ -88,11 +65,8 @@ def main() -> int:
                     f"round {i + 1}: "
                     + ", ".join(f"{t} threads {runs[t][-1]['tokens_per_s']:,.0f} tokens/s" for t in order)
                 )
-    finally:  # once its processes are gone: multiprocessing's resource tracker outlives a sweep by a moment
-        deadline = time.monotonic() + 30
-        while (group / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        group.rmdir()
+    except NoCgroup as exc:
+        raise SystemExit(f"bench_cpu_quota: {exc}") from None
     first = runs[quota][0]
     print(
         f"date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC  machine: {first['device_name']} ({platform.node()}), "

@@ -27,7 +27,7 @@ from multiprocessing import forkserver
 from pathlib import Path
 from typing import Any
 
-from perfsweep import cgroups, interrupts
+from perfsweep import interrupts, slots
 from perfsweep.config import Device, PerfsweepConfig, StartMethod
 from perfsweep.names import EARLY_JOB_SERVER_ENV, JOB_SERVER_READY_ENV
 
@@ -175,12 +175,10 @@ def spare_core() -> bool:
     among them: a set of the suite's tests took 10% longer so, one refused sweep 0.7 s more CPU.
     (The load average is the host's, also in a container: a busy host reads as busy.)"""
     try:
-        cores = len(os.sched_getaffinity(0))
         load = os.getloadavg()[0]
-    except (OSError, AttributeError):  # no load average, or no affinity (not Linux): not known to be spare
+    except OSError:  # no load average: not known to be spare
         return False
-    quota = cgroups.quota_cores()
-    cores = min(cores, quota) if quota is not None else cores
+    cores = len(slots.allowed_cpus())
     return cores >= 2 and load + 1 <= cores
 
 

@@ -7,19 +7,15 @@ writable cpu controller), a real sweep runs inside one limited to 1 CPU.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
-import sys
-import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from perfsweep import cgroups, slots
-from tests.util import TINY
+from tests.util import TINY, NoCgroup, cpu_limited_group, perfsweep_in_group
 from tests.util import sqlite_rows as rows
 
 
@@ -134,75 +130,43 @@ def test_nothing_to_read_is_no_limit(tmp_path: Path):
     assert cgroups.cpu_quota(tmp_path, tmp_path / "proc") is None
 
 
-@contextlib.contextmanager
-def _real_cpu_group(cpus: float) -> Iterator[Path]:
-    """A new cgroup limited to ``cpus`` CPUs; yields its cgroup.procs. Skips where none can be
-    made (not root, a read-only cgroupfs, no cpu controller)."""
-    name = f"perfsweep-test-{uuid.uuid4().hex[:8]}"
-    v1 = cgroups.ROOT / "cpu"
-    if (v1 / "cpu.cfs_quota_us").exists():
-        group = v1 / name
-        files = {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": str(int(cpus * 100000))}
-    elif "cpu" in (cgroups._read(cgroups.ROOT / "cgroup.subtree_control") or "").split():
-        group = cgroups.ROOT / name
-        files = {"cpu.max": f"{int(cpus * 100000)} 100000"}
-    else:
-        pytest.skip("no cgroup cpu controller this process can use (neither v1's cpu tree nor v2's)")
+@pytest.fixture
+def one_cpu_group() -> Iterator[Path]:
+    """A real cgroup limited to 1 CPU (tests.util.cpu_limited_group); skips where none can be made."""
     try:
-        group.mkdir()
-    except OSError as exc:
-        pytest.skip(f"cannot make a cgroup here ({exc.strerror}): needs root and a writable cgroupfs")
-    try:
-        for file, value in files.items():
-            (group / file).write_text(value)
-        moved = subprocess.run(["sh", "-c", f'echo $$ > "{group / "cgroup.procs"}"'], capture_output=True, text=True)
-        if moved.returncode != 0:  # v2's rules, a delegation that stops at this process's own group
-            pytest.skip(f"cannot move a process into a new cgroup here: {moved.stderr.strip()}")
-        yield group / "cgroup.procs"
-    finally:
-        remove_group(group)
-
-
-def remove_group(group: Path, within_s: float = 30.0) -> None:
-    """rmdir ``group`` once its last process has left: multiprocessing's resource tracker outlives
-    the sweep by a moment, and an rmdir then fails (EBUSY), which left a group behind."""
-    deadline = time.monotonic() + within_s
-    while (group / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    group.rmdir()
+        with cpu_limited_group(1.0) as group:
+            yield group
+    except NoCgroup as exc:
+        pytest.skip(str(exc))
 
 
 @pytest.mark.slow
-def test_a_sweep_in_a_pod_limited_to_one_cpu_runs_its_jobs_on_one(tmp_path: Path):
+def test_a_sweep_in_a_pod_limited_to_one_cpu_runs_its_jobs_on_one(tmp_path: Path, one_cpu_group: Path):
     """In a cgroup limited to 1 CPU on this machine of 2 or more cores, a job runs one torch thread
     and stores cpus_allotted 1 (it ran torch's default, a thread per core, before), and the sweep
     times the CPU's peak with that one thread; two jobs side by side are refused before any job,
     naming the quota."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 or more cores, so that a quota of 1 CPU is fewer than the cores")
-    with _real_cpu_group(1.0) as procs:
-        env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # torch's default, as a user's
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # torch's default, as a user's
 
-        def perfsweep(*args: str) -> subprocess.CompletedProcess:
-            script = f'echo $$ > "{procs}" && exec "{sys.executable}" -m perfsweep "$@"'
-            return subprocess.run(
-                ["sh", "-c", script, "sh", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
-            )
+    def perfsweep(*args: str) -> subprocess.CompletedProcess:
+        return perfsweep_in_group(one_cpu_group, list(args), tmp_path, env, timeout=300)
 
-        tiny = [*TINY, "device=cpu", "profile.enabled=false"]
-        res = perfsweep("-m", "amp=false", *tiny)
-        assert res.returncode == 0, res.stderr[-3000:]
-        (run,) = rows(tmp_path / "results.db", "SELECT cpus_allotted, torch_threads, cpu_affinity FROM runs")
-        assert (run["cpus_allotted"], run["torch_threads"]) == (1, 1), run
-        assert run["cpu_affinity"] == slots.cpu_list(os.sched_getaffinity(0))  # the quota limits time, not cores
-        # the CPU's matmul peak was timed with the jobs' one thread, so their utilisation has a base
-        (sweep,) = rows(tmp_path / "results.db", "SELECT cpu_matmul_threads, cpu_matmul_fp32_flops FROM sweeps")
-        assert sweep["cpu_matmul_threads"] == 1 and sweep["cpu_matmul_fp32_flops"] > 0
-        refused = perfsweep("-m", "amp=true,false", "launcher.parallel=2", *tiny)
-        assert refused.returncode == 2, refused.stderr[-3000:]
-        (line,) = refused.stderr.strip().splitlines()
-        assert "launcher.parallel=2" in line and "may use 1 CPU(s) (cores " in line, line
-        assert "limited by its cgroup's CPU quota of 1)" in line, line
+    tiny = [*TINY, "device=cpu", "profile.enabled=false"]
+    res = perfsweep("-m", "amp=false", *tiny)
+    assert res.returncode == 0, res.stderr[-3000:]
+    (run,) = rows(tmp_path / "results.db", "SELECT cpus_allotted, torch_threads, cpu_affinity FROM runs")
+    assert (run["cpus_allotted"], run["torch_threads"]) == (1, 1), run
+    assert run["cpu_affinity"] == slots.cpu_list(os.sched_getaffinity(0))  # the quota limits time, not cores
+    # the CPU's matmul peak was timed with the jobs' one thread, so their utilisation has a base
+    (sweep,) = rows(tmp_path / "results.db", "SELECT cpu_matmul_threads, cpu_matmul_fp32_flops FROM sweeps")
+    assert sweep["cpu_matmul_threads"] == 1 and sweep["cpu_matmul_fp32_flops"] > 0
+    refused = perfsweep("-m", "amp=true,false", "launcher.parallel=2", *tiny)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    (line,) = refused.stderr.strip().splitlines()
+    assert "launcher.parallel=2" in line and "may use 1 CPU(s) (cores " in line, line
+    assert "limited by its cgroup's CPU quota of 1)" in line, line
 
 
 def test_the_cpu_peak_is_timed_with_the_jobs_default_threads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

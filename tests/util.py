@@ -265,3 +265,59 @@ def tiny_job(tmp_path: Path, job_num: int = 0, **settings):
         }
     )
     return launcher.JobSpec(cfg, tmp_path / "job", tmp_path, str(tmp_path), "s", ["batch=2"], job_num=job_num)
+
+
+class NoCgroup(Exception):
+    """No cgroup with a CPU quota can be made, or joined, here; the message says why."""
+
+
+@contextlib.contextmanager
+def cpu_limited_group(cpus: float, prefix: str = "perfsweep-test") -> Iterator[Path]:
+    """A new cgroup limited to ``cpus`` CPUs (v1's cpu tree, else v2's), removed afterwards;
+    yields its folder. NoCgroup where none can be made or joined (not root, a read-only cgroupfs,
+    no cpu controller, v2's rules or a delegation that stops at this process's own group)."""
+    import uuid
+
+    from perfsweep import cgroups
+
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    if (cgroups.ROOT / "cpu" / "cpu.cfs_quota_us").exists():
+        group = cgroups.ROOT / "cpu" / name
+        files = {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": str(int(cpus * 100000))}
+    elif "cpu" in (cgroups._read(cgroups.ROOT / "cgroup.subtree_control") or "").split():
+        group = cgroups.ROOT / name
+        files = {"cpu.max": f"{int(cpus * 100000)} 100000"}
+    else:
+        raise NoCgroup("no cgroup cpu controller this process can use (neither v1's cpu tree nor v2's)")
+    try:
+        group.mkdir()
+    except OSError as exc:
+        raise NoCgroup(f"cannot make a cgroup here ({exc.strerror}): needs root and a writable cgroupfs") from None
+    try:
+        for file, value in files.items():
+            (group / file).write_text(value)
+        moved = subprocess.run(["sh", "-c", f'echo $$ > "{group / "cgroup.procs"}"'], capture_output=True, text=True)
+        if moved.returncode != 0:
+            raise NoCgroup(f"cannot move a process into a new cgroup here: {moved.stderr.strip()}")
+        yield group
+    finally:
+        _remove_group(group)
+
+
+def _remove_group(group: Path, within_s: float = 30.0) -> None:
+    """rmdir ``group`` once its last process has left: multiprocessing's resource tracker outlives
+    the sweep by a moment, and an rmdir then fails (EBUSY), which left a group behind."""
+    deadline = time.monotonic() + within_s
+    while (group / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    group.rmdir()
+
+
+def perfsweep_in_group(
+    group: Path, args: list[str], cwd: Path, env: dict[str, str], timeout: float | None = None
+) -> subprocess.CompletedProcess:
+    """``python -m perfsweep ARGS`` run inside cgroup ``group``, from its first instruction."""
+    script = f'echo $$ > "{group / "cgroup.procs"}" && exec "{sys.executable}" -m perfsweep "$@"'
+    return subprocess.run(
+        ["sh", "-c", script, "sh", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
