@@ -15,14 +15,13 @@ tokens/s). Needs a CUDA device. Usage:
 from __future__ import annotations
 
 import argparse
-import sqlite3
 import subprocess
 import sys
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-WARM_TAIL = "SELECT step_time_ms FROM steps WHERE run_id = ? AND phase = 'warmup' ORDER BY step DESC LIMIT 5"
+WARM_TAIL = "SELECT step_time_ms FROM steps WHERE run_id = {run_id:d} AND phase = 'warmup' ORDER BY step DESC LIMIT 5"
 """The job's last five warmup steps (sync-timed whatever ``timing`` is)."""
 
 BASE = ["model=minigpt_seed", "amp=true", "amp_dtype=fp16", "batch=2", "seq_len=1024", "data.vocab_limit=10000"]
@@ -47,14 +46,13 @@ def run(mode: str, work: Path, i: int, extra: list[str]) -> dict:
         check=True,
         stdout=subprocess.DEVNULL,
     )
-    con = sqlite3.connect(db)
-    con.row_factory = sqlite3.Row
-    row = dict(con.execute("SELECT * FROM runs ORDER BY id DESC LIMIT 1").fetchone())
+    from perfsweep.query import records
+
+    (row,) = records(str(db), "SELECT * FROM runs ORDER BY id DESC LIMIT 1")
     # the last warmup steps are timed sync in both modes: the same process's own sync reference,
     # which tells a slower mode from a slower process (fresh jobs differ by up to a third)
-    warm = [r[0] for r in con.execute(WARM_TAIL, (row["id"],))]
+    warm = [r["step_time_ms"] for r in records(str(db), WARM_TAIL.format(run_id=int(row["id"])))]
     row["warmup_tail_ms_median"] = sorted(warm)[len(warm) // 2] if warm else float("nan")
-    con.close()
     return row
 
 
