@@ -160,7 +160,11 @@ class ProfiledWindow:
         else:
             prof.export_chrome_trace(str(trace))
         self._artifact("trace", trace)
-        analysis = trace_mod.analyze(trace, require_gpu=False)
+        # where the job sees several GPUs, its own one: work a custom model runs on another is not merged in
+        gpu = None
+        if self.on_cuda and torch.cuda.device_count() > 1:
+            gpu = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        analysis = trace_mod.analyze(trace, require_gpu=False, device=gpu)
         self.result.stages = stage_rows(analysis, self.on_cuda)
         self.result.collective_ms = analysis.collective_ms
         if self.on_cuda:

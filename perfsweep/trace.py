@@ -21,6 +21,7 @@ from __future__ import annotations
 import bisect
 import gzip
 import json
+import math
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -45,10 +46,10 @@ KERNEL_RULES: tuple[tuple[str, str], ...] = (
     ("attention", r"flash|fmha|sdpa|attention|attn|compute_dot_do_o|convert_dq_to_16bits"),
     ("optimizer", r"multi_tensor_apply|fused_?adam|adamw?_|amp_update_scale|non_finite_check"),
     ("gemm", r"^triton_tem_"),
+    ("elementwise/norm", r"layer_?norm|rms_?norm|batch_?norm|group_?norm|GammaBeta"),
     ("elementwise/norm", r"^triton_poi_"),
     ("reduction", r"^triton_(red|per)_"),
-    ("gemm", r"gemm|nvjet|cublas|xmma|cutlass|wgmma|matmul|_mm_kernel|splitk"),
-    ("elementwise/norm", r"layer_?norm|rms_?norm|batch_?norm|group_?norm|GammaBeta"),
+    ("gemm", r"gemm|gemv|nvjet|cublas|xmma|cutlass|wgmma|matmul|_mm_kernel|splitk"),
     ("reduction", r"reduce|softmax|nll_loss|cross_entropy|cub::|argmax|argmin"),
     (
         "elementwise/norm",
@@ -58,10 +59,13 @@ KERNEL_RULES: tuple[tuple[str, str], ...] = (
 )
 """How a kernel's name gives its category: the first rule whose regex matches (case-insensitive)
 wins; memcpy/memset are recognised by their event category, and what matches nothing is
-``other``. Order matters: attention kernels are often CUTLASS (checked before ``gemm``); Inductor
-names a fused kernel after everything in it, so its prefix decides (``triton_poi_`` pointwise,
-``triton_red_``/``triton_per_`` reductions, a fused layer-norm backward among them, ``triton_tem_``
-GEMM templates); eager norm kernels are counted with the elementwise ones."""
+``other``. Order matters: attention kernels are often CUTLASS (checked before ``gemm``); a norm
+kernel is a norm kernel eager or compiled (Inductor's fused layer-norm backward,
+``triton_per_fused_..._native_layer_norm_backward_*``, counted as a reduction, moved 3.35 ms per
+step of the compiled gpt2 trace out of the category where eager's layer norm was); otherwise
+Inductor names a fused kernel after everything in it, so its prefix decides (``triton_poi_``
+pointwise, ``triton_red_``/``triton_per_`` reductions, ``triton_tem_`` GEMM templates); eager
+norm kernels are counted with the elementwise ones."""
 
 _RULES = tuple((cat, re.compile(rx, re.IGNORECASE)) for cat, rx in KERNEL_RULES)
 
@@ -123,18 +127,30 @@ class TraceAnalysis:
     them on its own threads, ``gloo:all_reduce``); None when the trace has none."""
     categories: dict[str, CategoryStat] = field(default_factory=dict)
     top_kernels: list[KernelStat] = field(default_factory=list)
+    empty_steps: int = 0
+    """``ProfilerStep#N`` ranges left out because no event started in them (a loop that ended
+    before the profiler's schedule did leaves one after its last ``prof.step()``)."""
+    skipped_events: int = 0
+    """Events without a usable time (missing, negative or non-finite ``ts``/``dur``): left out."""
+    device: int | str | None = None
+    """The GPU analysed (``args.device`` of its kernels); None in a trace without GPU work."""
 
-    def busy_fraction(self, step_ms: float | None = None) -> float:
-        """GPU busy time over ``step_ms`` (a measured step time) or, if None, the profiled step."""
-        return gpu_busy_fraction(self.gpu_busy_ms, step_ms or self.step_wall_ms)
+    def busy_fraction(self, step_ms: float | None = None) -> float | None:
+        """GPU busy time over ``step_ms`` (a measured step time) or, if None, the profiled step;
+        None where that step has no length (a trace whose events all start at one instant)."""
+        share = gpu_busy_fraction(self.gpu_busy_ms, step_ms or self.step_wall_ms)
+        return share if math.isfinite(share) else None
 
     def to_json(self, step_ms: float | None = None) -> dict[str, Any]:
         """One JSON-ready object; keys carry their units."""
         return {
             "trace": self.path,
             "device_name": self.device_name,
+            "device": self.device,
             "profiled_steps": self.steps,
             "step_markers": self.step_markers,
+            "empty_profiler_steps_left_out": self.empty_steps,
+            "events_without_time_left_out": self.skipped_events,
             "profiled_step_wall_ms": self.step_wall_ms,
             "stage_gpu_ms": self.stage_gpu_ms,
             "stage_cpu_ms": self.stage_cpu_ms,
@@ -232,17 +248,62 @@ def _union_us(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+def _device_of(e: dict[str, Any]) -> int | str:
+    """The GPU one event ran on (its ``args.device``; an event without one counts as device 0)."""
+    d = _arg(e, "device")
+    return d if isinstance(d, int | str) else 0
+
+
+def _devices(gpu_events: list[dict[str, Any]]) -> list[int | str]:
+    return sorted({_device_of(e) for e in gpu_events}, key=str)
+
+
+def _device_name(meta: dict[str, Any], device: int | str | None) -> str | None:
+    """``device``'s name from the trace's deviceProperties (their first entry where none has its id)."""
+    props = meta.get("deviceProperties")
+    entries = [p for p in props if isinstance(p, dict)] if isinstance(props, list) else []
+    entry = next((p for p in entries if p.get("id") == device), entries[0] if entries else {})
+    name = entry.get("name")
+    return name if isinstance(name, str) else None
+
+
+def _outer(ranges: list[tuple[float, float, str, Any]]) -> dict[str, list[tuple[float, float]]]:
+    """Each stage's outermost ranges, thread by thread: a range nested in one of the same name on
+    the same thread (a recursive ``record_function``) is inside it, not a second call."""
+    out: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    by_key: dict[tuple[str, Any], list[tuple[float, float]]] = defaultdict(list)
+    for start, end, name, tid in ranges:
+        by_key[(name, tid)].append((start, end))
+    for (name, _), spans in by_key.items():
+        cur_end = float("-inf")
+        for start, end in sorted(spans):
+            if start >= cur_end:
+                out[name].append((start, end))
+                cur_end = end
+            else:
+                cur_end = max(cur_end, end)
+    return out
+
+
 def analyze(
-    path: str | Path, stages: tuple[str, ...] | list[str] = STAGES, top_n: int = 15, require_gpu: bool = True
+    path: str | Path,
+    stages: tuple[str, ...] | list[str] = STAGES,
+    top_n: int = 15,
+    require_gpu: bool = True,
+    device: int | None = None,
 ) -> TraceAnalysis:
-    """Analyse one Chrome trace. ``require_gpu``: a trace without GPU events is a TraceError."""
+    """Analyse one Chrome trace. ``require_gpu``: a trace without GPU events is a TraceError.
+    ``device``: the GPU to analyse where the trace holds work on several (one GPU's busy time is
+    not a union over GPUs); None: the one GPU there is, and a TraceError where there are several."""
     events, meta, path = load_events(path)
     stage_set = set(stages)
     step_ranges: list[tuple[float, float, str]] = []
-    stage_ranges: list[tuple[float, float, str]] = []
-    launch_ts: dict[Any, float] = {}
+    stage_ranges: list[tuple[float, float, str, Any]] = []
+    launches: dict[Any, tuple[float, Any]] = {}
     gpu_events: list[dict[str, Any]] = []
     host_collectives: list[tuple[float, float]] = []
+    host_starts: list[float] = []  # every CPU-side event's start: which profiled steps hold work
+    skipped = 0
     t_min, t_max = float("inf"), float("-inf")
     for e in events:
         if not isinstance(e, dict) or e.get("ph") != "X":
@@ -253,20 +314,27 @@ def analyze(
         try:
             ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
         except (KeyError, TypeError, ValueError):
+            skipped += 1
+            continue
+        if not (math.isfinite(ts) and math.isfinite(dur)) or dur < 0:  # no time to count: not a guess
+            skipped += 1
             continue
         if cat in GPU_EVENT_CATEGORIES:
             gpu_events.append(e)
-        elif cat in LAUNCH_EVENT_CATEGORIES:
-            corr = _correlation(e)
-            if corr is not None:
-                launch_ts.setdefault(corr, ts)
-        elif cat in RANGE_EVENT_CATEGORIES:
-            if name.startswith(PROFILER_STEP_PREFIX):
-                step_ranges.append((ts, ts + dur, name))
-            elif name.startswith(HOST_COLLECTIVE_PREFIXES):
-                host_collectives.append((ts, ts + dur))
-            elif name in stage_set:
-                stage_ranges.append((ts, ts + dur, name))
+        else:
+            if not name.startswith(PROFILER_STEP_PREFIX):
+                host_starts.append(ts)
+            if cat in LAUNCH_EVENT_CATEGORIES:
+                corr = _correlation(e)
+                if corr is not None:
+                    launches.setdefault(corr, (ts, e.get("tid")))
+            elif cat in RANGE_EVENT_CATEGORIES:
+                if name.startswith(PROFILER_STEP_PREFIX):
+                    step_ranges.append((ts, ts + dur, name))
+                elif name.startswith(HOST_COLLECTIVE_PREFIXES):
+                    host_collectives.append((ts, ts + dur))
+                elif name in stage_set:
+                    stage_ranges.append((ts, ts + dur, name, e.get("tid")))
         if cat not in ("Trace",) and isinstance(e.get("pid"), int | str):
             t_min, t_max = min(t_min, ts), max(t_max, ts + dur)
     if require_gpu and not gpu_events:
@@ -274,19 +342,49 @@ def analyze(
             f"{path}: no GPU kernels in this trace (CPU-only profile?); profile with "
             "ProfilerActivity.CUDA on a GPU run to get GPU time per stage"
         )
+    devices = _devices(gpu_events)
+    if device is not None and device not in devices and gpu_events:
+        raise TraceError(f"{path}: --device {device}: no GPU work on it; this trace has work on device(s) {devices}")
+    if device is None and len(devices) > 1:
+        raise TraceError(
+            f"{path}: GPU work on devices {', '.join(map(str, devices))}; pass --device N to analyse one "
+            "(a union over several GPUs is not any GPU's busy time)"
+        )
+    chosen = device if device is not None else (devices[0] if devices else None)
+    if len(devices) > 1:
+        gpu_events = [e for e in gpu_events if _device_of(e) == chosen]
     step_markers = bool(step_ranges)
+    # a ProfilerStep range holding no event is no step: a loop that ends before the profiler's
+    # schedule does leaves one (7 us, after the last prof.step()), which divided every figure
+    host_starts.sort()
+    held = [r for r in step_ranges if bisect.bisect_right(host_starts, r[1]) > bisect.bisect_left(host_starts, r[0])]
+    empty_steps = len(step_ranges) - len(held) if held else 0
+    step_ranges = held or step_ranges
     if not step_markers:
-        step_ranges = [(t_min, t_max, "whole trace")]
+        step_ranges = [(t_min, t_max, "whole trace")] if t_min <= t_max else [(0.0, 0.0, "whole trace")]
     steps = _Ranges(step_ranges)
-    stage_idx = _Ranges(stage_ranges)
+    any_thread = _Ranges([r[:3] for r in stage_ranges])
+    by_thread: dict[Any, _Ranges] = {}
+    for tid in {r[3] for r in stage_ranges}:
+        by_thread[tid] = _Ranges([r[:3] for r in stage_ranges if r[3] == tid])
     n_steps = len(step_ranges)
+
+    def stage_of(ts: float, tid: Any) -> str | None:
+        """The stage whose range holds a launch at ``ts``: the launching thread's own innermost
+        range, else any thread's (autograd's thread has none: backward's range is the main one's)."""
+        for idx in (by_thread.get(tid), any_thread):
+            i = idx.find(ts) if idx is not None else None
+            if i is not None:
+                return idx.ranges[i][2]
+        return None
 
     stage_cpu_us: dict[str, float] = defaultdict(float)
     stage_calls: dict[str, int] = defaultdict(int)
-    for start, end, name in stage_ranges:
-        if steps.find(start) is not None:
-            stage_cpu_us[name] += end - start
-            stage_calls[name] += 1
+    for name, spans in _outer(stage_ranges).items():
+        for start, end in spans:
+            if steps.find(start) is not None:
+                stage_cpu_us[name] += end - start
+                stage_calls[name] += 1
 
     stage_gpu_us: dict[str, float] = {s: 0.0 for s in stages}
     unattributed_us = 0.0
@@ -298,8 +396,8 @@ def analyze(
     comm_intervals: list[tuple[float, float]] = []
     for e in gpu_events:
         ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
-        launch = launch_ts.get(_correlation(e))
-        anchor = launch if launch is not None else ts
+        launch = launches.get(_correlation(e))
+        anchor = launch[0] if launch is not None else ts
         if steps.find(anchor) is None:
             continue  # outside the profiled steps (e.g. the profiler's own flush)
         kernel_us += dur
@@ -307,11 +405,11 @@ def analyze(
         category = kernel_category(e.get("name", ""), e.get("cat", "kernel"))
         if category == "communication":
             comm_intervals.append((ts, ts + dur))
-        i = stage_idx.find(launch) if launch is not None else None
-        if i is None:
+        stage = stage_of(*launch) if launch is not None else None
+        if stage is None:
             unattributed_us += dur
         else:
-            stage_gpu_us[stage_idx.ranges[i][2]] += dur
+            stage_gpu_us[stage] += dur
         name = e.get("name", "")
         cat_us[category] += dur
         cat_n[category] += 1
@@ -321,10 +419,6 @@ def analyze(
 
     per_step = 1000.0 * n_steps  # us totals -> ms per step
     top = sorted(by_name.items(), key=lambda kv: kv[1][0], reverse=True)[:top_n]
-    device_name = None
-    props = meta.get("deviceProperties")
-    if isinstance(props, list) and props and isinstance(props[0], dict):
-        device_name = props[0].get("name")
     step_wall_us = sum(end - start for start, end, _ in step_ranges)
     if not comm_intervals:  # no communication kernels: the host's collective ranges (gloo's threads)
         comm_intervals = [(a, b) for a, b in host_collectives if steps.find(a) is not None]
@@ -332,7 +426,7 @@ def analyze(
         path=str(path),
         steps=n_steps,
         step_markers=step_markers,
-        device_name=device_name,
+        device_name=_device_name(meta, chosen),
         step_wall_ms=step_wall_us / per_step,
         stage_cpu_ms={s: stage_cpu_us[s] / per_step for s in stages if stage_calls.get(s)},
         stage_gpu_ms={s: stage_gpu_us[s] / per_step for s in stages},
@@ -345,6 +439,9 @@ def analyze(
             c: CategoryStat(cat_us[c] / per_step, cat_n[c] / n_steps) for c in KERNEL_CATEGORIES if cat_n.get(c)
         },
         top_kernels=[KernelStat(name, kernel_category(name), us / per_step, n / n_steps) for name, (us, n) in top],
+        empty_steps=empty_steps,
+        skipped_events=skipped,
+        device=chosen,
     )
 
 
@@ -368,7 +465,11 @@ def format_analysis(a: TraceAnalysis, step_ms: float | None = None) -> str:
     """The table ``perfsweep trace`` prints for people."""
     lines = [f"Trace: {a.path}"]
     where = f" on {a.device_name}" if a.device_name else ""
+    if a.device is not None:
+        where += f" (device {a.device})"
     steps = f"{a.steps} profiled step(s)" if a.step_markers else "no ProfilerStep# ranges: the whole trace as one step"
+    if a.empty_steps:
+        steps += f" ({a.empty_steps} empty ProfilerStep# range(s) left out)"
     lines.append(f"{steps}{where}; times are ms per step")
     lines.append("")
     lines.append(f"{'stage':<18}{'GPU ms':>10}{'CPU ms':>10}")
@@ -378,7 +479,9 @@ def format_analysis(a: TraceAnalysis, step_ms: float | None = None) -> str:
     lines.append(f"{'(no stage)':<18}{a.unattributed_gpu_ms:>10.2f}{'':>10}")
     lines.append("")
     basis = f"measured step {step_ms:.2f} ms" if step_ms else f"profiled step {a.step_wall_ms:.2f} ms (profiler-slowed)"
-    lines.append(f"GPU busy {a.gpu_busy_ms:.2f} ms per step = {a.busy_fraction(step_ms):.0%} of the {basis}")
+    share = a.busy_fraction(step_ms)
+    of = f"{share:.0%} of the {basis}" if share is not None else f"share unknown: the {basis}"
+    lines.append(f"GPU busy {a.gpu_busy_ms:.2f} ms per step = {of}")
     lines.append(f"GPU kernel time {a.gpu_kernel_ms:.2f} ms per step (sum; exceeds busy time when streams overlap)")
     if a.collective_ms is not None:
         lines.append(f"Collectives (e.g. DDP's allreduce) running {a.collective_ms:.2f} ms per step")
@@ -421,6 +524,12 @@ def main(argv: list[str] | None = None) -> int:
         "profiler-slowed step (perfsweep stores it as runs.step_time_ms_median)",
     )
     parser.add_argument("--top", type=int, default=15, help="top kernels to list (default: %(default)s)")
+    parser.add_argument(
+        "--device",
+        type=int,
+        default=None,
+        help="the GPU to analyse (its index in the trace) where the trace holds work on several",
+    )
     args = parser.parse_args(argv)
     stages = tuple(s.strip() for s in args.stages.split(",") if s.strip())
     if not stages:
@@ -430,14 +539,27 @@ def main(argv: list[str] | None = None) -> int:
     if args.top < 0:
         parser.error(f"--top={args.top}: must be >= 0")
     try:
-        analysis = analyze(args.file, stages, top_n=args.top)
+        analysis = analyze(args.file, stages, top_n=args.top, device=args.device)
     except TraceError as exc:
         print(f"perfsweep trace: {exc}", file=sys.stderr)
         return 2
-    if not analysis.stage_calls:
+    missing = [s for s in stages if s not in analysis.stage_calls]
+    if len(missing) == len(stages):
         print(
             f"perfsweep trace: none of the stage ranges {', '.join(stages)} is in the trace; all GPU time "
             "is under (no stage). Name your record_function ranges with --stages.",
+            file=sys.stderr,
+        )
+    elif missing:
+        print(
+            f"perfsweep trace: no range named {', '.join(missing)} in the profiled steps: their GPU time reads 0 "
+            "and what ran there is under another stage or (no stage). Name your ranges with --stages.",
+            file=sys.stderr,
+        )
+    if analysis.skipped_events:
+        print(
+            f"perfsweep trace: {analysis.skipped_events} event(s) without a usable time (missing, negative or "
+            "not finite) left out",
             file=sys.stderr,
         )
     if args.json:

@@ -126,7 +126,10 @@ def test_kernel_categories_on_real_kernels():
             "reduction",
         ),
         ("triton_poi_fused__log_softmax__log_softmax_backward_data_mm_nll_loss_backward", "kernel", "elementwise/norm"),
-        ("triton_per_fused__to_copy_add_native_layer_norm_backward_view_6", "kernel", "reduction"),  # by prefix
+        # a norm kernel is a norm kernel, eager or fused by Inductor (its prefix says reduction)
+        ("triton_per_fused__to_copy_add_native_layer_norm_backward_view_6", "kernel", "elementwise/norm"),
+        ("triton_red_fused__to_copy_sum_view_7", "kernel", "reduction"),  # by prefix
+        ("void gemv2T_kernel_val<int, int, float, float, float, 128, 16, 4, 4, false>", "kernel", "gemm"),
         (
             "void at::native::vectorized_layer_norm_kernel<float, float, false>(int, float)",
             "kernel",
@@ -370,3 +373,146 @@ def test_cli_usage_mistakes_get_one_line(argv, capsys):
     assert exit_.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("perfsweep trace: ")
+
+
+def _x(cat: str, name: str, ts: float, dur: float, tid: int = 1, **args: object) -> dict:
+    """One complete ('X') Chrome-trace event, as torch.profiler writes them."""
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid} | (
+        {"args": args} if args else {}
+    )
+
+
+def test_an_empty_profiler_step_is_no_step(tmp_path):
+    """A loop that ends before the profiler's schedule does leaves a ProfilerStep# range after its
+    last prof.step() holding nothing: it divided every per-step figure (2 steps read as 3, -33%).
+    First a real torch.profiler trace (CPU), then a GPU one whose last kernel runs in that range."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+    path = tmp_path / "cpu.json"
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        schedule=schedule(wait=0, warmup=0, active=3),
+        on_trace_ready=lambda p: p.export_chrome_trace(str(path)),
+    ) as prof:
+        for _ in range(2):  # the schedule wanted 3
+            with record_function("forward"):
+                torch.ones(64, 64) @ torch.ones(64, 64)
+            prof.step()
+    ranges = [e for e in json.loads(path.read_text())["traceEvents"] if str(e.get("name")).startswith("ProfilerStep#")]
+    assert len(ranges) == 3  # what torch wrote: the third range is the empty one
+    a = analyze(path, require_gpu=False)
+    assert (a.steps, a.empty_steps, a.stage_calls["forward"]) == (2, 1, 2)
+
+    ev = [
+        _x("user_annotation", "ProfilerStep#1", 0, 100),
+        _x("user_annotation", "forward", 1, 10),
+        _x("cuda_runtime", "cudaLaunchKernel", 2, 1, correlation=1),
+        _x("kernel", "gemm_a", 30, 20, tid=7, correlation=1, device=0),
+        _x("user_annotation", "ProfilerStep#2", 110, 100),
+        _x("user_annotation", "forward", 111, 10),
+        _x("cuda_runtime", "cudaLaunchKernel", 112, 1, correlation=2),
+        _x("kernel", "gemm_a", 200, 20, tid=7, correlation=2, device=0),  # runs on into the empty range
+        _x("user_annotation", "ProfilerStep#3", 215, 7),
+    ]
+    a = analyze(_write(tmp_path / "gpu.json", ev))
+    assert (a.steps, a.empty_steps) == (2, 1)
+    assert a.stage_gpu_ms["forward"] == pytest.approx(0.020) and a.gpu_busy_ms == pytest.approx(0.020)
+    assert a.step_wall_ms == pytest.approx(0.100)
+    assert main([str(tmp_path / "gpu.json"), "--stages", "forward"]) == 0
+
+
+def test_several_gpus_are_analysed_one_at_a_time(tmp_path, capsys):
+    """GPU 0 busy 0-500 us, GPU 1 busy 500-1000 us: each is 50% busy. Their union read as one
+    GPU 100% busy, on the first device's name; now the trace must say which GPU."""
+    ev = [
+        _x("user_annotation", "ProfilerStep#0", 0, 1000),
+        _x("user_annotation", "forward", 0, 900),
+        _x("cuda_runtime", "cudaLaunchKernel", 1, 1, correlation=1),
+        _x("cuda_runtime", "cudaLaunchKernel", 2, 1, correlation=2),
+        _x("kernel", "gemm_a", 0, 500, tid=7, correlation=1, device=0),
+        _x("kernel", "gemm_b", 500, 500, tid=7, correlation=2, device=1),
+    ]
+    props = [{"id": 0, "name": "GPU zero"}, {"id": 1, "name": "GPU one"}]
+    path = _write(tmp_path / "two.json", ev, deviceProperties=props)
+    with pytest.raises(TraceError, match="devices 0, 1; pass --device N"):
+        analyze(path)
+    one = analyze(path, device=1)
+    assert (one.device, one.device_name) == (1, "GPU one")
+    assert one.gpu_busy_ms == pytest.approx(0.5) and one.busy_fraction() == pytest.approx(0.5)
+    assert one.stage_gpu_ms["forward"] == pytest.approx(0.5) and [k.name for k in one.top_kernels] == ["gemm_b"]
+    assert main([str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--device" in err
+    assert main([str(path), "--json", "--device", "0"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["device"], out["device_name"], out["gpu_busy_ms_per_step"]) == (0, "GPU zero", pytest.approx(0.5))
+    assert main([str(path), "--device", "3"]) == 2
+    assert "no GPU work on it" in capsys.readouterr().err
+
+
+def test_events_without_a_usable_time_are_left_out_and_counted(tmp_path, capsys):
+    """A negative duration gave negative stage and busy times; it is left out, and said so."""
+    ev = [
+        _x("user_annotation", "ProfilerStep#0", 0, 100),
+        _x("user_annotation", "forward", 0, 50),
+        _x("cuda_runtime", "cudaLaunchKernel", 1, 1, correlation=1),
+        _x("cuda_runtime", "cudaLaunchKernel", 2, 1, correlation=2),
+        _x("kernel", "gemm_a", 10, 30, tid=7, correlation=1),
+        _x("kernel", "gemm_b", 50, -100, tid=7, correlation=2),
+    ]
+    path = _write(tmp_path / "neg.json", ev)
+    a = analyze(path)
+    assert a.skipped_events == 1
+    assert a.stage_gpu_ms["forward"] == pytest.approx(0.030) and a.gpu_busy_ms == pytest.approx(0.030)
+    assert main([str(path), "--stages", "forward"]) == 0
+    assert "1 event(s) without a usable time" in capsys.readouterr().err
+
+
+def test_a_step_without_length_gives_no_share_and_strict_json(tmp_path, capsys):
+    """Every event at one instant: the share is unknown (JSON null), not NaN, which strict JSON
+    parsers refuse, nor 'nan%' in the table."""
+    ev = [
+        _x("user_annotation", "forward", 5, 0),
+        _x("cuda_runtime", "cudaLaunchKernel", 5, 0, correlation=1),
+        _x("kernel", "gemm_a", 5, 0, tid=7, correlation=1),
+    ]
+    path = _write(tmp_path / "instant.json", ev)
+    assert main([str(path), "--json", "--stages", "forward"]) == 0
+
+    def refuse(token: str) -> None:
+        raise AssertionError(f"not strict JSON: {token}")
+
+    out = json.loads(capsys.readouterr().out, parse_constant=refuse)
+    assert out["gpu_busy_fraction"] is None
+    assert main([str(path), "--stages", "forward"]) == 0
+    assert "share unknown" in capsys.readouterr().out
+
+
+def test_a_launch_belongs_to_its_own_threads_stage_and_nested_ranges_count_once(tmp_path):
+    """Two threads' stages overlap: a launch inside thread 1's forward is forward's, though
+    thread 2's later-starting backward also spans it (autograd's thread, with no stage of its
+    own, still finds the main thread's). A forward nested in a forward is one call of its length."""
+    ev = [
+        _x("user_annotation", "ProfilerStep#0", 0, 1000),
+        _x("user_annotation", "forward", 0, 100, tid=1),
+        _x("user_annotation", "forward", 10, 30, tid=1),  # nested: a recursive record_function
+        _x("user_annotation", "backward", 50, 100, tid=2),
+        _x("cuda_runtime", "cudaLaunchKernel", 60, 1, tid=1, correlation=1),
+        _x("cuda_runtime", "cudaLaunchKernel", 120, 1, tid=3, correlation=2),  # autograd's thread
+        _x("kernel", "gemm_a", 200, 10, tid=7, correlation=1),
+        _x("kernel", "gemm_b", 220, 20, tid=7, correlation=2),
+    ]
+    a = analyze(_write(tmp_path / "threads.json", ev))
+    assert a.stage_gpu_ms["forward"] == pytest.approx(0.010) and a.stage_gpu_ms["backward"] == pytest.approx(0.020)
+    assert a.stage_cpu_ms["forward"] == pytest.approx(0.100) and a.stage_calls["forward"] == 1
+
+
+def test_a_stage_name_missing_from_the_trace_is_named(capsys):
+    """Some of the ranges named, not all: GPU time reading 0 for a stage must not pass unsaid."""
+    path = trace_path("minigpt_seed_fp16_amp1_ckpt0")
+    assert main([str(path), "--stages", "forward,backward,optimizer"]) == 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no range named optimizer" in err
+    assert main([str(path)]) == 0
+    assert capsys.readouterr().err == ""  # perfsweep's own trace holds every stage
