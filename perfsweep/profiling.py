@@ -19,6 +19,7 @@ import contextlib
 import gzip
 import json
 import logging
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,8 +89,14 @@ class ProfiledWindow:
     ``steps_needed`` tells the caller how many steps to run inside the window.
     """
 
-    def __init__(self, cfg: ProfileConfig, device: torch.device, out_dir: Path, label: str) -> None:
+    def __init__(
+        self, cfg: ProfileConfig, device: torch.device, out_dir: Path, label: str, measured_step_ms: float | None = None
+    ) -> None:
+        """``measured_step_ms``: the median of the job's measured (unprofiled) steps, written into
+        the trace (trace.PERFSWEEP_TRACE_INFO) so that ``perfsweep trace`` takes the busy share
+        of it, as the run's stored ``gpu_busy_fraction`` does, not of the profiler-slowed step."""
         self.cfg = cfg
+        self.measured_step_ms = measured_step_ms
         self.device = device
         self.out_dir = out_dir
         self.label = label
@@ -124,6 +131,9 @@ class ProfiledWindow:
             self._prof.preset_metadata_json(
                 "distributedInfo", json.dumps({"backend": backend, "rank": 0, "world_size": 1})
             )
+        if self.measured_step_ms and math.isfinite(self.measured_step_ms):
+            info = {"measured_step_ms": self.measured_step_ms}
+            self._prof.preset_metadata_json(trace_mod.PERFSWEEP_TRACE_INFO, json.dumps(info))
         if self.cfg.nvtx and self.on_cuda:
             torch.cuda.cudart().cudaProfilerStart()
         self._prof.__enter__()

@@ -421,7 +421,7 @@ def _train(
             run_step("profile")
     elif cfg.profile.enabled:
         trainer.labelled = True  # the profiler splits steps by these ranges
-        window = profiled_window(cfg, device, job_dir, label, run_step, result)
+        window = profiled_window(cfg, device, job_dir, label, run_step, result, summary.step_time_ms_median)
         if window is not None:
             stages, ops, artifacts = window.result.stages, window.result.ops, window.result.artifacts
             kernels = window.result.kernels
@@ -499,6 +499,7 @@ def profiled_window(
     label: str,
     run_step: Callable[[str], None],
     result: dict[str, Any],
+    measured_step_ms: float | None = None,
 ) -> ProfiledWindow | None:
     """Run the profiled steps; None, with ``result["profile_error"]`` saying why, when they ran
     out of memory. The window comes after the measured steps, and the profiler's own buffers (host
@@ -507,7 +508,7 @@ def profiled_window(
     with it, 87 without, on the search in docs/benchmarks.md). A data-parallel job still fails:
     its other ranks are inside an allreduce that this rank would never join."""
     try:
-        with ProfiledWindow(cfg.profile, device, job_dir, label) as window:
+        with ProfiledWindow(cfg.profile, device, job_dir, label, measured_step_ms) as window:
             for _ in range(window.steps_needed):
                 run_step("profile")
                 window.step()

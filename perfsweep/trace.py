@@ -70,6 +70,12 @@ norm kernels are counted with the elementwise ones."""
 _RULES = tuple((cat, re.compile(rx, re.IGNORECASE)) for cat, rx in KERNEL_RULES)
 
 
+PERFSWEEP_TRACE_INFO = "perfsweepInfo"
+"""Top-level key of what perfsweep writes into its own traces: ``measured_step_ms``, the median of
+the job's measured (unprofiled) steps, which the busy share is taken of where no ``--step-ms`` is
+given (so ``perfsweep trace`` on a job's trace gives the share the run stored)."""
+
+
 class TraceError(ValueError):
     """A file perfsweep cannot analyse; the message is one line saying what and what to do."""
 
@@ -134,11 +140,22 @@ class TraceAnalysis:
     """Events without a usable time (missing, negative or non-finite ``ts``/``dur``): left out."""
     device: int | str | None = None
     """The GPU analysed (``args.device`` of its kernels); None in a trace without GPU work."""
+    measured_step_ms: float | None = None
+    """The job's measured step median, where perfsweep wrote it into the trace (PERFSWEEP_TRACE_INFO)."""
+
+    def basis_ms(self, step_ms: float | None = None) -> tuple[float, str]:
+        """The step the busy share is taken of, and what it is: ``step_ms`` (``--step-ms``), else the
+        measured step perfsweep wrote into its trace, else the profiled (profiler-slowed) step."""
+        if step_ms:
+            return step_ms, "measured_step_ms"
+        if self.measured_step_ms:
+            return self.measured_step_ms, "measured_step_ms_in_trace"
+        return self.step_wall_ms, "profiled_step_wall_ms"
 
     def busy_fraction(self, step_ms: float | None = None) -> float | None:
-        """GPU busy time over ``step_ms`` (a measured step time) or, if None, the profiled step;
-        None where that step has no length (a trace whose events all start at one instant)."""
-        share = gpu_busy_fraction(self.gpu_busy_ms, step_ms or self.step_wall_ms)
+        """GPU busy time over :meth:`basis_ms`; None where that step has no length (a trace whose
+        events all start at one instant)."""
+        share = gpu_busy_fraction(self.gpu_busy_ms, self.basis_ms(step_ms)[0])
         return share if math.isfinite(share) else None
 
     def to_json(self, step_ms: float | None = None) -> dict[str, Any]:
@@ -158,8 +175,8 @@ class TraceAnalysis:
             "gpu_kernel_ms_per_step": self.gpu_kernel_ms,
             "gpu_busy_ms_per_step": self.gpu_busy_ms,
             "gpu_busy_fraction": self.busy_fraction(step_ms),
-            "gpu_busy_fraction_basis": "measured_step_ms" if step_ms else "profiled_step_wall_ms",
-            "measured_step_ms": step_ms,
+            "gpu_busy_fraction_basis": self.basis_ms(step_ms)[1],
+            "measured_step_ms": step_ms or self.measured_step_ms,
             "kernel_categories": {
                 c: {"ms_per_step": s.ms_per_step, "kernels_per_step": s.kernels_per_step}
                 for c, s in self.categories.items()
@@ -265,6 +282,12 @@ def _device_name(meta: dict[str, Any], device: int | str | None) -> str | None:
     entry = next((p for p in entries if p.get("id") == device), entries[0] if entries else {})
     name = entry.get("name")
     return name if isinstance(name, str) else None
+
+
+def _measured_step_ms(meta: dict[str, Any]) -> float | None:
+    info = meta.get(PERFSWEEP_TRACE_INFO)
+    value = info.get("measured_step_ms") if isinstance(info, dict) else None
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) and value > 0 else None
 
 
 def _outer(ranges: list[tuple[float, float, str, Any]]) -> dict[str, list[tuple[float, float]]]:
@@ -442,6 +465,7 @@ def analyze(
         empty_steps=empty_steps,
         skipped_events=skipped,
         device=chosen,
+        measured_step_ms=_measured_step_ms(meta),
     )
 
 
@@ -478,7 +502,11 @@ def format_analysis(a: TraceAnalysis, step_ms: float | None = None) -> str:
         lines.append(f"{s:<18}{gpu:>10.2f}{(f'{cpu:.2f}' if cpu is not None else '-'):>10}")
     lines.append(f"{'(no stage)':<18}{a.unattributed_gpu_ms:>10.2f}{'':>10}")
     lines.append("")
-    basis = f"measured step {step_ms:.2f} ms" if step_ms else f"profiled step {a.step_wall_ms:.2f} ms (profiler-slowed)"
+    basis_ms, kind = a.basis_ms(step_ms)
+    basis = {
+        "measured_step_ms": f"measured step {basis_ms:.2f} ms",
+        "measured_step_ms_in_trace": f"measured step {basis_ms:.2f} ms (the job's, in the trace)",
+    }.get(kind, f"profiled step {basis_ms:.2f} ms (profiler-slowed)")
     share = a.busy_fraction(step_ms)
     of = f"{share:.0%} of the {basis}" if share is not None else f"share unknown: the {basis}"
     lines.append(f"GPU busy {a.gpu_busy_ms:.2f} ms per step = {of}")
@@ -521,7 +549,8 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=None,
         help="measured (unprofiled) step time in ms; the busy fraction uses it instead of the "
-        "profiler-slowed step (perfsweep stores it as runs.step_time_ms_median)",
+        "profiler-slowed step (perfsweep stores it as runs.step_time_ms_median, and writes it into "
+        "the traces it makes, which need no --step-ms)",
     )
     parser.add_argument("--top", type=int, default=15, help="top kernels to list (default: %(default)s)")
     parser.add_argument(

@@ -67,6 +67,20 @@ def test_trace_has_stage_names_and_profiler_steps(profiled):
     assert "Self CPU" in Path(table["path"]).read_text()
 
 
+def test_the_trace_carries_the_measured_step_its_busy_share_is_taken_of(profiled):
+    """The job writes its measured (unprofiled) step median into its trace, so ``perfsweep trace``
+    on it takes the busy share of the step the run stored, not of the profiler-slowed one."""
+    from perfsweep.trace import PERFSWEEP_TRACE_INFO, analyze
+
+    result, _ = profiled
+    trace_path = next(Path(a["path"]) for a in result["artifacts"] if a["kind"] == "trace")
+    info = json.loads(gzip.decompress(trace_path.read_bytes()))[PERFSWEEP_TRACE_INFO]
+    assert info == {"measured_step_ms": pytest.approx(result["step_time_ms_median"])}
+    a = analyze(trace_path, require_gpu=False)
+    assert a.basis_ms() == (pytest.approx(result["step_time_ms_median"]), "measured_step_ms_in_trace")
+    assert a.basis_ms(5.0) == (5.0, "measured_step_ms")  # --step-ms still wins
+
+
 def test_stage_and_op_tables(profiled):
     result, cfg = profiled
     stages = {s["stage"]: s for s in result["stages"]}

@@ -516,3 +516,25 @@ def test_a_stage_name_missing_from_the_trace_is_named(capsys):
     assert len(err.splitlines()) == 1 and "no range named optimizer" in err
     assert main([str(path)]) == 0
     assert capsys.readouterr().err == ""  # perfsweep's own trace holds every stage
+
+
+def test_a_perfsweep_trace_gives_the_stored_busy_share_without_step_ms(tmp_path, capsys):
+    """The H100 trace as perfsweep now writes it, with the job's measured step inside: the share is
+    the README's (36%) with no --step-ms, where the profiler-slowed step gave 18%."""
+    from perfsweep.trace import PERFSWEEP_TRACE_INFO
+
+    name = "minigpt_seed_fp16_amp1_ckpt0"
+    run_id, share = README_BUSY_SHARE[name]
+    trace = json.loads(gzip.decompress(trace_path(name).read_bytes()))
+    assert main([str(trace_path(name)), "--json"]) == 0
+    before = json.loads(capsys.readouterr().out)
+    assert before["gpu_busy_fraction_basis"] == "profiled_step_wall_ms" and before["gpu_busy_fraction"] < share - 0.1
+    trace[PERFSWEEP_TRACE_INFO] = {"measured_step_ms": measured_step_ms(run_id)}
+    path = tmp_path / "with_info.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(trace).encode()))
+    assert main([str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["gpu_busy_fraction_basis"] == "measured_step_ms_in_trace"
+    assert abs(out["gpu_busy_fraction"] - share) <= 0.02 and out["measured_step_ms"] == measured_step_ms(run_id)
+    assert main([str(path)]) == 0
+    assert "36% of the measured step 23.94 ms (the job's, in the trace)" in capsys.readouterr().out
