@@ -654,17 +654,18 @@ def claim_folder(folder: Path, key: str, resume: bool = False) -> list[Path]:
                 f"{key}={folder} already holds another sweep ({SWEEP_MARKER} exists); give each sweep its "
                 "own folder (the default one is unique), or with -m add resume=true to continue it"
             ) from None
-        unclaim_folder(folder, created)  # a full disk, no permission: before any job, in one line
+        unclaim_folder(folder, created)  # a full disk, no permission, a file on the path: in one line
         raise ConfigError(
-            f"cannot create the sweep's folder {folder} ({exc.strerror or exc}); free space or "
-            "permission there, or set hydra.sweep.dir (hydra.run.dir) to another place"
+            f"{key}={folder}: cannot create the sweep's folder ({exc.strerror or exc}); free space or "
+            f"permission there, or set {key} to another place"
         ) from None
     return created
 
 
 def unclaim_folder(folder: Path, created: list[Path]) -> None:
     """Undo :func:`claim_folder` when the sweep is refused before any job: no marker, no empty folders."""
-    (folder / SWEEP_MARKER).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # FileNotFoundError, or NotADirectoryError: a file on the path
+        (folder / SWEEP_MARKER).unlink()
     for p in created:  # deepest first
         try:
             p.rmdir()

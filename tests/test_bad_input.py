@@ -184,7 +184,15 @@ def test_a_sweep_folder_that_cannot_be_made_is_one_line(tmp_path: Path):
     with read_only(tmp_path / "ro"):
         res = run_perfsweep(["-m", "steps.measure=2,3", *TINY, f"db.url=sqlite:///{tmp_path}/r.db"], tmp_path / "ro")
     assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr[-2000:]
-    assert res.stderr.startswith("perfsweep: cannot create the sweep's folder ") and "no job was started" in res.stderr
+    assert res.stderr.startswith(f"perfsweep: hydra.sweep.dir={tmp_path / 'ro'}/multirun/")
+    assert ": cannot create the sweep's folder (" in res.stderr and "no job was started" in res.stderr
+    # a file where the folder, or one above it, would be: it was a traceback (NotADirectoryError)
+    (tmp_path / "afile").write_text("")
+    for where in (tmp_path / "afile", tmp_path / "afile" / "sub"):
+        res = run_perfsweep(["-m", "steps.measure=2,3", *TINY, f"hydra.sweep.dir={where}"], tmp_path)
+        assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr[-2000:]
+        assert res.stderr.startswith(f"perfsweep: hydra.sweep.dir={where}: cannot create the sweep's folder (")
+    assert (tmp_path / "afile").read_text() == "" and not (tmp_path / "results.db").exists()
 
 
 def test_a_run_folder_that_cannot_be_made_or_written_is_one_line(tmp_path: Path):
