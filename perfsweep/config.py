@@ -54,6 +54,37 @@ def _dotted(path: Any) -> bool:
     return isinstance(path, str) and re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", path) is not None
 
 
+_KINDS: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "int": (int, "an integer"),
+    "float": ((int, float), "a number"),
+    "bool": (bool, "true or false"),
+    "str": (str, "a string"),
+}
+
+
+def _check_types(obj: Any, prefix: str) -> None:
+    """Refuse, naming ``prefix.key``, a field of ``obj`` whose value is not of its declared type
+    (int, float, bool, str, each maybe ``| None``). The ``model`` and ``data`` nodes are untyped in
+    the schema (a factory's own keys sit beside the declared ones), so Hydra does not do this for
+    them: ``data.vocab_limit=abc`` reached a comparison and printed Python's TypeError. A number
+    given for a string (``data.path=2024``: Hydra parses it as an int) becomes that string."""
+    for f in dataclasses.fields(obj):
+        declared = str(f.type)
+        optional = declared.endswith(" | None")
+        base = declared.removesuffix(" | None")
+        if base not in _KINDS:
+            continue
+        value = getattr(obj, f.name)
+        if value is None and optional:
+            continue
+        if base == "str" and isinstance(value, int | float) and not isinstance(value, bool):
+            setattr(obj, f.name, str(value))
+            continue
+        kind, allowed = _KINDS[base]
+        ok = isinstance(value, kind) and (base == "bool" or not isinstance(value, bool))
+        _require(ok, f"{prefix}.{f.name}", value, f"must be {allowed}{' or null' if optional else ''}")
+
+
 def _split(node: Any, cls: type) -> Any:
     """A ``model``/``data`` node as ``cls``: its declared keys as fields, every other key in
     ``args`` (what a ``_target_`` factory receives). The nodes are untyped in the schema so a
@@ -239,15 +270,7 @@ class GPTConfig:
     padded rows are never targets and get no probability mass. 1 turns padding off."""
 
     def __post_init__(self) -> None:
-        # the preset's args are a free-form dict (a custom model's keys share it), so Hydra does not type them
-        kinds = {"int": (int, "an integer"), "float": ((int, float), "a number"), "bool": (bool, "true or false")}
-        for f in dataclasses.fields(self):
-            if str(f.type) not in kinds:
-                continue
-            kind, allowed = kinds[str(f.type)]
-            value = getattr(self, f.name)
-            ok = isinstance(value, kind) and (f.type == "bool" or not isinstance(value, bool))
-            _require(ok, f"model.{f.name}", value, f"must be {allowed}")
+        _check_types(self, "model")
         for key in ("n_layers", "n_heads", "d_model", "d_ff", "max_seq_len"):
             value = getattr(self, key)
             _require(value >= 1, f"model.{key}", value, "must be a positive integer")
@@ -310,6 +333,7 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         self.kind = _enum(DataKind, self.kind, "data.kind")
+        _check_types(self, "data")
         if self._target_ is not None:
             _require(
                 self.kind == DataKind.custom,

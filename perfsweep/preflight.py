@@ -313,7 +313,14 @@ def check_data(cfgs: list[PerfsweepConfig]) -> dict[str, Any]:
         if key not in prepared:
             try:
                 prepared[key] = data_mod.prepare(d, cfg.seed)
-            except (OSError, ValueError, RuntimeError) as exc:
+            except ConfigError:
+                raise  # names its own key (data.encoding, the token cache's setting)
+            except OSError as exc:
+                setting, cache = data_mod.cache_setting(d)
+                if exc.filename and Path(exc.filename).is_relative_to(cache):  # writing the cache, not reading text
+                    raise data_mod.cache_error(setting, exc) from None
+                raise ConfigError(f"invalid config: {where}: {first_line(exc)}") from None
+            except (ValueError, RuntimeError) as exc:
                 raise ConfigError(f"invalid config: {where}: {first_line(exc)}") from None
         n_tokens = prepared[key].n_tokens
         needed = cfg.batch * cfg.seq_len + 1

@@ -68,6 +68,10 @@ CASES = {
     "key_of_another_preset": (["data.path=/x"], "data.path=/x"),
     # ...and with + it was added, then ignored: the job trained on the preset's own data
     "added_key_of_another_kind": (["+data.glob=*.md"], "data.glob='*.md'"),
+    # the data node is untyped in the schema: this was Python's TypeError ("'>=' not supported")
+    "data_value_of_wrong_type": (["data.synthetic_vocab=abc"], "data.synthetic_vocab='abc'"),
+    # was blamed on data.synthetic_tokens, the key that names the data
+    "token_cache_unwritable": (["data.cache_dir={tmp}/afile/cache"], "data.cache_dir='{tmp}/afile/cache'"),
 }
 HINTS = {  # what is allowed or what to do, beyond naming key and value
     "device_cuda_without_cuda": "device=cpu",
@@ -89,6 +93,8 @@ HINTS = {  # what is allowed or what to do, beyond naming key and value
     "data_key_typo": "did you mean data.vocab_limit?",
     "key_of_another_preset": "data=textfile has it: add data=textfile",
     "added_key_of_another_kind": "only data.kind=textfile reads it",
+    "data_value_of_wrong_type": "must be an integer",
+    "token_cache_unwritable": "cannot write the token cache there",
 }
 
 
@@ -102,6 +108,7 @@ def test_mistake_is_one_line_exit_2_and_writes_nothing(case: str, mode: str, tmp
     (tmp_path / "empty.txt").write_text("")
     (tmp_path / "short.txt").write_text("a few words only")
     (tmp_path / "nodocs").mkdir()
+    (tmp_path / "afile").write_text("")
     (tmp_path / "ro").mkdir()
     shutil.copy(seeded_db, tmp_path / "ro" / "results.db")
     overrides = [o.format(tmp=tmp_path) for o in CASES[case][0]]

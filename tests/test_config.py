@@ -34,6 +34,28 @@ def test_defaults_compose_and_validate():
     assert (cfg.batch, cfg.seq_len) == (8, 128)  # the documented defaults
 
 
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [
+        ("data.vocab_limit=abc", "data.vocab_limit='abc': must be an integer or null"),
+        ("data.vocab_limit=100.5", "data.vocab_limit=100.5: must be an integer or null"),  # was OmegaConf's, keyless
+        ("data.synthetic_tokens=true", "data.synthetic_tokens=True: must be an integer"),
+        ("model.dropout=true", "model.dropout=True: must be a number"),
+    ],
+)
+def test_the_untyped_nodes_values_are_typed_by_the_key(override: str, said: str):
+    extra = ["data=synthetic"] if "synthetic" in override else []
+    with pytest.raises(ConfigError) as err:
+        to_run_config(compose_cfg([*extra, override]))
+    assert str(err.value) == f"invalid config: {said}"
+
+
+def test_a_number_given_for_a_string_is_that_string():
+    """Hydra parses ``data.path=2024`` as an int; the folder is called 2024."""
+    cfg = to_run_config(compose_cfg(["data=textfile", "data.path=2024", "data.encoding=cl100k_base"]))
+    assert cfg.data.path == "2024" and to_plain_dict(cfg)["data"]["path"] == "2024"
+
+
 @pytest.mark.parametrize("preset", ["stdlib", "textfile", "synthetic"])
 def test_every_data_preset_takes_the_keys_its_kind_reads_and_refuses_another_kind_s(preset: str):
     """``data.cache_dir=...`` was refused on every preset ('did you mean data.cache_dir?'): no
