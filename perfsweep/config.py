@@ -369,7 +369,8 @@ class StepsConfig:
     """The fewest steps run first and excluded from every figure (allocator, autotuning,
     compile). Warmup then goes on until the step time is steady (see ``stable_window``)."""
     measure: int = 10
-    """Steps that the figures are computed from."""
+    """Steps that the figures are computed from; at least 2 (one step gave a 0% IQR and a
+    zero-width speedup interval: a spread that was never measured)."""
     stable_window: int = 3
     """Steady-state check: warmup ends when the median step time of the last ``stable_window``
     warmup steps is within ``stable_tolerance`` of the median of the window before it; 0 turns
@@ -395,7 +396,12 @@ class StepsConfig:
 
     def __post_init__(self) -> None:
         _require(self.warmup >= 0, "steps.warmup", self.warmup, "must be >= 0")
-        _require(self.measure >= 1, "steps.measure", self.measure, "must be >= 1")
+        _require(
+            self.measure >= 2,
+            "steps.measure",
+            self.measure,
+            "must be >= 2: every figure is shown with its spread, and one step has none",
+        )
         _require(self.stable_window >= 0, "steps.stable_window", self.stable_window, "must be >= 0 (0: no check)")
         _require(
             0 < self.stable_tolerance < 1, "steps.stable_tolerance", self.stable_tolerance, "must be between 0 and 1"

@@ -117,6 +117,7 @@ def test_a_grid_over_data_kinds_passes_the_key_check_in_the_sweeper(tmp_path: Pa
         (["model.n_heads=3"], "model.d_model=256"),
         (["model.dropout=1.5"], "model.dropout=1.5"),
         (["steps.measure=0"], "steps.measure=0"),
+        (["steps.measure=1"], "steps.measure=1"),  # no spread: a 0-wide interval and a verdict were shown
         (["profile.active=0"], "profile.active=0"),
         (["amp=true", "amp_dtype=fp16", "device=cpu"], "amp_dtype='fp16'"),
         (["data=textfile"], "data.path=None"),
