@@ -585,6 +585,15 @@ def main(argv: list[str] | None = None) -> int:
             "and what ran there is under another stage or (no stage). Name your ranges with --stages.",
             file=sys.stderr,
         )
+    share = analysis.busy_fraction(args.step_ms)
+    if share is not None and share > 1.0:
+        basis_ms, kind = analysis.basis_ms(args.step_ms)
+        given = "--step-ms" if kind == "measured_step_ms" else "the step"
+        print(
+            f"perfsweep trace: the GPU is busy {analysis.gpu_busy_ms:.2f} ms per step, longer than the "
+            f"{basis_ms:.2f} ms step its share is taken of ({share:.0%}); is {given} this trace's step time?",
+            file=sys.stderr,
+        )
     if analysis.skipped_events:
         print(
             f"perfsweep trace: {analysis.skipped_events} event(s) without a usable time (missing, negative or "

@@ -538,3 +538,15 @@ def test_a_perfsweep_trace_gives_the_stored_busy_share_without_step_ms(tmp_path,
     assert abs(out["gpu_busy_fraction"] - share) <= 0.02 and out["measured_step_ms"] == measured_step_ms(run_id)
     assert main([str(path)]) == 0
     assert "36% of the measured step 23.94 ms (the job's, in the trace)" in capsys.readouterr().out
+
+
+def test_a_step_shorter_than_the_busy_time_is_questioned(capsys):
+    """--step-ms 1 on a trace busy 8.53 ms per step printed 853% and nothing else."""
+    path = trace_path("minigpt_seed_fp16_amp1_ckpt0")
+    assert main([str(path), "--step-ms", "1"]) == 0
+    captured = capsys.readouterr()
+    assert "853% of the measured step 1.00 ms" in captured.out
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1 and "longer than the 1.00 ms step" in err and "--step-ms" in err
+    assert main([str(path), "--step-ms", "23.94"]) == 0
+    assert capsys.readouterr().err == ""
