@@ -804,6 +804,14 @@ class DamagedDatabase(UserError):
     and that perfsweep cannot repair it."""
 
 
+class ForeignDatabase(DamagedDatabase):
+    """A database without perfsweep's schema version that already has a table of one of
+    perfsweep's names: someone else's ``runs``. Creating the schema there failed as "already
+    exists", which :func:`upgrade` took for another job's migration and retried for 5 s, saying
+    that it waited for a lock nobody held. Unrelated tables beside ours (a shared PostgreSQL
+    database) are fine."""
+
+
 def refuse_damage(url: str, engine: Engine | None = None) -> None:
     """Raise :class:`DamagedDatabase` for the file at ``url`` (before its schema is touched) or,
     given ``engine``, for its schema (once it is at the current revision); ``engine`` is disposed."""
@@ -831,6 +839,10 @@ def _sqlite_foreign_keys_off(conn: Any) -> Iterator[None]:
         raw.execute("PRAGMA foreign_keys=ON")
 
 
+OUR_TABLES = frozenset(Base.metadata.tables)
+"""perfsweep's tables: a database without perfsweep's schema version that holds one is not ours."""
+
+
 def upgrade(engine: Engine) -> None:
     """Run Alembic's upgrade to head on ``engine`` (a no-op when already current)."""
     logging.getLogger("alembic").setLevel(logging.WARNING)  # per-job plugin and context chatter
@@ -846,6 +858,12 @@ def upgrade(engine: Engine) -> None:
                     conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7210400501)")
                 cfg.attributes["connection"] = conn
                 before = MigrationContext.configure(conn).get_current_revision()
+                if before is None and (clash := sorted(set(inspect(conn).get_table_names()) & OUR_TABLES)):
+                    raise ForeignDatabase(
+                        f"not a perfsweep results database: it holds table{'s' if len(clash) > 1 else ''} "
+                        f"{', '.join(clash)} but no perfsweep schema version; give a new file or a perfsweep "
+                        "database (db.url=, --db)"
+                    )
                 command.upgrade(cfg, "head")
                 migrated = MigrationContext.configure(conn).get_current_revision() != before
                 if (

@@ -372,6 +372,36 @@ def test_connect_again_is_a_noop_and_keeps_rows(db_url, engines):
     assert counts(second)["runs"] == 1 and counts(second)["steps"] == 6
 
 
+def test_a_foreign_table_of_our_name_is_refused_at_once_and_unrelated_tables_are_kept(db_url, engines, capsys):
+    """Someone else's ``runs`` table: creating the schema failed as "already exists", which the
+    upgrade took for another job's migration and retried for 5 s (saying it waited for a lock
+    nobody held). Now one line at once, nothing added. A database holding unrelated tables (a
+    shared PostgreSQL database) still gets perfsweep's beside them."""
+    from perfsweep.upgrade import main as upgrade_main
+
+    raw = engines(db_url, migrate=False)
+    if raw.dialect.name == "sqlite":
+        Path(raw.url.database).parent.mkdir(parents=True, exist_ok=True)
+    with raw.begin() as conn:
+        conn.execute(text("CREATE TABLE runs (id INTEGER PRIMARY KEY, note TEXT)"))
+        conn.execute(text("INSERT INTO runs (id, note) VALUES (1, 'theirs')"))
+    start = time.monotonic()
+    with pytest.raises(store.ForeignDatabase, match="holds table runs but no perfsweep schema version"):
+        store.connect(db_url)
+    assert upgrade_main(["--db", db_url]) == 2
+    assert time.monotonic() - start < 3  # no retries
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "not a perfsweep results database" in err and "waiting" not in err
+    assert set(inspect(raw).get_table_names()) == {"runs"}  # nothing added, nothing changed
+    with raw.connect() as conn:
+        assert conn.execute(text("SELECT id, note FROM runs")).all() == [(1, "theirs")]
+        conn.execute(text("DROP TABLE runs"))
+        conn.execute(text("CREATE TABLE their_notes (id INTEGER PRIMARY KEY)"))
+        conn.commit()
+    ours = engines(db_url)
+    assert set(inspect(ours).get_table_names()) == TABLES | {"alembic_version", "their_notes"}
+
+
 def test_interrupted_migration_leaves_no_partial_schema(db_url, engines):
     """A job killed half-way through the first migration must not leave some tables behind
     (a later connect() would then fail on "table already exists" forever)."""
