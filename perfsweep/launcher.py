@@ -294,9 +294,34 @@ def _run_in_child(
         outcome = _killed(kills_before, oom_kills())
     elif code is not None and code < 0:
         outcome = ("failed", f"job process {killed_by(code)}", {})
+    elif (limit := spec.cfg.job_memory_limit_mib) is not None and _no_thread_for_openmp(spec.job_dir):
+        outcome = (
+            "oom",
+            f"job process exited with code {code}: OpenMP could not create a thread under job_memory_limit_mib="
+            f"{limit} (libgomp: {OPENMP_NO_THREAD}): the address space ran out; raise the limit or lower batch",
+            {},
+        )
     else:
         outcome = ("failed", f"job process exited with code {code} without reporting a result", {})
     return (*outcome, decided)
+
+
+OPENMP_NO_THREAD = "Thread creation failed: Resource temporarily unavailable"
+"""What GNU OpenMP prints, before it exits the process with code 1, where a thread cannot get its
+stack: under ``job_memory_limit_mib`` (an address-space limit) that is the memory running out
+outside torch's allocator (the tiny GPT at a 10 MiB limit), and it was stored ``failed``."""
+
+
+def _no_thread_for_openmp(job_dir: Path) -> bool:
+    """Whether the job's log ends with libgomp's :data:`OPENMP_NO_THREAD`."""
+    try:
+        with open(job_dir / "job.log", "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 4096))
+            tail = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return False
+    return f"libgomp: {OPENMP_NO_THREAD}" in tail
 
 
 class Stopped(BaseException):

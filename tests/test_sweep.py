@@ -335,6 +335,19 @@ def test_cpu_out_of_memory_is_status_oom(tmp_path: Path):
     assert run["hostname"]  # the environment is stored with failures too
 
 
+def test_every_way_a_memory_limit_runs_out_is_status_oom(tmp_path: Path):
+    """Under job_memory_limit_mib the address space also runs out outside torch's allocator, and
+    those runs were stored ``failed``: on this project's VM the tiny GPT at 5 MiB could not map its
+    token file (OSError ENOMEM), at 10 MiB GNU OpenMP could not create a thread and exited the
+    process (code 1, no result), at 20 MiB oneDNN could not create a primitive."""
+    tiny = [o for o in TINY if not o.startswith("profile.")] + ["profile.enabled=false", "device=cpu"]
+    res = run_perfsweep(["-m", "job_memory_limit_mib=5,10,20", *tiny, "allow_failures=true"], tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    runs = rows(tmp_path / "results.db", "SELECT status, error FROM runs ORDER BY job_num")
+    assert [r["status"] for r in runs] == ["oom"] * 3, [(r["status"], r["error"][:300]) for r in runs]
+    assert all(r["error"] for r in runs)
+
+
 def test_a_bare_memory_error_says_what_it_means():
     """Python's MemoryError often has no message: the stored error was 'MemoryError: '."""
     from perfsweep.task import error_text
