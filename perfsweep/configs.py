@@ -218,6 +218,8 @@ def parse_config_spec(text: str) -> dict[str, Any]:
             raise ValueError(f"{key}={value!r}: expected true or false")
         if axis in INT_AXES and not value.lstrip("-").isdigit():
             raise ValueError(f"{key}={value!r}: expected an integer")
+        if axis in spec:  # batch=4,batch=8 kept the last without a word: one config has one value per axis
+            raise ValueError(f"{key}={value!r}: {axis} is given twice; a baseline is one config, one value per axis")
         spec[axis] = BOOL_WORDS[value.lower()] if axis in ON_OFF_AXES else int(value) if axis in INT_AXES else value
     if not spec:
         raise ValueError("empty config; expected e.g. amp=false,ckpt=false")

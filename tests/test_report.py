@@ -1045,6 +1045,8 @@ def test_parse_baseline_spec() -> None:
         parse_config_spec("amp=maybe")
     with pytest.raises(ValueError, match="unknown axis"):
         parse_config_spec("speed=11")
+    with pytest.raises(ValueError, match="batch is given twice"):  # the last value was kept without a word
+        parse_config_spec("batch=4,batch=8")
 
 
 def test_baseline_falls_back_to_first_ok_run(engine: Any, tmp_path: Path) -> None:
