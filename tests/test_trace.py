@@ -392,10 +392,10 @@ def test_an_empty_profiler_step_is_no_step(tmp_path):
     path = tmp_path / "cpu.json"
     with profile(
         activities=[ProfilerActivity.CPU],
-        schedule=schedule(wait=0, warmup=0, active=3),
+        schedule=schedule(wait=0, warmup=1, active=3),
         on_trace_ready=lambda p: p.export_chrome_trace(str(path)),
     ) as prof:
-        for _ in range(2):  # the schedule wanted 3
+        for _ in range(3):  # one warmup step and 2 active ones: the schedule wanted 3
             with record_function("forward"):
                 torch.ones(64, 64) @ torch.ones(64, 64)
             prof.step()
