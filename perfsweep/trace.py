@@ -41,6 +41,11 @@ LAUNCH_EVENT_CATEGORIES = ("cuda_runtime", "cuda_driver")
 RANGE_EVENT_CATEGORIES = ("user_annotation", "cpu_op")
 """Categories under which record_function ranges appear (user_annotation since torch 1.13)."""
 
+STEP_WORK_CATEGORIES = (*RANGE_EVENT_CATEGORIES, *LAUNCH_EVENT_CATEGORIES)
+"""Events that make a ``ProfilerStep#N`` range a step: an operator, a range, a launch. Not
+``python_function`` (``with_stack=True``): the profiler's own exit leaves its frames in the
+empty range after a loop's last ``prof.step()``."""
+
 KERNEL_RULES: tuple[tuple[str, str], ...] = (
     ("communication", r"nccl|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|c10d|gloo"),
     ("attention", r"flash|fmha|sdpa|attention|attn|compute_dot_do_o|convert_dq_to_16bits"),
@@ -265,14 +270,18 @@ def _union_us(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def _device_of(e: dict[str, Any]) -> int | str:
-    """The GPU one event ran on (its ``args.device``; an event without one counts as device 0)."""
+def _device_of(e: dict[str, Any]) -> int | str | None:
+    """The GPU one event ran on: its ``args.device``, a digit string read as the index it is;
+    None where the event does not say."""
     d = _arg(e, "device")
-    return d if isinstance(d, int | str) else 0
+    if isinstance(d, str) and d.strip().isdigit():
+        return int(d)
+    return d if isinstance(d, int | str) and not isinstance(d, bool) else None
 
 
 def _devices(gpu_events: list[dict[str, Any]]) -> list[int | str]:
-    return sorted({_device_of(e) for e in gpu_events}, key=str)
+    """The GPUs the events name (an event that names none goes with whichever is analysed)."""
+    return sorted({d for e in gpu_events if (d := _device_of(e)) is not None}, key=str)
 
 
 def _device_name(meta: dict[str, Any], device: int | str | None) -> str | None:
@@ -290,21 +299,22 @@ def _measured_step_ms(meta: dict[str, Any]) -> float | None:
     return float(value) if isinstance(value, int | float) and math.isfinite(value) and value > 0 else None
 
 
-def _outer(ranges: list[tuple[float, float, str, Any]]) -> dict[str, list[tuple[float, float]]]:
-    """Each stage's outermost ranges, thread by thread: a range nested in one of the same name on
-    the same thread (a recursive ``record_function``) is inside it, not a second call."""
-    out: dict[str, list[tuple[float, float]]] = defaultdict(list)
+def _calls(ranges: list[tuple[float, float, str, Any]]) -> dict[str, list[tuple[float, float, float]]]:
+    """Each stage's calls, thread by thread, as (start, end, CPU µs): a range inside one of the same
+    name on the same thread (a recursive ``record_function``) is part of it, not a second call;
+    one that starts inside and ends after (two calls whose edges meet, as rounded) is a call whose
+    time starts where the one before ended, so no microsecond counts twice."""
+    out: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
     by_key: dict[tuple[str, Any], list[tuple[float, float]]] = defaultdict(list)
     for start, end, name, tid in ranges:
         by_key[(name, tid)].append((start, end))
     for (name, _), spans in by_key.items():
         cur_end = float("-inf")
         for start, end in sorted(spans):
-            if start >= cur_end:
-                out[name].append((start, end))
-                cur_end = end
-            else:
-                cur_end = max(cur_end, end)
+            if end <= cur_end:
+                continue  # nested
+            out[name].append((start, end, end - max(start, cur_end)))
+            cur_end = end
     return out
 
 
@@ -345,7 +355,7 @@ def analyze(
         if cat in GPU_EVENT_CATEGORIES:
             gpu_events.append(e)
         else:
-            if not name.startswith(PROFILER_STEP_PREFIX):
+            if cat in STEP_WORK_CATEGORIES and not name.startswith(PROFILER_STEP_PREFIX):
                 host_starts.append(ts)
             if cat in LAUNCH_EVENT_CATEGORIES:
                 corr = _correlation(e)
@@ -366,8 +376,11 @@ def analyze(
             "ProfilerActivity.CUDA on a GPU run to get GPU time per stage"
         )
     devices = _devices(gpu_events)
-    if device is not None and device not in devices and gpu_events:
-        raise TraceError(f"{path}: --device {device}: no GPU work on it; this trace has work on device(s) {devices}")
+    if device is not None and devices and device not in devices:
+        raise TraceError(
+            f"{path}: --device {device}: no GPU work on it; this trace has work on device(s) "
+            + ", ".join(map(str, devices))
+        )
     if device is None and len(devices) > 1:
         raise TraceError(
             f"{path}: GPU work on devices {', '.join(map(str, devices))}; pass --device N to analyse one "
@@ -375,7 +388,7 @@ def analyze(
         )
     chosen = device if device is not None else (devices[0] if devices else None)
     if len(devices) > 1:
-        gpu_events = [e for e in gpu_events if _device_of(e) == chosen]
+        gpu_events = [e for e in gpu_events if _device_of(e) in (chosen, None)]
     step_markers = bool(step_ranges)
     # a ProfilerStep range holding no event is no step: a loop that ends before the profiler's
     # schedule does leaves one (7 us, after the last prof.step()), which divided every figure
@@ -403,10 +416,10 @@ def analyze(
 
     stage_cpu_us: dict[str, float] = defaultdict(float)
     stage_calls: dict[str, int] = defaultdict(int)
-    for name, spans in _outer(stage_ranges).items():
-        for start, end in spans:
+    for name, calls in _calls(stage_ranges).items():
+        for start, _, cpu_us in calls:
             if steps.find(start) is not None:
-                stage_cpu_us[name] += end - start
+                stage_cpu_us[name] += cpu_us
                 stage_calls[name] += 1
 
     stage_gpu_us: dict[str, float] = {s: 0.0 for s in stages}

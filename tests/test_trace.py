@@ -403,6 +403,20 @@ def test_an_empty_profiler_step_is_no_step(tmp_path):
     assert len(ranges) == 3  # what torch wrote: the third range is the empty one
     a = analyze(path, require_gpu=False)
     assert (a.steps, a.empty_steps, a.stage_calls["forward"]) == (2, 1, 2)
+    # with Python stacks the profiler's own exit leaves python_function frames in that range
+    stacked = tmp_path / "stacked.json"
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        schedule=schedule(wait=0, warmup=1, active=3),
+        with_stack=True,
+        on_trace_ready=lambda p: p.export_chrome_trace(str(stacked)),
+    ) as prof:
+        for _ in range(3):
+            with record_function("forward"):
+                torch.ones(64, 64) @ torch.ones(64, 64)
+            prof.step()
+    a = analyze(stacked, require_gpu=False)
+    assert (a.steps, a.empty_steps, a.stage_calls["forward"]) == (2, 1, 2)
 
     ev = [
         _x("user_annotation", "ProfilerStep#1", 0, 100),
@@ -448,7 +462,15 @@ def test_several_gpus_are_analysed_one_at_a_time(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert (out["device"], out["device_name"], out["gpu_busy_ms_per_step"]) == (0, "GPU zero", pytest.approx(0.5))
     assert main([str(path), "--device", "3"]) == 2
-    assert "no GPU work on it" in capsys.readouterr().err
+    assert "no GPU work on it; this trace has work on device(s) 0, 1" in capsys.readouterr().err
+    # a device written as a digit string is that index; an event naming none (a memset) goes
+    # with the GPU analysed: one GPU, not "devices 0, 0", nor a second GPU 0 beside GPU 1
+    ev[5]["args"]["device"] = "1"
+    ev.append(_x("gpu_memset", "Memset (Device)", 1000, 50, tid=7, correlation=3))
+    ev.append(_x("cuda_runtime", "cudaMemsetAsync", 3, 1, correlation=3))
+    del ev[4]  # GPU 1's kernel named by a string, and the memset naming none
+    one = analyze(_write(tmp_path / "one.json", ev))
+    assert one.device == 1 and one.gpu_busy_ms == pytest.approx(0.550)
 
 
 def test_events_without_a_usable_time_are_left_out_and_counted(tmp_path, capsys):
@@ -506,6 +528,14 @@ def test_a_launch_belongs_to_its_own_threads_stage_and_nested_ranges_count_once(
     a = analyze(_write(tmp_path / "threads.json", ev))
     assert a.stage_gpu_ms["forward"] == pytest.approx(0.010) and a.stage_gpu_ms["backward"] == pytest.approx(0.020)
     assert a.stage_cpu_ms["forward"] == pytest.approx(0.100) and a.stage_calls["forward"] == 1
+    # two calls whose edges overlap by a rounding: two calls, and their time counted once
+    edges = [
+        _x("user_annotation", "ProfilerStep#0", 0, 1000),
+        _x("user_annotation", "forward", 0, 100.0000001),
+        _x("user_annotation", "forward", 100, 100),
+    ]
+    b = analyze(_write(tmp_path / "edges.json", edges), require_gpu=False)
+    assert b.stage_calls["forward"] == 2 and b.stage_cpu_ms["forward"] == pytest.approx(0.200)
 
 
 def test_a_stage_name_missing_from_the_trace_is_named(capsys):
