@@ -54,20 +54,20 @@ def _dotted(path: Any) -> bool:
     return isinstance(path, str) and re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", path) is not None
 
 
-_KINDS: dict[str, tuple[type | tuple[type, ...], str]] = {
-    "int": (int, "an integer"),
-    "float": ((int, float), "a number"),
-    "bool": (bool, "true or false"),
-    "str": (str, "a string"),
-}
+ALLOWED_VALUES = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
+"""What a value of each declared type may be, as the one-line refusals say it (here and for
+Hydra's own type errors, perfsweep.preflight.error_line)."""
+
+_KINDS: dict[str, type | tuple[type, ...]] = {"int": int, "float": (int, float), "bool": bool, "str": str}
 
 
 def _check_types(obj: Any, prefix: str) -> None:
     """Refuse, naming ``prefix.key``, a field of ``obj`` whose value is not of its declared type
     (int, float, bool, str, each maybe ``| None``). The ``model`` and ``data`` nodes are untyped in
     the schema (a factory's own keys sit beside the declared ones), so Hydra does not do this for
-    them: ``data.vocab_limit=abc`` reached a comparison and printed Python's TypeError. A number
-    given for a string (``data.path=2024``: Hydra parses it as an int) becomes that string."""
+    them: ``data.vocab_limit=abc`` reached a comparison and printed Python's TypeError. An integer
+    given for a string (``data.path=2024``: Hydra parses it as an int) becomes that string; a
+    decimal is refused (``2024.10`` reads as 2024.1, another folder), asking for quotes."""
     for f in dataclasses.fields(obj):
         declared = str(f.type)
         optional = declared.endswith(" | None")
@@ -77,12 +77,16 @@ def _check_types(obj: Any, prefix: str) -> None:
         value = getattr(obj, f.name)
         if value is None and optional:
             continue
-        if base == "str" and isinstance(value, int | float) and not isinstance(value, bool):
+        if base == "str" and isinstance(value, int) and not isinstance(value, bool):
             setattr(obj, f.name, str(value))
             continue
-        kind, allowed = _KINDS[base]
-        ok = isinstance(value, kind) and (base == "bool" or not isinstance(value, bool))
-        _require(ok, f"{prefix}.{f.name}", value, f"must be {allowed}{' or null' if optional else ''}")
+        if base == "str" and isinstance(value, float):
+            _require(
+                False, f"{prefix}.{f.name}", value, f"must be a string; quote it as typed: {prefix}.{f.name}='...'"
+            )
+        ok = isinstance(value, _KINDS[base]) and (base == "bool" or not isinstance(value, bool))
+        allowed = ALLOWED_VALUES[base] + (" or null" if optional else "")
+        _require(ok, f"{prefix}.{f.name}", value, f"must be {allowed}")
 
 
 def _split(node: Any, cls: type) -> Any:

@@ -234,6 +234,7 @@ def _run_in_child(
     cpus = list(placement.cpus) if placement is not None and placement.cpus else None
     payload = pickle.dumps((config, token_data, spec.label, str(spec.launch_dir), cpus))  # see perfsweep.job_entry
     kills_before = oom_kills()  # the kernel's OOM kills so far: did a SIGKILL come from it?
+    log_from = _log_size(spec.job_dir)  # job.log is appended to: a resumed try reads only its own lines
     started: list[Any] = []
     outcome: tuple[str, str | None, dict[str, Any]] | None = None
     try:
@@ -294,7 +295,7 @@ def _run_in_child(
         outcome = _killed(kills_before, oom_kills())
     elif code is not None and code < 0:
         outcome = ("failed", f"job process {killed_by(code)}", {})
-    elif (limit := spec.cfg.job_memory_limit_mib) is not None and _no_thread_for_openmp(spec.job_dir):
+    elif (limit := spec.cfg.job_memory_limit_mib) is not None and _no_thread_for_openmp(spec.job_dir, log_from):
         outcome = (
             "oom",
             f"job process exited with code {code}: OpenMP could not create a thread under job_memory_limit_mib="
@@ -312,12 +313,20 @@ stack: under ``job_memory_limit_mib`` (an address-space limit) that is the memor
 outside torch's allocator (the tiny GPT at a 10 MiB limit), and it was stored ``failed``."""
 
 
-def _no_thread_for_openmp(job_dir: Path) -> bool:
-    """Whether the job's log ends with libgomp's :data:`OPENMP_NO_THREAD`."""
+def _log_size(job_dir: Path) -> int:
+    try:
+        return (job_dir / "job.log").stat().st_size
+    except OSError:
+        return 0
+
+
+def _no_thread_for_openmp(job_dir: Path, since: int = 0) -> bool:
+    """Whether libgomp's :data:`OPENMP_NO_THREAD` is among the last 4 KiB the job wrote to its
+    log after byte ``since`` (where this try began: an earlier try's line is not this one's)."""
     try:
         with open(job_dir / "job.log", "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - 4096))
+            end = fh.seek(0, os.SEEK_END)
+            fh.seek(max(since, end - 4096))
             tail = fh.read().decode("utf-8", "replace")
     except OSError:
         return False

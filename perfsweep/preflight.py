@@ -27,6 +27,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from perfsweep.cli import first_line, waiting_for_database
 from perfsweep.config import (
+    ALLOWED_VALUES,
     DATA_KEY_READERS,
     GPT_TARGET,
     NODE_SCHEMAS,
@@ -218,7 +219,7 @@ def error_line(exc: BaseException) -> str:
     wrong_type = r"override ([\w.]+)=(.*?)\W+Value '.*' (?:is not a valid (bool)|.* converted to (Integer|Float))"
     if (bad := re.search(wrong_type, f"{exc} {exc.__cause__}")) is not None:  # one line: key, value, allowed
         kind = bad.group(3) or bad.group(4)
-        allowed = {"bool": "true or false", "Integer": "an integer", "Float": "a number"}[kind]
+        allowed = ALLOWED_VALUES[{"bool": "bool", "Integer": "int", "Float": "float"}[kind]]
         return f"{bad.group(1)}={bad.group(2)}: must be {allowed}"
     parts = [str(exc)]
     if exc.__cause__ is not None:
@@ -662,9 +663,12 @@ def claim_folder(folder: Path, key: str, resume: bool = False) -> list[Path]:
                 "own folder (the default one is unique), or with -m add resume=true to continue it"
             ) from None
         unclaim_folder(folder, created)  # a full disk, no permission, a file on the path: in one line
+        if isinstance(exc, FileExistsError | NotADirectoryError):
+            what = "a file stands where the folder, or one above it, would be; set"
+        else:
+            what = "free space or permission there, or set"
         raise ConfigError(
-            f"{key}={folder}: cannot create the sweep's folder ({exc.strerror or exc}); free space or "
-            f"permission there, or set {key} to another place"
+            f"{key}={folder}: cannot create the sweep's folder ({exc.strerror or exc}); {what} {key} to another place"
         ) from None
     return created
 

@@ -70,24 +70,27 @@ def offered_kwargs(fn: Callable[..., Any], offered: dict[str, Any]) -> dict[str,
     return {k: v for k, v in offered.items() if k in params and params[k].kind in named}
 
 
-UNDER_ADDRESS_LIMIT = ("resource temporarily unavailable", "could not create a primitive")
+UNDER_ADDRESS_LIMIT = re.compile(r"resource temporarily unavailable|^could not create a primitive$")
 """What a RuntimeError says when an address-space limit (``job_memory_limit_mib``) ran out
 somewhere other than torch's allocator: a thread pool's thread that could not get its stack
-(EAGAIN), oneDNN that could not map its kernel's code or scratchpad. Measured on the tiny GPT
-at limits of 10 and 20 MiB, stored ``failed`` where 40 MiB gave the allocator's own ``oom``."""
+(EAGAIN), oneDNN that could not map its kernel's code or scratchpad (that message exactly: "could
+not create a primitive descriptor for ..." is an operation oneDNN does not support, no memory
+matter). Measured on the tiny GPT at limits of 10 and 20 MiB, stored ``failed`` where 40 MiB gave
+the allocator's own ``oom``."""
 
 
 def is_oom(exc: BaseException) -> bool:
     """An allocator failure on any device: torch's OutOfMemoryError, MemoryError, an OSError of
-    ENOMEM (a memory map: the token file's, under a limit), or the plain RuntimeError the CPU
-    allocator raises; also, under an address-space limit, :data:`UNDER_ADDRESS_LIMIT`: the same
-    exhaustion, reached through a thread pool or oneDNN instead."""
+    ENOMEM (the kernel's "Cannot allocate memory": a memory map that does not fit, as the token
+    file's under a 5 MiB limit), or the plain RuntimeError the CPU allocator raises; also, under
+    an address-space limit, :data:`UNDER_ADDRESS_LIMIT`: the same exhaustion, reached through a
+    thread pool or oneDNN instead."""
     if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
         return True
     if isinstance(exc, OSError):
         return exc.errno == errno.ENOMEM
-    text = str(exc).lower()
-    if isinstance(exc, RuntimeError) and any(w in text for w in UNDER_ADDRESS_LIMIT):
+    text = str(exc).strip().lower()
+    if isinstance(exc, RuntimeError) and UNDER_ADDRESS_LIMIT.search(text):
         import resource
 
         return resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY

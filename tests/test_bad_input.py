@@ -199,6 +199,7 @@ def test_a_sweep_folder_that_cannot_be_made_is_one_line(tmp_path: Path):
         res = run_perfsweep(["-m", "steps.measure=2,3", *TINY, f"hydra.sweep.dir={where}"], tmp_path)
         assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr[-2000:]
         assert res.stderr.startswith(f"perfsweep: hydra.sweep.dir={where}: cannot create the sweep's folder (")
+        assert "a file stands where the folder, or one above it, would be" in res.stderr
     assert (tmp_path / "afile").read_text() == "" and not (tmp_path / "results.db").exists()
 
 

@@ -41,10 +41,12 @@ def test_defaults_compose_and_validate():
         ("data.vocab_limit=100.5", "data.vocab_limit=100.5: must be an integer or null"),  # was OmegaConf's, keyless
         ("data.synthetic_tokens=true", "data.synthetic_tokens=True: must be an integer"),
         ("model.dropout=true", "model.dropout=True: must be a number"),
+        # Hydra reads 2024.10 as 2024.1: another folder, so a decimal is refused, not turned into text
+        ("data.path=2024.10", "data.path=2024.1: must be a string; quote it as typed: data.path='...'"),
     ],
 )
 def test_the_untyped_nodes_values_are_typed_by_the_key(override: str, said: str):
-    extra = ["data=synthetic"] if "synthetic" in override else []
+    extra = ["data=synthetic"] if "synthetic" in override else ["data=textfile"] if "path" in override else []
     with pytest.raises(ConfigError) as err:
         to_run_config(compose_cfg([*extra, override]))
     assert str(err.value) == f"invalid config: {said}"

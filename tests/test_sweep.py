@@ -348,6 +348,50 @@ def test_every_way_a_memory_limit_runs_out_is_status_oom(tmp_path: Path):
     assert all(r["error"] for r in runs)
 
 
+def test_which_errors_are_memory_running_out():
+    """Under an address-space limit (a finite RLIMIT_AS, as job_memory_limit_mib sets; in a child
+    process, so this one keeps none) oneDNN's bare "could not create a primitive" is memory, its
+    "could not create a primitive descriptor for ..." (an operation it lacks) is not; ENOMEM is
+    memory anywhere, another errno is not."""
+    import subprocess
+    import sys
+
+    script = """
+import errno, resource
+from perfsweep.task import is_oom
+cases = [
+    RuntimeError("could not create a primitive"),
+    RuntimeError("could not create a primitive descriptor for a matmul primitive"),
+    RuntimeError("Resource temporarily unavailable"),
+    OSError(errno.ENOMEM, "Cannot allocate memory"),
+    OSError(errno.ENOENT, "No such file or directory"),
+]
+before = [is_oom(e) for e in cases]
+resource.setrlimit(resource.RLIMIT_AS, (2**46, resource.getrlimit(resource.RLIMIT_AS)[1]))
+print(before, [is_oom(e) for e in cases])
+"""
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split() and res.stdout.strip() == (
+        "[False, False, False, True, False] [True, False, True, True, False]"
+    )
+
+
+def test_openmp_running_out_of_threads_is_read_from_this_tries_lines_only(tmp_path: Path):
+    """job.log is appended to: a resumed try that died of something else was stored oom for the
+    libgomp line an earlier try left."""
+    from perfsweep.launcher import OPENMP_NO_THREAD, _no_thread_for_openmp
+
+    log = tmp_path / "job.log"
+    log.write_text(f"step 1\nlibgomp: {OPENMP_NO_THREAD}\n")
+    assert _no_thread_for_openmp(tmp_path)
+    earlier = log.stat().st_size
+    with log.open("a") as fh:
+        fh.write("Traceback (most recent call last):\nSegmentation fault\n")
+    assert not _no_thread_for_openmp(tmp_path, earlier)
+    assert not _no_thread_for_openmp(tmp_path / "gone")
+
+
 def test_a_bare_memory_error_says_what_it_means():
     """Python's MemoryError often has no message: the stored error was 'MemoryError: '."""
     from perfsweep.task import error_text
