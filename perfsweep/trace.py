@@ -335,7 +335,7 @@ def analyze(
     launches: dict[Any, tuple[float, Any]] = {}
     gpu_events: list[dict[str, Any]] = []
     host_collectives: list[tuple[float, float]] = []
-    host_starts: list[float] = []  # every CPU-side event's start: which profiled steps hold work
+    host_starts: list[float] = []  # operators', ranges' and launches' starts: which profiled steps hold work
     skipped = 0
     t_min, t_max = float("inf"), float("-inf")
     for e in events:
@@ -390,8 +390,8 @@ def analyze(
     if len(devices) > 1:
         gpu_events = [e for e in gpu_events if _device_of(e) in (chosen, None)]
     step_markers = bool(step_ranges)
-    # a ProfilerStep range holding no event is no step: a loop that ends before the profiler's
-    # schedule does leaves one (7 us, after the last prof.step()), which divided every figure
+    # a ProfilerStep range holding no operator, range or launch is no step: a loop that ends before
+    # the profiler's schedule does leaves one (7 us, after the last prof.step()), which divided every figure
     host_starts.sort()
     held = [r for r in step_ranges if bisect.bisect_right(host_starts, r[1]) > bisect.bisect_left(host_starts, r[0])]
     empty_steps = len(step_ranges) - len(held) if held else 0
