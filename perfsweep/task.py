@@ -79,6 +79,11 @@ matter). Measured on the tiny GPT at limits of 10 and 20 MiB, stored ``failed`` 
 the allocator's own ``oom``."""
 
 
+ALLOCATION_FAILED = ("out of memory", "can't allocate memory", "cannot allocate memory", "std::bad_alloc")
+"""What a RuntimeError says where an allocation failed, on any device: torch's allocators, the
+kernel's ENOMEM text passed on by a library, and C++'s ``std::bad_alloc`` as torch forwards it."""
+
+
 def is_oom(exc: BaseException) -> bool:
     """An allocator failure on any device: torch's OutOfMemoryError, MemoryError, an OSError of
     ENOMEM (the kernel's "Cannot allocate memory": a memory map that does not fit, as the token
@@ -94,7 +99,7 @@ def is_oom(exc: BaseException) -> bool:
         import resource
 
         return resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY
-    return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+    return isinstance(exc, RuntimeError) and any(w in text for w in ALLOCATION_FAILED)
 
 
 _CPU_ALLOCATOR_CHECK = re.compile(r"^\[enforce fail at [^\]]*\] err == 0\.\s*")

@@ -352,7 +352,7 @@ def test_which_errors_are_memory_running_out():
     """Under an address-space limit (a finite RLIMIT_AS, as job_memory_limit_mib sets; in a child
     process, so this one keeps none) oneDNN's bare "could not create a primitive" is memory, its
     "could not create a primitive descriptor for ..." (an operation it lacks) is not; ENOMEM is
-    memory anywhere, another errno is not."""
+    memory anywhere, another errno is not, and so is C++'s std::bad_alloc as torch passes it on."""
     import subprocess
     import sys
 
@@ -365,6 +365,8 @@ cases = [
     RuntimeError("Resource temporarily unavailable"),
     OSError(errno.ENOMEM, "Cannot allocate memory"),
     OSError(errno.ENOENT, "No such file or directory"),
+    RuntimeError("std::bad_alloc"),
+    RuntimeError("[Errno 12] Cannot allocate memory"),
 ]
 soft, hard = resource.getrlimit(resource.RLIMIT_AS)
 before = [is_oom(e) for e in cases] if soft == resource.RLIM_INFINITY else "limited already"
@@ -373,8 +375,11 @@ print(before, [is_oom(e) for e in cases])
 """
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
-    limited = "[True, False, True, True, False]"
-    assert res.stdout.strip() in (f"[False, False, False, True, False] {limited}", f"limited already {limited}")
+    limited = "[True, False, True, True, False, True, True]"
+    assert res.stdout.strip() in (
+        f"[False, False, False, True, False, True, True] {limited}",
+        f"limited already {limited}",
+    )
 
 
 def test_openmp_running_out_of_threads_is_read_from_this_tries_lines_only(tmp_path: Path):
