@@ -352,7 +352,7 @@ def test_which_errors_are_memory_running_out():
     """Under an address-space limit (a finite RLIMIT_AS, as job_memory_limit_mib sets; in a child
     process, so this one keeps none) oneDNN's bare "could not create a primitive" is memory, its
     "could not create a primitive descriptor for ..." (an operation it lacks) is not; ENOMEM is
-    memory anywhere, another errno is not, and so is C++'s std::bad_alloc as torch passes it on."""
+    memory anywhere, another errno is not; C++'s std::bad_alloc, as torch passes it on, is memory anywhere too."""
     import subprocess
     import sys
 
