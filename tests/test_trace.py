@@ -156,6 +156,13 @@ def _write(path: Path, events: list[dict], **meta) -> Path:
     return path
 
 
+def _x(cat: str, name: str, ts: float, dur: float, tid: int = 1, **args: object) -> dict:
+    """One complete ('X') Chrome-trace event, as torch.profiler writes them."""
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid} | (
+        {"args": args} if args else {}
+    )
+
+
 def test_busy_time_is_the_union_of_overlapping_streams(tmp_path):
     """Two streams overlapping by 5 us: kernel time 30 us, busy time 25 us; a launch on another thread."""
     ev = [
@@ -216,30 +223,39 @@ def test_collective_time_from_communication_kernels_else_gloo_ranges(tmp_path):
     """DDP's allreduce: NCCL kernels overlapping each other count once; a CPU (gloo) trace has no
     kernels, and its ``gloo:all_reduce`` ranges on gloo's threads count instead; none: None."""
 
-    def x(cat: str, name: str, ts: float, dur: float, tid: int = 1, corr: int | None = None) -> dict:
-        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid} | (
-            {"args": {"correlation": corr}} if corr is not None else {}
-        )
-
-    step = x("user_annotation", "ProfilerStep#3", 0, 1000)
+    step = _x("user_annotation", "ProfilerStep#3", 0, 1000)
     nccl = [
         step,
-        x("cuda_runtime", "cudaLaunchKernel", 10, 1, corr=1),
-        x("cuda_runtime", "cudaLaunchKernel", 20, 1, corr=2),
-        x("kernel", "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 100, 300, 9, 1),
-        x("kernel", "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 300, 200, 9, 2),
-        x("user_annotation", "nccl:all_reduce", 15, 5, tid=1),  # the host's enqueue: not the GPU's time
+        _x("cuda_runtime", "cudaLaunchKernel", 10, 1, correlation=1),
+        _x("cuda_runtime", "cudaLaunchKernel", 20, 1, correlation=2),
+        _x(
+            "kernel",
+            "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+            100,
+            300,
+            9,
+            correlation=1,
+        ),
+        _x(
+            "kernel",
+            "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+            300,
+            200,
+            9,
+            correlation=2,
+        ),
+        _x("user_annotation", "nccl:all_reduce", 15, 5, tid=1),  # the host's enqueue: not the GPU's time
     ]
     a = analyze(_write(tmp_path / "nccl.json", nccl))
     assert a.categories["communication"].kernels_per_step == 2
     assert a.collective_ms == pytest.approx(0.400)  # 100-500 us: the overlap counts once
     gloo = [
         step,
-        x("user_annotation", "gloo:all_reduce", 50, 120, tid=5),
-        x("user_annotation", "gloo:all_reduce", 400, 80, tid=6),
+        _x("user_annotation", "gloo:all_reduce", 50, 120, tid=5),
+        _x("user_annotation", "gloo:all_reduce", 400, 80, tid=6),
     ]
-    gloo.append(x("cpu_op", "c10d::allreduce_", 40, 3))
-    gloo.append(x("user_annotation", "gloo:all_reduce", 1500, 90, tid=5))  # after the profiled step
+    gloo.append(_x("cpu_op", "c10d::allreduce_", 40, 3))
+    gloo.append(_x("user_annotation", "gloo:all_reduce", 1500, 90, tid=5))  # after the profiled step
     b = analyze(_write(tmp_path / "gloo.json", gloo), require_gpu=False)
     assert b.collective_ms == pytest.approx(0.200)
     assert analyze(_write(tmp_path / "none.json", [step]), require_gpu=False).collective_ms is None
@@ -373,13 +389,6 @@ def test_cli_usage_mistakes_get_one_line(argv, capsys):
     assert exit_.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("perfsweep trace: ")
-
-
-def _x(cat: str, name: str, ts: float, dur: float, tid: int = 1, **args: object) -> dict:
-    """One complete ('X') Chrome-trace event, as torch.profiler writes them."""
-    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid} | (
-        {"args": args} if args else {}
-    )
 
 
 def test_an_empty_profiler_step_is_no_step(tmp_path):
