@@ -299,6 +299,42 @@ def _measured_step_ms(meta: dict[str, Any]) -> float | None:
     return float(value) if isinstance(value, int | float) and math.isfinite(value) and value > 0 else None
 
 
+def _driving_process(
+    path: Path,
+    device: int | str | None,
+    gpu_events: list[dict[str, Any]],
+    launches: dict[Any, list[tuple[float, Any, Any]]],
+    step_pids: set[Any],
+) -> Any:
+    """The process whose host events go with the analysed GPU's work, where a trace holds several
+    (torch.profiler writes a trace per process; a merged one holds each process's steps, and its
+    ``ProfilerStep#N`` ranges counted together divided every figure by the number of processes);
+    None for a trace of one process. The process is the one whose launches the GPU's kernels
+    match; a TraceError where that cannot be told: correlation ids restart in each process, so in a
+    merged trace one id may name a launch in several."""
+    pids = {x[2] for found in launches.values() for x in found} | step_pids
+    if len(pids) <= 1:
+        return None
+    owners: set[Any] = set()
+    shared = 0
+    for e in gpu_events:
+        found = {x[2] for x in launches.get(_correlation(e), ())}
+        shared += len(found) > 1
+        owners |= found
+    procs = f"events of {len(pids)} processes (pids {', '.join(sorted(map(str, pids)))})"
+    gpu = f"device {device}" if device is not None else "the GPU"
+    fix = "analyse each process's own trace (torch.profiler writes one per process)"
+    if shared:
+        raise TraceError(
+            f"{path}: {procs} whose launches share correlation ids ({shared} of {gpu}'s kernels match a launch "
+            f"in more than one), so which process launched a kernel cannot be told; {fix}"
+        )
+    if len(owners) != 1:
+        by = f"pids {', '.join(sorted(map(str, owners)))}" if owners else "no launch in the trace"
+        raise TraceError(f"{path}: {procs}, and {gpu}'s kernels were launched by {by}; {fix}")
+    return owners.pop()
+
+
 def _calls(ranges: list[tuple[float, float, str, Any]]) -> dict[str, list[tuple[float, float, float]]]:
     """Each stage's calls, thread by thread, as (start, end, CPU µs): a range inside one of the same
     name on the same thread (a recursive ``record_function``) is part of it, not a second call;
@@ -330,12 +366,13 @@ def analyze(
     not a union over GPUs); None: the one GPU there is, and a TraceError where there are several."""
     events, meta, path = load_events(path)
     stage_set = set(stages)
-    step_ranges: list[tuple[float, float, str]] = []
-    stage_ranges: list[tuple[float, float, str, Any]] = []
-    launches: dict[Any, tuple[float, Any]] = {}
+    # host-side events keep their process (pid): a trace merged from several processes holds each one's
+    step_ranges: list[tuple[float, float, str, Any]] = []
+    stage_ranges: list[tuple[float, float, str, Any, Any]] = []
+    launches: dict[Any, list[tuple[float, Any, Any]]] = defaultdict(list)
     gpu_events: list[dict[str, Any]] = []
-    host_collectives: list[tuple[float, float]] = []
-    host_starts: list[float] = []  # operators', ranges' and launches' starts: which profiled steps hold work
+    host_collectives: list[tuple[float, float, Any]] = []
+    host_starts: list[tuple[float, Any]] = []  # operators', ranges' and launches' starts: which steps hold work
     skipped = 0
     t_min, t_max = float("inf"), float("-inf")
     for e in events:
@@ -355,19 +392,20 @@ def analyze(
         if cat in GPU_EVENT_CATEGORIES:
             gpu_events.append(e)
         else:
+            pid = e.get("pid")
             if cat in STEP_WORK_CATEGORIES and not name.startswith(PROFILER_STEP_PREFIX):
-                host_starts.append(ts)
+                host_starts.append((ts, pid))
             if cat in LAUNCH_EVENT_CATEGORIES:
                 corr = _correlation(e)
                 if corr is not None:
-                    launches.setdefault(corr, (ts, e.get("tid")))
+                    launches[corr].append((ts, e.get("tid"), pid))
             elif cat in RANGE_EVENT_CATEGORIES:
                 if name.startswith(PROFILER_STEP_PREFIX):
-                    step_ranges.append((ts, ts + dur, name))
+                    step_ranges.append((ts, ts + dur, name, pid))
                 elif name.startswith(HOST_COLLECTIVE_PREFIXES):
-                    host_collectives.append((ts, ts + dur))
+                    host_collectives.append((ts, ts + dur, pid))
                 elif name in stage_set:
-                    stage_ranges.append((ts, ts + dur, name, e.get("tid")))
+                    stage_ranges.append((ts, ts + dur, name, e.get("tid"), pid))
         if cat not in ("Trace",) and isinstance(e.get("pid"), int | str):
             t_min, t_max = min(t_min, ts), max(t_max, ts + dur)
     if require_gpu and not gpu_events:
@@ -389,16 +427,28 @@ def analyze(
     chosen = device if device is not None else (devices[0] if devices else None)
     if len(devices) > 1:
         gpu_events = [e for e in gpu_events if _device_of(e) in (chosen, None)]
+    pid = _driving_process(path, chosen, gpu_events, launches, {r[3] for r in step_ranges})
+    if pid is not None:  # one process of several: its steps, ranges and launches alone
+        step_ranges = [r for r in step_ranges if r[3] == pid]
+        stage_ranges = [r for r in stage_ranges if r[4] == pid]
+        host_collectives = [r for r in host_collectives if r[2] == pid]
+        host_starts = [r for r in host_starts if r[1] == pid]
+    first_launch: dict[Any, tuple[float, Any]] = {}  # correlation id -> (start, thread) of its launch
+    for corr, found in launches.items():
+        mine = [x for x in found if pid is None or x[2] == pid]
+        if mine:
+            first_launch[corr] = mine[0][:2]
     step_markers = bool(step_ranges)
     # a ProfilerStep range holding no operator, range or launch is no step: a loop that ends before
     # the profiler's schedule does leaves one (7 us, after the last prof.step()), which divided every figure
-    host_starts.sort()
-    held = [r for r in step_ranges if bisect.bisect_right(host_starts, r[1]) > bisect.bisect_left(host_starts, r[0])]
+    starts = sorted(ts for ts, _ in host_starts)
+    held = [r[:3] for r in step_ranges if bisect.bisect_right(starts, r[1]) > bisect.bisect_left(starts, r[0])]
     empty_steps = len(step_ranges) - len(held) if held else 0
-    step_ranges = held or step_ranges
+    step_ranges = held or [r[:3] for r in step_ranges]
     if not step_markers:
         step_ranges = [(t_min, t_max, "whole trace")] if t_min <= t_max else [(0.0, 0.0, "whole trace")]
     steps = _Ranges(step_ranges)
+    stage_ranges = [r[:4] for r in stage_ranges]
     any_thread = _Ranges([r[:3] for r in stage_ranges])
     by_thread: dict[Any, _Ranges] = {}
     for tid in {r[3] for r in stage_ranges}:
@@ -432,7 +482,7 @@ def analyze(
     comm_intervals: list[tuple[float, float]] = []
     for e in gpu_events:
         ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
-        launch = launches.get(_correlation(e))
+        launch = first_launch.get(_correlation(e))
         anchor = launch[0] if launch is not None else ts
         if steps.find(anchor) is None:
             continue  # outside the profiled steps (e.g. the profiler's own flush)
@@ -457,7 +507,7 @@ def analyze(
     top = sorted(by_name.items(), key=lambda kv: kv[1][0], reverse=True)[:top_n]
     step_wall_us = sum(end - start for start, end, _ in step_ranges)
     if not comm_intervals:  # no communication kernels: the host's collective ranges (gloo's threads)
-        comm_intervals = [(a, b) for a, b in host_collectives if steps.find(a) is not None]
+        comm_intervals = [(a, b) for a, b, _ in host_collectives if steps.find(a) is not None]
     return TraceAnalysis(
         path=str(path),
         steps=n_steps,

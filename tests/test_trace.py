@@ -589,3 +589,63 @@ def test_a_step_shorter_than_the_busy_time_is_questioned(capsys):
     assert len(err.splitlines()) == 1 and "longer than the 1.00 ms step" in err and "--step-ms" in err
     assert main([str(path), "--step-ms", "23.94"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_a_trace_merged_from_two_processes_is_read_one_process_at_a_time(tmp_path, capsys):
+    """Two ranks' traces in one file (the H100 trace twice: the second process's host events under
+    another pid, its GPU work on device 1): each GPU gets its own process's steps and launches, and
+    its figures are the single trace's. Counted together, the two processes' ProfilerStep ranges
+    made 4 steps of 2 and halved every figure. Where the processes' correlation ids collide (each
+    process numbers its own from the start), no kernel can be matched to its launch: one line, exit 2."""
+    name = "minigpt_seed_fp16_amp1_ckpt0"
+    with gzip.open(trace_path(name), "rt") as fh:
+        data = json.load(fh)
+    single = analyze(trace_path(name))
+    gpu_cats = ("kernel", "gpu_memcpy", "gpu_memset")
+
+    def merged(offset: int) -> Path:
+        second = []
+        for e in json.loads(json.dumps(data["traceEvents"])):
+            args = e.get("args") if isinstance(e.get("args"), dict) else {}
+            if e.get("cat") in gpu_cats:
+                e["pid"], args["device"] = 1, 1
+            elif isinstance(e.get("pid"), int):
+                e["pid"] += 100_000
+            if isinstance(args.get("correlation"), int):
+                args["correlation"] += offset
+            second.append(e)
+        return _write(
+            tmp_path / f"merged_{offset}.json",
+            data["traceEvents"] + second,
+            **{k: v for k, v in data.items() if k != "traceEvents"},
+        )
+
+    apart = merged(offset=10**7)  # a merge that kept the ids apart
+    for device in (0, 1):
+        a = analyze(apart, device=device)
+        assert (a.steps, a.device) == (single.steps, device) == (2, device)
+        assert a.stage_gpu_ms == pytest.approx(single.stage_gpu_ms)
+        assert a.stage_cpu_ms == pytest.approx(single.stage_cpu_ms)
+        assert (a.gpu_busy_ms, a.step_wall_ms) == (
+            pytest.approx(single.gpu_busy_ms),
+            pytest.approx(single.step_wall_ms),
+        )
+        assert a.unattributed_gpu_ms == pytest.approx(single.unattributed_gpu_ms)
+    colliding = merged(offset=0)
+    assert main([str(colliding), "--device", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "events of 2 processes (pids 100504, 504)" in err[0], err
+    assert "share correlation ids" in err[0] and "analyse each process's own trace" in err[0]
+    # two processes' launches on one GPU, ids apart: whose steps the GPU's time is shared over is unknown
+    ev = [
+        _x("user_annotation", "ProfilerStep#0", 0, 100),
+        _x("cuda_runtime", "cudaLaunchKernel", 1, 1, correlation=1),
+        _x("kernel", "gemm_a", 2, 10, tid=7, correlation=1, device=0),
+        _x("kernel", "gemm_b", 20, 10, tid=7, correlation=2, device=0),
+    ]
+    ev.append(_x("user_annotation", "ProfilerStep#0", 0, 100) | {"pid": 2})
+    ev.append(_x("cuda_runtime", "cudaLaunchKernel", 3, 1, correlation=2) | {"pid": 2})
+    with pytest.raises(
+        TraceError, match=r"events of 2 processes \(pids 1, 2\), and device 0's kernels were launched by pids 1, 2"
+    ):
+        analyze(_write(tmp_path / "shared_gpu.json", ev))
