@@ -55,6 +55,7 @@ KERNEL_RULES: tuple[tuple[str, str], ...] = (
     ("elementwise/norm", r"^triton_poi_"),
     ("reduction", r"^triton_(red|per)_"),
     ("gemm", r"gemm|gemv|nvjet|cublas|xmma|cutlass|wgmma|matmul|_mm_kernel|splitk"),
+    ("other", r"sort"),
     ("reduction", r"reduce|softmax|nll_loss|cross_entropy|cub::|argmax|argmin"),
     (
         "elementwise/norm",
@@ -70,7 +71,11 @@ kernel is a norm kernel eager or compiled (Inductor's fused layer-norm backward,
 step of the compiled gpt2 trace out of the category where eager's layer norm was); otherwise
 Inductor names a fused kernel after everything in it, so its prefix decides (``triton_poi_``
 pointwise, ``triton_red_``/``triton_per_`` reductions, ``triton_tem_`` GEMM templates); eager
-norm kernels are counted with the elementwise ones."""
+norm kernels are counted with the elementwise ones. A sort (cub's radix sort, torch's bitonic and
+radix sorts: an embedding's backward, topk) is ``other``, not a reduction with cub's reduce and
+scan kernels. ``optimizer`` is every foreach kernel (``multi_tensor_apply``), wherever it is
+launched: besides the optimizer's own, GradScaler's unscale and a foreach gradient clip, which run
+before the step; the stage table says where each ran."""
 
 _RULES = tuple((cat, re.compile(rx, re.IGNORECASE)) for cat, rx in KERNEL_RULES)
 

@@ -145,6 +145,15 @@ def test_kernel_categories_on_real_kernels():
         ("Memcpy HtoD (Pinned -> Device)", "gpu_memcpy", "memcpy/memset"),
         ("Memset (Device)", "gpu_memset", "memcpy/memset"),
         ("my_custom_kernel", "kernel", "other"),
+        # a sort is no reduction; cub's reduce and scan kernels are
+        (
+            "void cub::CUB_200200_800_900_NS::DeviceRadixSortOnesweepKernel<Policy900, false, long, long>",
+            "kernel",
+            "other",
+        ),
+        ("void at::native::bitonicSortKVInPlace<2, -1, 16, 16, float, long>", "kernel", "other"),
+        ("void cub::CUB_200200_800_900_NS::DeviceReduceSingleTileKernel<Policy600, float*>", "kernel", "reduction"),
+        ("void cub::CUB_200200_800_900_NS::DeviceScanKernel<Policy900, long*, long*>", "kernel", "reduction"),
     ],
 )
 def test_kernel_name_rules(name, event_cat, category):
