@@ -152,6 +152,9 @@ class TraceAnalysis:
     """The GPU analysed (``args.device`` of its kernels); None in a trace without GPU work."""
     measured_step_ms: float | None = None
     """The job's measured step median, where perfsweep wrote it into the trace (PERFSWEEP_TRACE_INFO)."""
+    host_pid: int | str | None = None
+    """The process analysed, where the trace holds several (merged from one trace per process); None
+    for a trace of one process."""
 
     def basis_ms(self, step_ms: float | None = None) -> tuple[float, str]:
         """The step the busy share is taken of, and what it is: ``step_ms`` (``--step-ms``), else the
@@ -174,6 +177,7 @@ class TraceAnalysis:
             "trace": self.path,
             "device_name": self.device_name,
             "device": self.device,
+            "host_pid": self.host_pid,
             "profiled_steps": self.steps,
             "step_markers": self.step_markers,
             "empty_profiler_steps_left_out": self.empty_steps,
@@ -335,8 +339,8 @@ def _driving_process(
             f"in more than one), so which process launched a kernel cannot be told; {fix}"
         )
     if len(owners) != 1:
-        by = f"pids {', '.join(sorted(map(str, owners)))}" if owners else "no launch in the trace"
-        raise TraceError(f"{path}: {procs}, and {gpu}'s kernels were launched by {by}; {fix}")
+        by = f"launched by pids {', '.join(sorted(map(str, owners)))}" if owners else "matched to no launch"
+        raise TraceError(f"{path}: {procs}, and {gpu}'s kernels were {by}; {fix}")
     return owners.pop()
 
 
@@ -534,6 +538,7 @@ def analyze(
         skipped_events=skipped,
         device=chosen,
         measured_step_ms=_measured_step_ms(meta),
+        host_pid=pid,
     )
 
 
@@ -559,6 +564,8 @@ def format_analysis(a: TraceAnalysis, step_ms: float | None = None) -> str:
     where = f" on {a.device_name}" if a.device_name else ""
     if a.device is not None:
         where += f" (device {a.device})"
+    if a.host_pid is not None:
+        where += f", launched by process {a.host_pid} of several in the trace"
     steps = f"{a.steps} profiled step(s)" if a.step_markers else "no ProfilerStep# ranges: the whole trace as one step"
     if a.empty_steps:
         steps += f" ({a.empty_steps} empty ProfilerStep# range(s) left out)"

@@ -640,6 +640,9 @@ def test_a_trace_merged_from_two_processes_is_read_one_process_at_a_time(tmp_pat
             pytest.approx(single.step_wall_ms),
         )
         assert a.unattributed_gpu_ms == pytest.approx(single.unattributed_gpu_ms)
+        assert (a.host_pid, single.host_pid) == (504 + 100_000 * device, None)
+    assert main([str(apart), "--device", "1"]) == 0
+    assert "(device 1), launched by process 100504 of several in the trace" in capsys.readouterr().out
     colliding = merged(offset=0)
     assert main([str(colliding), "--device", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -655,6 +658,7 @@ def test_a_trace_merged_from_two_processes_is_read_one_process_at_a_time(tmp_pat
     ev.append(_x("user_annotation", "ProfilerStep#0", 0, 100) | {"pid": 2})
     ev.append(_x("cuda_runtime", "cudaLaunchKernel", 3, 1, correlation=2) | {"pid": 2})
     with pytest.raises(
-        TraceError, match=r"events of 2 processes \(pids 1, 2\), and device 0's kernels were launched by pids 1, 2"
+        TraceError,
+        match=r"events of 2 processes \(pids 1, 2\), and device 0's kernels were launched by pids 1, 2; analyse",
     ):
         analyze(_write(tmp_path / "shared_gpu.json", ev))
