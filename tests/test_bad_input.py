@@ -7,6 +7,7 @@ import contextlib
 import os
 import shutil
 import sqlite3
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,13 +18,21 @@ from tests.util import TINY, read_only, run_perfsweep, run_row
 
 
 def counts(db: Path) -> tuple[int, int]:
-    con = sqlite3.connect(f"file:{db}?immutable=1", uri=True)  # creates no -wal/-shm files
-    try:
-        return con.execute("SELECT count(*) FROM sweeps").fetchone()[0], con.execute(
-            "SELECT count(*) FROM runs"
-        ).fetchone()[0]
-    finally:
-        con.close()
+    """Sweeps and runs as a reader sees them, rows still in the write-ahead log included (perfsweep
+    writes in WAL mode and its processes leave by os._exit, so a stray write may never reach the
+    main file: ``immutable=1`` read past it). Read from a copy, so no -wal/-shm appears beside ``db``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / db.name
+        shutil.copy(db, copy)
+        if (wal := db.with_name(db.name + "-wal")).exists():
+            shutil.copy(wal, copy.with_name(copy.name + "-wal"))
+        con = sqlite3.connect(copy)
+        try:
+            return con.execute("SELECT count(*) FROM sweeps").fetchone()[0], con.execute(
+                "SELECT count(*) FROM runs"
+            ).fetchone()[0]
+        finally:
+            con.close()
 
 
 @pytest.fixture
