@@ -46,7 +46,9 @@ def test_slurm_sweep_into_postgres_with_a_job_cancelled(slurm_cluster, pg_url, t
     proc = subprocess.Popen(
         [sys.executable, "-m", "perfsweep", *args],
         cwd=tmp_path,
-        env={**slurm_cluster.client_env(), "PYTHONUNBUFFERED": "1"},
+        # without tests/conftest.py's OMP_NUM_THREADS (1 for 2 workers on 2 cores): the job's one
+        # thread must come from SLURM's one CPU
+        env={k: v for k, v in slurm_cluster.client_env(PYTHONUNBUFFERED="1").items() if k != "OMP_NUM_THREADS"},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
