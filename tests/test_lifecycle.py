@@ -88,15 +88,23 @@ def test_running_rows_of_gone_processes_become_interrupted(engine):
     assert store.mark_interrupted(engine) == 0  # idempotent
 
 
-def test_heartbeat_uses_the_database_clock(engine):
+def test_heartbeat_uses_the_database_clock(engine, monkeypatch: pytest.MonkeyPatch):
+    """A job's and a sweep's stamps come from the database's clock, which every host compares them
+    with. This process's clock is put two days off: a stamp from it would be that far out (here
+    the database runs on this host, so the two clocks agree otherwise and could not be told apart)."""
     sid = store.start_sweep(engine, "/s/beat", "beat")
     rid = store.begin_run(engine, base_row(sid, 0, hostname=socket.gethostname(), pid=os.getpid()))
     with store.session(engine) as s:
         s.get(store.Run, rid).heartbeat_at = store._db_now(s) - timedelta(hours=1)
+        s.get(store.Sweep, sid).heartbeat_at = store._db_now(s) - timedelta(hours=1)
+    skewed = store.utcnow() + timedelta(days=2)
+    monkeypatch.setattr(store, "utcnow", lambda: skewed)
     store.heartbeat(engine, rid)
+    store.sweep_heartbeat(engine, sid)
     with store.session(engine) as s:
-        beat = s.get(store.Run, rid).heartbeat_at
-        assert abs((store._db_now(s) - beat).total_seconds()) < 30
+        now = store._db_now(s)
+        for beat in (s.get(store.Run, rid).heartbeat_at, s.get(store.Sweep, sid).heartbeat_at):
+            assert abs((now - beat).total_seconds()) < 30, (now, beat)
 
 
 def test_a_heartbeat_never_holds_the_job_while_the_database_is_locked(tmp_path: Path):
