@@ -46,12 +46,17 @@ def test_a_second_signal_held_and_delivered_counts_as_repeated():
 
 
 def test_an_ignored_signal_stays_ignored_and_nothing_held_raises_nothing():
+    """A SIGTERM ignored before the hold (``nohup``, a parent's choice) is still ignored after it:
+    put back as the default, the next SIGTERM would kill the process."""
     previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         with interrupts.held():
             signal.raise_signal(signal.SIGTERM)
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
         with interrupts.held():
             pass
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+        signal.raise_signal(signal.SIGTERM)  # ignored: the test goes on
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -74,10 +79,14 @@ def test_the_first_signal_decides_how_the_sweep_stopped():
 def test_nested_holds_say_their_note_once(capsys):
     """Stopping the jobs holds signals, and closing the sweep inside it holds them again: a signal
     under both is one note, delivered once both are done."""
+    reached = []
     with pytest.raises(KeyboardInterrupt), interrupts.held("outer note"):
         with interrupts.held("inner note"):
             signal.raise_signal(signal.SIGINT)
+        reached.append("after the inner hold")  # the inner hold hands the signal on, not raises it
         signal.raise_signal(signal.SIGINT)
+        reached.append("end of the outer hold")
+    assert reached == ["after the inner hold", "end of the outer hold"]  # delivered once both were done
     err = capsys.readouterr().err
     assert err.count("note") == 1 and "inner note" in err
 
