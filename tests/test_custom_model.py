@@ -416,8 +416,10 @@ def test_data_factories_give_datasets_loaders_and_streams(tmp_path: Path, monkey
     first = next(iter(batches("userdata.rows", n=12)))  # a Dataset: batched here, dict batches kept
     assert first["features"].shape == (4, 4) and first["labels"].shape == (4,)
     assert len(list(batches("userdata.rows", n=12))) == 3  # drop_last, seeded shuffle
-    orders = [[int(b["labels"].sum()) for b in batches("userdata.rows", n=12)] for _ in range(2)]
-    assert orders[0] == orders[1]
+    # each sample's index is its first feature / 4: one epoch's order, twice
+    orders = [[int(i) for b in batches("userdata.rows", n=12) for i in b["features"][:, 0] / 4] for _ in range(2)]
+    assert orders[0] == orders[1]  # seeded: the same order each time
+    assert sorted(orders[0]) == list(range(12)) and orders[0] != list(range(12))  # every sample once, shuffled
     assert next(iter(batches("userdata.loader")))["features"].shape == (5, 4)  # a DataLoader: as it is
     assert next(iter(batches("userdata.stream", batch=2))).shape == (2, 3, 2)  # an IterableDataset: batched
     assert len(list(batches("userdata.stream", batch=2))) == 3  # whole batches only: 7 items, batch 2

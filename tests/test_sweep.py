@@ -11,10 +11,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from perfsweep import envinfo, metrics
+from perfsweep import metrics
 from perfsweep.names import STACKS_ENV, interrupted_tail
 from tests.util import TINY, finish, run_perfsweep, start_as_in_a_terminal, wait_for
 from tests.util import sqlite_rows as rows
+
+
+def cpu_model_from_proc() -> str:
+    """The CPU's name as the kernel gives it (/proc/cpuinfo's "model name"), read here rather than
+    through perfsweep.envinfo, the code that stores it; the platform's name where there is none."""
+    import platform
+
+    names = [
+        ln.split(":", 1)[1].strip()
+        for ln in Path("/proc/cpuinfo").read_text().splitlines()
+        if ln.startswith("model name")
+    ]
+    return names[0] if names else platform.processor() or platform.machine()
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +103,7 @@ def test_default_sweep_rows(default_sweep: Path):
         assert r["data_bound"] == int(r["data_wait_fraction"] > 0.10)
         assert r["device_type"] == "cpu" and r["torch_version"] and r["hostname"]
         # provenance: what can explain a difference between two runs' numbers
-        assert r["cpu_model"] == envinfo.cpu_name() and r["cpu_count"] == os.cpu_count()
+        assert r["cpu_model"] == cpu_model_from_proc() and r["cpu_count"] == os.cpu_count()
         assert (r["tf32_matmul"], r["cudnn_benchmark"]) == (0, 0)  # torch's defaults, as the job saw them
         assert r["cuda_alloc_conf"] == "expandable_segments:True"  # from the job's environment
         assert (r["gpu_driver_version"], r["gpu_total_memory_bytes"], r["gpu_compute_capability"]) == (None,) * 3
