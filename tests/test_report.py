@@ -935,17 +935,22 @@ def test_side_by_side_panels_with_their_own_colours_get_a_legend_each(engine: An
 def test_breakdown_and_loss_are_the_stored_stages_and_steps(engine: Any, tmp_path: Path) -> None:
     sid = new_sweep(engine, tmp_path / "sw")
     store.save_run(engine, run_row(sid, 0))
-    store.save_run(engine, run_row(sid, 1, amp=True, step_time_ms_median=80.0))
+    amp = run_row(sid, 1, amp=True, step_time_ms_median=80.0)
+    for stage in amp["stages"]:  # each config its own stages and losses: a swap between them shows
+        stage["cpu_time_ms"] = stage["device_time_ms"] = stage["cpu_time_ms"] / 2
+    for step in amp["steps"]:
+        step["loss"] -= 2.0
+    store.save_run(engine, amp)
     rep = make_report(engine, [sid])
     breakdown = rep.charts["breakdown"]
     assert len(breakdown.figure.axes) == 1  # CPU runs: device time = CPU time, one panel
     ax = breakdown.figure.axes[0]
-    # one stacked segment per stage and config, in step order: what run_row stored (1, 30, 60, 8, 1 ms)
-    assert bar_values(ax) == pytest.approx([1.0, 1.0, 30.0, 30.0, 60.0, 60.0, 8.0, 8.0, 1.0, 1.0])
-    assert [t.get_text().strip() for t in ax.texts if " of " in t.get_text()] == ["100 of 100 ms", "100 of 80 ms"]
-    assert "profiler's own cost" not in breakdown.caption  # 100 ms profiled against 80 and 100 measured
+    # one stacked segment per stage and config, in step order: what was stored (1, 30, 60, 8, 1 ms; AMP's half)
+    assert bar_values(ax) == pytest.approx([1.0, 0.5, 30.0, 15.0, 60.0, 30.0, 8.0, 4.0, 1.0, 0.5])
+    assert [t.get_text().strip() for t in ax.texts if " of " in t.get_text()] == ["100 of 100 ms", "50 of 80 ms"]
+    assert "profiler's own cost" not in breakdown.caption  # 100 and 50 ms profiled against 100 and 80 measured
     loss = line_data(rep.charts["loss"].figure.axes[0])
-    assert loss == {"amp=off": ([1, 2, 3], [9.0, 8.9, 8.8]), "amp=on": ([1, 2, 3], [9.0, 8.9, 8.8])}
+    assert loss == {"amp=off": ([1, 2, 3], [9.0, 8.9, 8.8]), "amp=on": ([1, 2, 3], pytest.approx([7.0, 6.9, 6.8]))}
     # a profiled step 2.5x the measured one (the profiler's cost on CPU): the caption says so
     store.save_run(engine, run_row(sid, 2, ckpt=True, step_time_ms_median=40.0))
     caption = make_report(engine, [sid]).charts["breakdown"].caption
