@@ -416,9 +416,10 @@ def test_interval_verdicts_and_a_baseline_of_your_own(engine: Any, tmp_path: Pat
 
 def test_noise_is_the_stored_flag(engine: Any, tmp_path: Path) -> None:
     """The report flags what runs.noisy says, not a rule of its own: a run stored noisy with a
-    narrow p10-p90 is flagged; one stored quiet with a wide p10-p90 is not."""
+    narrow p10-p90 is flagged; one stored quiet with a wide p10-p90 and an IQR of 30% (what the
+    IQR rule would flag) is not."""
     sid = new_sweep(engine, tmp_path / "sw")
-    quiet_but_wide = {"step_time_ms_p10": 50.0, "step_time_ms_p90": 200.0, "noisy": False}
+    quiet_but_wide = {"step_time_ms_p10": 50.0, "step_time_ms_p90": 200.0, "step_time_ms_iqr": 30.0, "noisy": False}
     noisy = {"noisy": True, "step_time_ms_iqr": 15.0}
     for job, (amp, ckpt) in enumerate(itertools.product((False, True), repeat=2)):
         kw = noisy if (amp, ckpt) == (True, False) else quiet_but_wide if amp else {}
