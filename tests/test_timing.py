@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,10 +24,14 @@ class ScriptedSteps:
     times: list[float]
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     i: int = 0
+    take_the_time: bool = False
+    """Sleep each step's scripted milliseconds, for a wall time to measure."""
 
     def step(self) -> tuple[float, float, float]:
         t = self.times[min(self.i, len(self.times) - 1)]
         self.i += 1
+        if self.take_the_time:
+            time.sleep(t / 1000.0)
         return t, 0.0, 1.0
 
     def run(self) -> tuple[torch.Tensor, float]:
@@ -68,9 +73,11 @@ def test_warmup_past_the_minimum_stops_at_the_time_budget():
 def test_sync_window_wall_time_covers_its_steps():
     records: list[StepRecord] = []
     seen: list[StepRecord] = []
-    wall = measure(ScriptedSteps([5.0]), records, 4, "sync", seen.append)
+    t0 = time.perf_counter()
+    wall = measure(ScriptedSteps([5.0], take_the_time=True), records, 4, "sync", seen.append)
+    around = (time.perf_counter() - t0) * 1000.0
     assert [r.phase for r in records] == ["measure"] * 4 and seen == records
-    assert wall >= 0  # scripted steps take no real time; the real trainer is checked below
+    assert 4 * 5.0 <= wall <= around  # the window's wall time, in ms: its 4 steps of 5 ms, and no more than elapsed
 
 
 def test_timing_mode_resolution_and_validation():
