@@ -18,13 +18,13 @@ from __future__ import annotations
 import argparse
 import platform
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import _sweep  # benchmarks/_sweep.py: a failed sweep ends the run in one line
 import numpy as np
 
 POINT = [
@@ -53,7 +53,7 @@ def one_search(work: Path, calibrated: bool, overrides: list[str]) -> dict[str, 
     head = [sys.executable, "-m", "perfsweep"] if calibrated else [sys.executable, "-c", UNCALIBRATED]
     cmd = [*head, "-m", "batch=max", f"db.url=sqlite:///{db}", "report=false", *POINT, *overrides]
     t0 = time.perf_counter()
-    subprocess.run(cmd, cwd=work, check=True, capture_output=True)
+    _sweep.run(cmd, work)
     wall = time.perf_counter() - t0
     con = sqlite3.connect(db)
     predicted, cal, found, tried = con.execute(

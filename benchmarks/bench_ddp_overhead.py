@@ -16,12 +16,12 @@ from __future__ import annotations
 import argparse
 import platform
 import sqlite3
-import subprocess
 import sys
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
+import _sweep  # benchmarks/_sweep.py: a failed sweep ends the run in one line
 import numpy as np
 
 from perfsweep.metrics import ratio_interval
@@ -36,7 +36,7 @@ def main() -> int:
         work = Path(tmp)
         cmd = [sys.executable, "-m", "perfsweep", "-m", "nproc=null,1", f"repeat={args.repeat}", "order=shuffle"]
         cmd += ["report=false", "profile.enabled=false", *args.overrides]
-        subprocess.run(cmd, cwd=work, check=True, stdout=subprocess.DEVNULL)
+        _sweep.run(cmd, work, show=True)
         con = sqlite3.connect(work / "results.db")
         rows = con.execute("SELECT nproc, tokens_per_s, device_name FROM runs WHERE status = 'ok'").fetchall()
         con.close()

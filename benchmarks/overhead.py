@@ -28,6 +28,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import _sweep  # benchmarks/_sweep.py: a failed sweep ends the run in one line
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -92,7 +94,7 @@ def perfsweep_run(args: argparse.Namespace, work: Path, i: int) -> tuple[float, 
     two costs of perfsweep's own machinery measured inside the job, as shares of the window's
     wall time: waiting for the DataLoader, and the time between steps (bookkeeping, progress)."""
     db = work / "overhead.db"
-    subprocess.run(
+    _sweep.run(
         [
             sys.executable,
             "-m",
@@ -103,10 +105,7 @@ def perfsweep_run(args: argparse.Namespace, work: Path, i: int) -> tuple[float, 
             f"hydra.run.dir={work / f'run{i}'}",
             *args.overrides,
         ],
-        cwd=work,
-        check=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        work,
     )
     with sqlite3.connect(db) as con:
         run_id, tps, vocab, wall = con.execute(

@@ -1,0 +1,29 @@
+"""How a benchmark runs perfsweep: the command as a user types it, and a sweep that fails ends the
+benchmark in one line saying why (perfsweep's own last line), not in a CalledProcessError's
+traceback with perfsweep's reason thrown away. Imported by the scripts beside it."""
+
+from __future__ import annotations
+
+import collections
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+
+def run(cmd: list[str], cwd: Path | str, show: bool = False) -> None:
+    """Run ``cmd`` (``[sys.executable, "-m", "perfsweep", ...]``) in ``cwd``, its stdout (the
+    summary; benchmarks read the database) dropped and its stderr shown as it comes where
+    ``show``; exit with one line naming the benchmark, the command and perfsweep's last line where
+    it fails."""
+    tail: collections.deque[str] = collections.deque(maxlen=20)
+    with subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as proc:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if show:
+                sys.stderr.write(line)
+            if line.strip():
+                tail.append(line.rstrip("\n"))
+    if proc.returncode != 0:
+        said = tail[-1] if tail else "(nothing on stderr)"
+        raise SystemExit(f"{Path(sys.argv[0]).stem}: {shlex.join(cmd[1:])} exited {proc.returncode}: {said}")
