@@ -24,7 +24,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-import _sweep  # benchmarks/_sweep.py: a failed sweep ends the run in one line
+import _bench  # benchmarks/_bench.py, beside this script
 import numpy as np
 
 POINT = [
@@ -53,7 +53,7 @@ def one_search(work: Path, calibrated: bool, overrides: list[str]) -> dict[str, 
     head = [sys.executable, "-m", "perfsweep"] if calibrated else [sys.executable, "-c", UNCALIBRATED]
     cmd = [*head, "-m", "batch=max", f"db.url=sqlite:///{db}", "report=false", *POINT, *overrides]
     t0 = time.perf_counter()
-    _sweep.run(cmd, work)
+    _bench.run_sweep(cmd, work)
     wall = time.perf_counter() - t0
     con = sqlite3.connect(db)
     predicted, cal, found, tried = con.execute(

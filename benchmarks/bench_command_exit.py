@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import _bench  # benchmarks/_bench.py, beside this script
+
 TINY = [
     "model=tiny",
     "data=synthetic",
@@ -53,7 +55,7 @@ def timed(argv: list[str], cwd: Path) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=_bench.at_least(1), default=3)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         cwd = Path(tmp)

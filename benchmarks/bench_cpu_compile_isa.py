@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import _bench  # benchmarks/_bench.py, beside this script
+
 SCRIPT = """
 import json, os, sys, time
 from pathlib import Path
@@ -58,7 +60,7 @@ def one(way: str, user: Path, scratch: Path) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=_bench.at_least(1), default=3)
     args = parser.parse_args()
     results: dict[str, list[dict[str, float]]] = {"inside": [], "first": []}
     with tempfile.TemporaryDirectory() as tmp:

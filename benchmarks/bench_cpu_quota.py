@@ -24,6 +24,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.util: the cgroup helpers the tests use
+import _bench  # benchmarks/_bench.py, beside this script
+
 from tests.util import NoCgroup, cpu_limited_group, perfsweep_in_group  # noqa: E402
 
 DEFAULT = ["model=small", "batch=4", "seq_len=128", "steps.measure=20", "profile.enabled=false", "report=false"]
@@ -44,7 +46,7 @@ def sweep(group: Path, work: Path, order: list[int], extra: list[str]) -> list[d
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cpus", type=float, default=1.0, help="the cgroup's CPU quota")
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=_bench.at_least(2, _bench.SPREAD), default=5)
     ap.add_argument("overrides", nargs="*", help=f"sweep overrides (default: {' '.join(DEFAULT)})")
     args = ap.parse_args()
     from perfsweep.metrics import ratio_interval

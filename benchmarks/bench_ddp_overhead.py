@@ -21,7 +21,7 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-import _sweep  # benchmarks/_sweep.py: a failed sweep ends the run in one line
+import _bench  # benchmarks/_bench.py, beside this script
 import numpy as np
 
 from perfsweep.metrics import ratio_interval
@@ -29,14 +29,14 @@ from perfsweep.metrics import ratio_interval
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeat", type=int, default=4)
+    ap.add_argument("--repeat", type=_bench.at_least(2, _bench.SPREAD), default=4)
     ap.add_argument("overrides", nargs="*", default=[])
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         cmd = [sys.executable, "-m", "perfsweep", "-m", "nproc=null,1", f"repeat={args.repeat}", "order=shuffle"]
         cmd += ["report=false", "profile.enabled=false", *args.overrides]
-        _sweep.run(cmd, work, show=True)
+        _bench.run_sweep(cmd, work, show=True)
         con = sqlite3.connect(work / "results.db")
         rows = con.execute("SELECT nproc, tokens_per_s, device_name FROM runs WHERE status = 'ok'").fetchall()
         con.close()

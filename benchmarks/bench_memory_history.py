@@ -18,6 +18,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+import _bench  # benchmarks/_bench.py, beside this script
 import torch
 from hydra import compose, initialize_config_module
 
@@ -30,7 +31,7 @@ from perfsweep.runner import build, resolve_device
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--rounds", type=_bench.at_least(1), default=6)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("overrides", nargs="*", default=[])
     args = ap.parse_args()

@@ -23,7 +23,7 @@ from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
 
-import _sweep  # benchmarks/_sweep.py: a failed sweep ends the run in one line
+import _bench  # benchmarks/_bench.py, beside this script
 import numpy as np
 
 GRID = ["ckpt=true,false", "batch=4,8"]
@@ -34,7 +34,7 @@ def sweep(work: Path, parallel: int, overrides: list[str]) -> tuple[float, dict[
     db = work / f"p{parallel}.db"
     t0 = time.perf_counter()
     cmd = [sys.executable, "-m", "perfsweep", "-m", f"launcher.parallel={parallel}", f"db.url=sqlite:///{db}"]
-    _sweep.run([*cmd, "report=false", *GRID, *overrides], work)
+    _bench.run_sweep([*cmd, "report=false", *GRID, *overrides], work)
     wall = time.perf_counter() - t0
     con = sqlite3.connect(db)
     sweep_id = con.execute("SELECT max(id) FROM sweeps").fetchone()[0]

@@ -17,7 +17,7 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-import _sweep  # benchmarks/_sweep.py: a failed sweep ends the run in one line
+import _bench  # benchmarks/_bench.py, beside this script
 import pandas as pd
 import sqlalchemy as sa
 
@@ -32,7 +32,7 @@ def main() -> int:
             order = "true,false" if i % 2 == 0 else "false,true"
             cmd = [sys.executable, "-m", "perfsweep", "-m", f"profile.enabled={order}", *args.overrides]
             print(f"[{i + 1}/{args.repeats}] {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
-            _sweep.run(cmd, tmp, show=True)
+            _bench.run_sweep(cmd, tmp, show=True)
         engine = sa.create_engine(f"sqlite:///{Path(tmp) / 'results.db'}")
         df = pd.read_sql_query(
             "SELECT json_extract(config_json, '$.profile.enabled') AS profiled, status, tokens_per_s,"

@@ -27,6 +27,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+import _bench  # benchmarks/_bench.py, beside this script
 from sqlalchemy import insert
 
 from perfsweep import store
@@ -209,10 +210,10 @@ def synthesize(url: str, n_runs: int, seed: int = 0) -> tuple[Any, int]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--runs", type=int, default=10_000)
+    p.add_argument("--runs", type=_bench.at_least(1), default=10_000)
     p.add_argument(
         "--repeat",
-        type=int,
+        type=_bench.at_least(1),
         default=3,
         help="time build_report this many times; best and median shown",
     )

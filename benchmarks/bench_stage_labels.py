@@ -18,6 +18,7 @@ import statistics
 import time
 from datetime import datetime, timezone
 
+import _bench  # benchmarks/_bench.py, beside this script
 import torch
 
 from perfsweep.envinfo import cpu_name
@@ -37,7 +38,7 @@ def _block(n: int, enter) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--rounds", type=_bench.at_least(1), default=10)
     ap.add_argument("--steps", type=int, default=20000)
     args = ap.parse_args()
     null = contextlib.nullcontext()

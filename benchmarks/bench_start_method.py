@@ -26,6 +26,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import _bench  # benchmarks/_bench.py, beside this script
 import numpy as np
 
 from perfsweep.names import EARLY_JOB_SERVER_ENV
@@ -63,7 +64,7 @@ def sweep(method: str, work: Path, extra: list[str]) -> tuple[float, list[dict]]
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--rounds", type=_bench.at_least(2, _bench.SPREAD), default=4)
     ap.add_argument("--methods", nargs=2, default=["spawn", "forkserver"], metavar=("BASE", "OTHER"))
     ap.add_argument("overrides", nargs="*", help="sweep overrides (default: 6 tiny CPU jobs)")
     args = ap.parse_args()

@@ -15,11 +15,14 @@ tokens/s). Needs a CUDA device. Usage:
 from __future__ import annotations
 
 import argparse
+import statistics
 import subprocess
 import sys
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
+
+import _bench  # benchmarks/_bench.py, beside this script
 
 WARM_TAIL = "SELECT step_time_ms FROM steps WHERE run_id = {run_id:d} AND phase = 'warmup' ORDER BY step DESC LIMIT 5"
 """The job's last five warmup steps (sync-timed whatever ``timing`` is)."""
@@ -52,13 +55,13 @@ def run(mode: str, work: Path, i: int, extra: list[str]) -> dict:
     # the last warmup steps are timed sync in both modes: the same process's own sync reference,
     # which tells a slower mode from a slower process (fresh jobs differ by up to a third)
     warm = [r["step_time_ms"] for r in records(str(db), WARM_TAIL.format(run_id=int(row["id"])))]
-    row["warmup_tail_ms_median"] = sorted(warm)[len(warm) // 2] if warm else float("nan")
+    row["warmup_tail_ms_median"] = statistics.median(warm) if warm else float("nan")
     return row
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=_bench.at_least(2, _bench.SPREAD), default=5)
     ap.add_argument("overrides", nargs="*", default=[])
     args = ap.parse_args()
     import torch
@@ -84,7 +87,7 @@ def main() -> int:
     print(f"date: {datetime.now(timezone.utc):%Y-%m-%d}  device: {row['device_name']}, torch {row['torch_version']}")
     print(f"command: python benchmarks/bench_timing_modes.py --rounds {args.rounds} {' '.join(args.overrides)}")
     for m in ("sync", "events"):
-        med = sorted(tps[m])[len(tps[m]) // 2]
+        med = statistics.median(tps[m])
         print(
             f"{m:6s}: median {med:,.0f} tokens/s over {args.rounds} jobs; step medians (ms) "
             f"{[round(r['step_time_ms_median'], 2) for r in got[m]]}; the same jobs' last warmup steps "

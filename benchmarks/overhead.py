@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,7 +29,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-import _sweep  # benchmarks/_sweep.py: a failed sweep ends the run in one line
+import _bench  # benchmarks/_bench.py, beside this script
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -94,7 +95,7 @@ def perfsweep_run(args: argparse.Namespace, work: Path, i: int) -> tuple[float, 
     two costs of perfsweep's own machinery measured inside the job, as shares of the window's
     wall time: waiting for the DataLoader, and the time between steps (bookkeeping, progress)."""
     db = work / "overhead.db"
-    _sweep.run(
+    _bench.run_sweep(
         [
             sys.executable,
             "-m",
@@ -129,7 +130,7 @@ def bare_run(args: argparse.Namespace, vocab_size: int) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=_bench.at_least(2, _bench.SPREAD), default=5)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--vocab-size", type=int, default=0, help=argparse.SUPPRESS)
@@ -169,10 +170,10 @@ def main() -> int:
         f"perfsweep / bare loop tokens/s (median of {args.rounds} rounds each): {ratio.value:.3f} "
         f"[95% CI {ratio.lo:.3f}-{ratio.hi:.3f}] ({'meets' if ratio.value >= 0.98 else 'MISSES'} the >= 0.98 target)"
     )
-    waits, gaps = sorted(c[0] for c in costs), sorted(c[1] for c in costs)
+    wait, gap = statistics.median(c[0] for c in costs), statistics.median(c[1] for c in costs)
     print(
-        f"inside perfsweep's jobs (median of {len(costs)}): DataLoader wait {waits[len(waits) // 2]:.2%} and time "
-        f"between steps {gaps[len(gaps) // 2]:.2%} of the measured window"
+        f"inside perfsweep's jobs (median of {len(costs)}): DataLoader wait {wait:.2%} and time "
+        f"between steps {gap:.2%} of the measured window"
     )
     return 0
 
