@@ -81,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"dealt in LONGEST_FIRST order: ends at {simulated_end(seconds, order, args.workers):.0f} s")
     longest = sorted(seconds, key=lambda f: -seconds[f])
     print(f"dealt longest first by these seconds: ends at {simulated_end(seconds, longest, args.workers):.0f} s")
+    print(
+        f"dealt in name order (for comparison): ends at {simulated_end(seconds, sorted(seconds), args.workers):.0f} s"
+    )
     return 0
 
 
