@@ -53,8 +53,8 @@ def main() -> int:
     walls: dict[int, list[float]] = defaultdict(list)
     rates: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     with tempfile.TemporaryDirectory() as tmp:
-        for _ in range(args.rounds):
-            for p in (1, args.parallel):
+        for r in range(args.rounds):  # the order alternates, so neither setting always runs first
+            for p in (1, args.parallel) if r % 2 == 0 else (args.parallel, 1):
                 wall, by_config = sweep(Path(tmp), p, args.overrides)
                 walls[p].append(wall)
                 for config, rate in by_config.items():

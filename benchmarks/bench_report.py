@@ -233,9 +233,12 @@ def main(argv: list[str] | None = None) -> int:
             counts = {
                 tbl: conn.exec_driver_sql(f"SELECT count(*) FROM {tbl}").scalar() for tbl in ("runs", "steps", "stages")
             }
+        on_disk = sum(
+            f.stat().st_size for f in (db, db.with_name(db.name + "-wal")) if f.exists()
+        )  # WAL not folded in yet
         print(
             f"synthesised {counts['runs']:,} runs, {counts['steps']:,} steps, {counts['stages']:,} stages "
-            f"in {insert_s:.1f} s ({db.stat().st_size / 2**20:.1f} MiB)"
+            f"in {insert_s:.1f} s ({on_disk / 2**20:.1f} MiB)"
         )
 
         out = folder / "report"
