@@ -1,7 +1,11 @@
 """What the benchmarks beside this file share: running perfsweep as a user types it, where a sweep
 that fails ends the benchmark in one line saying why (perfsweep's own last line), not in a
 CalledProcessError's traceback with perfsweep's reason thrown away; and counts of rounds that
-must be at least so many (a ratio of one round a side has no spread to give an interval from)."""
+must be at least so many (a ratio of one round a side has no spread to give an interval from).
+
+A benchmark with a target (overhead.py, bench_profiling_overhead.py, bench_report.py,
+bench_default_sweep.py) prints "meets" or "MISSES" and exits 1 where it misses it; one that fails
+to measure exits non-zero with one line."""
 
 from __future__ import annotations
 

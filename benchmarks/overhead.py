@@ -175,7 +175,7 @@ def main() -> int:
         f"inside perfsweep's jobs (median of {len(costs)}): DataLoader wait {wait:.2%} and time "
         f"between steps {gap:.2%} of the measured window"
     )
-    return 0
+    return 0 if ratio.value >= 0.98 else 1  # as the other benchmarks with a target: 1 where it is missed
 
 
 if __name__ == "__main__":
