@@ -14,6 +14,7 @@ import collections
 import shlex
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -32,10 +33,11 @@ def run_sweep(cmd: list[str], cwd: Path | str, show: bool = False) -> None:
                 tail.append(line.rstrip("\n"))
     if proc.returncode != 0:
         said = tail[-1] if tail else "(nothing on stderr)"
-        raise SystemExit(f"{Path(sys.argv[0]).stem}: {shlex.join(cmd[1:])} exited {proc.returncode}: {said}")
+        args = ["-c", "SCRIPT", *cmd[3:]] if cmd[1:2] == ["-c"] else cmd[1:]  # a -c script's lines stay out
+        raise SystemExit(f"{Path(sys.argv[0]).stem}: {shlex.join(args)} exited {proc.returncode}: {said}")
 
 
-def at_least(minimum: int, why: str = "") -> object:
+def at_least(minimum: int, why: str = "") -> Callable[[str], int]:
     """An argparse ``type``: an integer of at least ``minimum``, else argparse's one error line."""
 
     def parse(text: str) -> int:
