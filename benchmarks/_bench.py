@@ -18,13 +18,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 
-def run_sweep(cmd: list[str], cwd: Path | str, show: bool = False) -> None:
-    """Run ``cmd`` (``[sys.executable, "-m", "perfsweep", ...]``) in ``cwd``, its stdout (the
-    summary; benchmarks read the database) dropped and its stderr shown as it comes where
-    ``show``; exit with one line naming the benchmark, the command and perfsweep's last line where
-    it fails."""
+def run_sweep(cmd: list[str], cwd: Path | str, show: bool = False, env: dict[str, str] | None = None) -> None:
+    """Run ``cmd`` (``[sys.executable, "-m", "perfsweep", ...]``) in ``cwd`` (with ``env``, else
+    this environment), its stdout (the summary; benchmarks read the database) dropped and its
+    stderr shown as it comes where ``show``; exit with one line naming the benchmark, the command
+    and perfsweep's last line where it fails."""
     tail: collections.deque[str] = collections.deque(maxlen=20)
-    with subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as proc:
+    with subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as proc:
         assert proc.stderr is not None
         for line in proc.stderr:
             if show:

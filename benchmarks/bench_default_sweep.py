@@ -10,13 +10,13 @@ memory figure (peak_mem_bytes) than ckpt=false. Usage:
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import _bench  # benchmarks/_bench.py, beside this script
 import pandas as pd
 import sqlalchemy as sa
 
@@ -25,12 +25,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "PERFSWEEP_CACHE_DIR": str(Path(tmp) / "cache")}
         t0 = time.perf_counter()
-        subprocess.run(
-            [sys.executable, "-m", "perfsweep", "-m", "amp=true,false", "ckpt=true,false"],
-            cwd=tmp,
-            env=env,
-            check=True,
-            stdout=subprocess.DEVNULL,
+        _bench.run_sweep(
+            [sys.executable, "-m", "perfsweep", "-m", "amp=true,false", "ckpt=true,false"], tmp, show=True, env=env
         )
         wall = time.perf_counter() - t0
         engine = sa.create_engine(f"sqlite:///{Path(tmp) / 'results.db'}")

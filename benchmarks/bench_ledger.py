@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import sqlite3
-import subprocess
 import sys
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
+
+import _bench  # benchmarks/_bench.py, beside this script
 
 from perfsweep import ledger
 
@@ -43,9 +43,7 @@ def cpu_rows() -> list[tuple[str, str, float, float, float]]:
     with tempfile.TemporaryDirectory() as tmp:
         for name, overrides in SWEEPS.items():
             cmd = [sys.executable, "-m", "perfsweep", "-m", *overrides, "device=cpu", "report=false"]
-            res = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, env={**os.environ})
-            if res.returncode != 0:
-                raise SystemExit(f"{' '.join(cmd[2:])} failed:\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}")
+            _bench.run_sweep(cmd, tmp)
             db = sqlite3.connect(Path(tmp) / "results.db")
             sweep_id = db.execute("SELECT max(id) FROM sweeps").fetchone()[0]
             for overrides_text, pred, meas, err in db.execute(

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,16 +42,10 @@ def sweep(method: str, work: Path, extra: list[str]) -> tuple[float, list[dict]]
     stored, _, when = method.partition("-")
     env = {**os.environ, EARLY_JOB_SERVER_ENV: {"early": "1", "late": "0"}[when]} if when else None
     t0 = time.perf_counter()
-    res = subprocess.run(
-        [sys.executable, "-m", "perfsweep", "-m", f"launcher.start_method={stored}", *extra],
-        cwd=work,
-        capture_output=True,
-        text=True,
-        env=env,
+    _bench.run_sweep(
+        [sys.executable, "-m", "perfsweep", "-m", f"launcher.start_method={stored}", *extra], work, env=env
     )
     wall = time.perf_counter() - t0
-    if res.returncode != 0:
-        raise SystemExit(f"bench_start_method: the {method} sweep exited {res.returncode}:\n{res.stderr[-3000:]}")
     from perfsweep.query import records
 
     rows = records(str(work / "results.db"), "SELECT * FROM runs ORDER BY job_num")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import tempfile
 from datetime import datetime, timezone
@@ -32,7 +31,7 @@ BASE = ["model=minigpt_seed", "amp=true", "amp_dtype=fp16", "batch=2", "seq_len=
 
 def run(mode: str, work: Path, i: int, extra: list[str]) -> dict:
     db = work / "timing.db"
-    subprocess.run(
+    _bench.run_sweep(
         [
             sys.executable,
             "-m",
@@ -45,9 +44,8 @@ def run(mode: str, work: Path, i: int, extra: list[str]) -> dict:
             f"hydra.run.dir={work / f'{mode}{i}'}",
             *extra,
         ],
-        cwd=work,
-        check=True,
-        stdout=subprocess.DEVNULL,
+        work,
+        show=True,
     )
     from perfsweep.query import records
 
