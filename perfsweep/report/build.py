@@ -244,8 +244,9 @@ PARETO = ChartSpec(
     frames.pareto,
     lambda f, note, r: {"front": fmt.listing(f[f["on_front"]].sort_values("peak_mem_bytes")["label"], 4, "; ")},
     caption="Every finished config as tokens/s against peak memory; the orange staircase is the Pareto front (no "
-    "other config is both faster and leaner). Configs that did not finish are marked x on the bottom edge. On the "
-    "front, leanest first: {front}.",
+    "other config is both faster and leaner). A config that did not finish is an x on the bottom edge at the memory "
+    "it had reached; the legend counts those with no memory figure. Either axis is logarithmic where its values "
+    "span more than 20x. On the front, leanest first: {front}.",
 )
 BREAKDOWN = ChartSpec(
     "breakdown",

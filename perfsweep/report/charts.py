@@ -30,7 +30,7 @@ from matplotlib.colors import to_rgba
 from matplotlib.container import BarContainer
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
-from matplotlib.ticker import EngFormatter, FuncFormatter, MaxNLocator
+from matplotlib.ticker import EngFormatter, FuncFormatter, MaxNLocator, NullFormatter
 from matplotlib.transforms import ScaledTranslation, blended_transform_factory
 
 from perfsweep.configs import label_axes
@@ -187,7 +187,7 @@ def draw(spec: ChartSpec, frame: pd.DataFrame, note: str = "") -> Figure:
                 title = "\n".join(t for t in (heading, p.title) if t)
                 ax.set_title(_wrap(title, 9 * width / ncol))  # about the axes' width, not the figure's
                 if p.kind != "heatmap":
-                    (ax.set_xlabel if p.kind in ("bars", "stacked") else ax.set_ylabel)(label)
+                    (ax.set_xlabel if p.kind in ("bars", "stacked") else ax.set_ylabel)(_log_note(ax, label, "y"))
                 if p.kind == "lines" and (p is panels[-1] or spec.side_by_side):
                     ax.set_xlabel(_log_note(ax, p.xlabel or AXIS_TEXT.get(facet, str(facet))))
             if image is not None:
@@ -216,10 +216,10 @@ def _legend_below(fig: Figure, handles: dict[str, Artist]) -> None:
         legend.remove()
 
 
-def _log_note(ax: Axes, label: str) -> str:
-    """``label`` saying "log scale" when the x axis is: with a tick at each grid value only (4, 8, 512),
+def _log_note(ax: Axes, label: str, axis: str = "x") -> str:
+    """``label`` saying "log scale" when its axis is: with a tick at each grid value only (4, 8, 512),
     nothing else told a reader that the gap from 8 to 512 is six doublings, not 504 sequences."""
-    if ax.get_xscale() != "log":
+    if (ax.get_xscale() if axis == "x" else ax.get_yscale()) != "log":
         return label
     return f"{label[:-1]}, log scale)" if label.endswith(")") else f"{label} (log scale)"
 
@@ -316,6 +316,7 @@ def _place_labels(ax: Axes) -> None:
     placed = [t.get_window_extent(renderer) for t in ax.texts if t not in labels and t.get_text().strip()]
     for t in labels:
         value = t.get_gid() == VALUE_LABEL
+        own = np.hypot(*(marks[:, :2] - ax.transData.transform(t.xy)).T) <= px  # its point, and any drawn on it
         best: tuple[tuple[int, int], tuple[float, float, str, str]] | None = None
         for spot in _spots(t.get_ha() == "right", value):
             t.xyann, (ha, va) = spot[:2], spot[2:]
@@ -327,7 +328,11 @@ def _place_labels(ax: Axes) -> None:
             )
             covered = 2 * int((near < marks[:, 2] + px).sum()) + sum(_crosses(box, path, w + px) for path, w in paths)
             fits = inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0 and box.y1 <= inside.y1
-            clash = sum(box.overlaps(b) for b in placed) + (value and (not fits or covered > 0))
+            gap = near - marks[:, 2]  # from the label to each mark's edge
+            # another point at least as near as its own: the label reads as that point's
+            others = gap[~own].min(initial=np.inf)
+            astray = own.any() and others <= gap[own].min()
+            clash = sum(box.overlaps(b) for b in placed) + astray + (value and (not fits or covered > 0))
             cost = (100 * clash + covered + 10 * (not fits), clash)
             if best is None or cost < best[0]:
                 best = (cost, spot)
@@ -361,7 +366,7 @@ def _marks(ax: Axes) -> tuple[np.ndarray, list[tuple[np.ndarray, float]]]:
                     line.get_linewidth() / 2 * px,
                 )
             )
-    points = np.concatenate(marks) if marks else np.empty((0, 3))
+    points = np.asarray(np.concatenate(marks)) if marks else np.empty((0, 3))  # plain: a log axis gives masked arrays
     return points[np.isfinite(points).all(axis=1)], paths
 
 
@@ -534,7 +539,9 @@ def lines(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale) -> None:
 
 def scatter(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale, max_labels: int = 8) -> None:
     """``y`` against ``x`` (bytes) for the ok runs, the Pareto front (``on_front``) as a staircase,
-    the baseline ringed, and the runs that did not finish as an x on the bottom edge."""
+    the baseline ringed, and the runs that did not finish as an x on the bottom edge, at the memory they
+    had reached (one with no memory figure has no place on this axis: the legend counts it). Each
+    axis is logarithmic where its values span more than 20x."""
     y, ok, bad = p.y[0], df[df["ok"] & df[p.x].notna()], df[~df["ok"]]
     div, unit = fmt.scale("bytes", df[p.x])
     size = 60 if len(ok) <= 50 else 25 if len(ok) <= 1000 else 8
@@ -548,9 +555,16 @@ def scatter(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale, max_labels: int = 8)
     log = bool(len(xs) and xs.min() > 0 and xs.max() / xs.min() > 20)  # else the lean end is squashed
     ax.set_xscale("log" if log else "linear")
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    # the same for tokens/s: 226 to 24k on a linear axis put four configs' points, and their names, in a heap
+    # on the bottom edge, where a name could only go next to a neighbour's point
+    ys = ok[y].dropna()
+    log_y = bool(len(ys) and ys.min() > 0 and ys.max() / ys.min() > 20)
+    ax.set_yscale("log" if log_y else "linear")
     ax.yaxis.set_major_formatter(EngFormatter(sep=""))
+    ax.yaxis.set_minor_formatter(NullFormatter())
     ax.margins(0.1)
-    ax.set_ylim(bottom=max(0.0, ax.get_ylim()[0]))
+    if not log_y:
+        ax.set_ylim(bottom=max(0.0, ax.get_ylim()[0]))
     ax.set_xlabel(f"peak memory, allocated ({unit}{', log scale' if log else ''})")
     # names in order of priority, for _place_labels: the baseline, the front fastest first, the rest
     named = pd.concat([base, front.sort_values(y, ascending=False), ok.sort_values(y, ascending=False)])
@@ -565,13 +579,13 @@ def scatter(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale, max_labels: int = 8)
         ax.annotate(
             text, (r[p.x] / div, r[y]), (x, dy), "data", "offset points", ha=ha, va="bottom", gid=POINT_LABEL, **kw
         )
-    if len(bad):  # at the memory it had reached, else at the largest memory shown
+    if len(bad):  # an x on the bottom edge at the memory it had reached; one with no memory figure has no place
         what = "did not finish: " + ", ".join(f"{c} {status}" for status, c in bad["status"].value_counts().items())
-        x, edge = (
-            (bad[p.x] / div).fillna(xs.max() if len(xs) else 1.0),
-            blended_transform_factory(ax.transData, ax.transAxes),
-        )
-        ax.plot(x, np.full(len(bad), 0.03), transform=edge, color=BAD, **CROSS, label=what)
+        if unplaced := int(bad[p.x].isna().sum()):
+            what += f" ({'' if unplaced == len(bad) else f'{unplaced} '}not drawn: no memory figure)"
+        x, edge = (bad[p.x] / div).dropna(), blended_transform_factory(ax.transData, ax.transAxes)
+        # out of the layout: with no mark it sat at the figure's origin and pushed the axes up (a legend entry alone)
+        ax.plot(x, np.full(len(x), 0.03), transform=edge, color=BAD, **CROSS, label=what, in_layout=False)
 
 
 def heatmap(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale) -> Any:
