@@ -70,13 +70,14 @@ def per_config(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per config (the runs of a sweep that share ``config_hash``), in order of first run.
 
     ``throughput_per_s`` is the median over the config's ok runs and ``throughput_per_s_lo``/``_hi`` their
-    range (with one ok run: its throughput at the p90 and p10 step time); ``runs``, ``ok_runs``
+    range (with one ok run: its throughput scaled to its p90 and p10 step time); ``runs``, ``ok_runs``
     and ``noisy_runs`` count them, the last by their stored ``noisy`` flag; ``numerics_runs``: the ok
     runs with ``numerics_warning``, so that a repeat that blew up shows whichever run stands for the
     config; ``repeats_disagree``: their
     tokens/s spread as much (:func:`metrics.noisy_iqr`); ``noisy``: either, as the summary flags it. Every
-    other column is that of one run, the ok run nearest the median, whose stages, kernels and loss
-    the detail charts draw: the figures of a row belong together. Repeats share their stored speedup.
+    other column is that of one run, the ok run nearest the median (on a tie, as two repeats always
+    are, the earlier run), whose stages, kernels and loss the detail charts draw: the figures of a row
+    belong together. Repeats share their stored speedup.
     Config-level columns besides: ``statuses`` ("ok", or "2 ok, 1 failed"), ``first_job_num``,
     ``unsettled`` (an ok run never reached steady state) and ``ok_run_ids`` (a tuple, for resampling).
     """
@@ -102,7 +103,9 @@ def per_config(runs: pd.DataFrame) -> pd.DataFrame:
     c = c.loc[key].set_axis(runs.index)
     rank = runs.assign(
         _first=runs.index.to_series().groupby(key).transform("min"),
-        _far=(ok - c["median"]).abs().fillna(np.inf),
+        # relative and rounded: two repeats lie equally far from their median, and the last bit of a
+        # float picked either one (the later repeat for one config, the earlier for the next)
+        _far=((ok - c["median"]).abs() / c["median"].abs()).round(9).fillna(np.inf),
         _status=runs["status"].map(STATUS_ORDER.index),
     )
     chosen = rank.sort_values(["_first", "_far", "_status"], kind="stable").drop_duplicates("_first").index

@@ -332,7 +332,7 @@ def throughput_range(
     step_time_ms_p10: ArrayLike,
     step_time_ms_p90: ArrayLike,
 ):
-    """(``_lo``, ``_hi``): the run's throughput as it would be at its p90 and at its p10 step time,
+    """(``_lo``, ``_hi``): the run's throughput scaled to its p90 and to its p10 step time,
     i.e. how steady the measured steps were (not a standard error). Scaled from the headline (the
     measured window's tokens over its wall time), so the range always holds it: taken from tokens
     per step over the step times alone, the time between steps put the headline below its range."""

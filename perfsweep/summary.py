@@ -216,8 +216,8 @@ def numerics_cell(warning: Any, why: str, flagged: int, ok_runs: int) -> str:
 def format_summary(runs: pd.DataFrame, swept: Sequence[str] = ()) -> str:
     """A compact table, one row per config (:func:`perfsweep.configs.per_config`: repeats
     combined, as the report shows them): only the axes that vary, tokens/s (samples/s for models
-    that count samples), the median step time
-    with its IQR and CV, the speedup over the baseline with its 95% interval (or "no measurable
+    that count samples; with repeats, their median and range), the median step time
+    with its IQR and CV (with repeats, of the one nearest their median), the speedup over the baseline with its 95% interval (or "no measurable
     difference"), memory in MiB; ``!`` marks a noisy config, ``~`` one whose step time never
     settled in warmup. ``swept``: the grid's override keys, whose axes are shown even where the runs
     stored so far do not differ in them (a sweep stopped after one job)."""
@@ -230,7 +230,13 @@ def format_summary(runs: pd.DataFrame, swept: Sequence[str] = ()) -> str:
         out["runs"] = per["runs"]
     out["status"] = per["statuses"]
     rate = f"{metrics.rate_unit(runs['tokens_per_s'], runs['samples_per_s'])}/s"
-    out[rate] = per["throughput_per_s"].map(lambda v: f"{v:,.0f}" if pd.notna(v) else "-")
+    repeats = per["ok_runs"] > 1  # a config's repeats: their median, and their range beside it
+    out[rate] = [
+        "-" if pd.isna(v) else f"{v:,.0f}" + (f" ({lo:,.0f}-{hi:,.0f})" if several else "")
+        for v, lo, hi, several in zip(
+            per["throughput_per_s"], per["throughput_per_s_lo"], per["throughput_per_s_hi"], repeats, strict=True
+        )
+    ]
     iqr = metrics.iqr_fraction(per["step_time_ms_iqr"], per["step_time_ms_median"]).fillna(0.0)
     out["step ms (IQR, CV)"] = [
         f"{m:.1f} ({q:.0%}, {cv:.0%}){'!' if noisy else ''}{'~' if unsettled else ''}" if pd.notna(m) else "-"
@@ -302,6 +308,11 @@ def format_summary(runs: pd.DataFrame, swept: Sequence[str] = ()) -> str:
             "numerics: the loss was NaN or infinite at measured steps (the training blew up: its speed is not that "
             "of one that works), left the tolerance of its FP32-eager twin (names.LOSS_TOLERANCE) from the step "
             "shown, or fp16's GradScaler skipped measured steps; see runs.loss_max_rel_diff"
+        )
+    if repeats.any():
+        notes.append(
+            f"{rate} of a config with repeats: their median (their range); its step ms (IQR, CV), memory and the "
+            "rest: the repeat nearest that median (on a tie, the earlier)"
         )
     if per["unsettled"].any():
         notes.append("~ the step time never settled in warmup (steps.max_warmup or steps.max_warmup_s reached)")

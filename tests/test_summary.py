@@ -357,3 +357,25 @@ def test_the_table_shows_the_model_when_the_sweep_compares_models(tmp_path: Path
     header, *rows = summary.format_summary(summary.summary_frame(engine, sid)).splitlines()
     assert header.split()[:2] == ["job", "model"], header
     assert [r.split()[1] for r in rows[:2]] == ["tiny", "gpt2_small"]
+
+
+def test_repeats_show_their_range_and_the_earlier_of_two_equally_near_runs(tmp_path: Path):
+    """Two repeats lie equally far from their median: the row's step time came from either, by the
+    last bit of a float (a review saw 11,576 tokens/s beside one repeat's 20.3 ms). It is the earlier
+    run's now, whatever the figures, and the median is shown with the repeats' range."""
+    rows = []
+    for grid, (first, second) in enumerate(((1294.0, 21857.0), (3000.0, 1000.0), (0.1, 0.3))):
+        for rep, (tps, ms) in enumerate(((first, 40.0 + grid), (second, 90.0 + grid))):
+            rows.append(
+                {"config_hash": f"C{grid}", "grid_index": grid, "batch": 4 * (grid + 1), "repeat_index": rep}
+                | {"tokens_per_s": tps, "step_time_ms_median": ms}
+            )
+    engine, sid = _sweep(tmp_path, rows)
+    df = summary.summary_frame(engine, sid)
+    text = summary.format_summary(df)
+    lines = {line.split()[0]: line for line in text.splitlines()[1:] if line.split() and line.split()[0].isdigit()}
+    assert "11,576 (1,294-21,857)" in lines["1"] and " 40.0 (" in lines["1"]
+    assert "2,000 (1,000-3,000)" in lines["3"] and " 41.0 (" in lines["3"]
+    assert " 42.0 (" in lines["5"]
+    assert "the repeat nearest that median (on a tie, the earlier)" in text
+    engine.dispose()

@@ -56,7 +56,10 @@ TOP_BARS = 30
 """Most configs a bar chart shows; larger sweeps show the fastest ones (plus the baseline)."""
 TOP_TABLE = 50
 """Most rows of the report.md table; runs.csv always has every run."""
-RANGE = "the range over its repeats, or for a config with one run the throughput at its p90 and p10 step time"
+RANGE = (
+    "the range over its repeats, or for a config with one run its tokens/s scaled by its median step time over its "
+    "p90 and over its p10 step time"
+)
 """What a config's tokens/s range (whisker) is, in report.md, compare.md and the captions."""
 REPEATS = f"; the repeats' tokens/s disagree (IQR/median > {NOISY_IQR_FRACTION:.0%})"
 INTERVALS = (
@@ -184,7 +187,7 @@ THROUGHPUT = ChartSpec(
         Panel(
             TOKENS,
             title="label: speedup vs the baseline (95% interval); whisker: range over repeats, or for one run the "
-            "throughput at its p90..p10 step time",
+            "throughput scaled to its p90..p10 step time",
             color=_speedup_colors,
             text=_speedup_text,
             err=(("throughput_per_s_lo", "throughput_per_s_hi"),),
@@ -312,7 +315,7 @@ FACTORS = ChartSpec(
     side_by_side=True,
     legend=(("helps", charts.GOOD), ("hurts", charts.BAD), (metrics.NO_DIFFERENCE, charts.LIGHT)),
     caption="Design-of-experiments effects from ok runs: main effect = mean with the axis on minus mean with it "
-    "off; A x B = two-factor interaction (how much the effect of A changes with B, coded -1/+1), its bar faded in "
+    "off; A x B = two-factor interaction (half the change in the effect of A between B off and B on, coded -1/+1), its bar faded in "
     "the same colours; bars are % of the overall mean, absolute values in brackets. Tokens/s effects carry 95% bootstrap intervals (whiskers; over "
     "repeats when every config has them, else over measured steps in blocks); light blue: the interval contains 0, "
     f'"{metrics.NO_DIFFERENCE}".{{computed}}{{caution}}',
@@ -621,24 +624,31 @@ def intervals_md(report: Report) -> str:
     return INTERVALS + ("" if has.all() else f" {(~has).sum()} without stored steps or repeats have none.")
 
 
+def _spread(r: Any) -> str:
+    """A config's tokens/s range in brackets (:data:`RANGE`), for the headline: none, where it has none."""
+    text = fmt.span(r["throughput_per_s_lo"], r["throughput_per_s_hi"])
+    return "" if text == "-" else f" (range {text})"
+
+
 def headline_md(report: Report) -> list[str]:
+    """The report's first lines: the baseline, the fastest and the leanest config, each tokens/s with
+    its range, and what a reader must know before trusting them (failures, numerics, noise)."""
     configs, lines = report.configs, []
     ok, bad, base = configs[configs["ok"]], configs[configs["status"] != "ok"], configs[configs["is_baseline"]]
     flag = " (numerics warning: see Numerics below)"  # a training that blew up is no baseline and no win
-    for b in base.itertuples():
-        tokens, memory = fmt.num(b.throughput_per_s), fmt.mem(b.peak_mem_bytes)
+    for _, b in base.iterrows():
+        tokens, memory = f"{fmt.num(b['throughput_per_s'])} tokens/s{_spread(b)}", fmt.mem(b["peak_mem_bytes"])
         lines.append(
-            f"- **Baseline:** {b.label} ({report.baseline}): {tokens} tokens/s, peak memory {memory}"
-            + (flag if b.numerics_runs else "")
+            f"- **Baseline:** {b['label']} ({report.baseline}): {tokens}, peak memory {memory}"
+            + (flag if b["numerics_runs"] else "")
             + "."
         )
     if len(ok) > 1:
         fast = ok.loc[ok["throughput_per_s"].idxmax()]
         speed = fmt.speedup(fast["speedup"], fast["speedup_ci_lo"], fast["speedup_ci_hi"])
         lines.append(
-            f"- **Fastest:** {fast['label']}: {fast['throughput_per_s']:,.0f} tokens/s, {speed} vs the baseline"
-            + (flag if fast["numerics_runs"] else "")
-            + "."
+            f"- **Fastest:** {fast['label']}: {fast['throughput_per_s']:,.0f} tokens/s{_spread(fast)}, {speed} vs the "
+            "baseline" + (flag if fast["numerics_runs"] else "") + "."
         )
         if ok["peak_mem_bytes"].notna().any():
             lean = ok.loc[ok["peak_mem_bytes"].idxmin()]

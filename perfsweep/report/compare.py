@@ -205,7 +205,7 @@ A = {a} is compared with the reference B = {b}. Configs are matched on {", ".joi
 change = tokens/s of A / tokens/s of B - 1, with its 95% bootstrap interval: over repeats when both configs have \
 them, else over measured steps resampled in blocks. A change whose interval contains 0 is **{metrics.NO_DIFFERENCE}**. \
 Runs with no stored steps have no interval: there the throughput ranges decide (range: over a config's repeats, or \
-for one run the throughput at its p90 and p10 step time).
+for one run its tokens/s scaled to its p90 and p10 step time).
 
 **{len(cmp)} config{"s" if len(cmp) != 1 else ""}:** {counts}.{scope}
 
