@@ -440,7 +440,7 @@ def reserve_sweep(url: str, sweep_dir: str, name: str, **fields: Any) -> int:
 
     def hint(exc: Exception) -> str:
         if "://" not in url:  # a path, as --db takes: the config wants a URL
-            return f"; a SQLite file is given as a URL: db.url=sqlite:///{os.path.abspath(url)}"
+            return f"; a SQLite file is given as a URL: db.url={store.sqlite_url(os.path.abspath(url))}"
         return store.write_hint(url, exc)
 
     folder = path.absolute().parent if (path := store.sqlite_file(url)) is not None else None

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, unquote
 
 from sqlalchemy import (
     JSON,
@@ -43,8 +44,8 @@ from sqlalchemy import (
     text,
     update,
 )
-from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.engine import URL, Engine, make_url
+from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
 
 from perfsweep.cli import UserError, first_line
@@ -526,9 +527,16 @@ DEFAULT_DB_ARG = "sqlite:///./results.db"
 """``--db`` of the commands that read or import: results.db in the current directory."""
 
 
+def sqlite_url(path: str | Path) -> str:
+    """The ``sqlite:///`` URL of the file at ``path``. SQLAlchemy reads a URL as a URL: ``%41`` in
+    it is ``A`` and ``?`` starts its options, so a file named ``pct%41.db`` given as a path was
+    written as ``pctA.db``; those two characters are escaped."""
+    return "sqlite:///" + str(path).replace("%", "%25").replace("?", "%3F")
+
+
 def default_url(launch_dir: str | Path) -> str:
     """Where a sweep writes when ``db.url`` is not set: results.db in the launch directory."""
-    return f"sqlite:///{Path(launch_dir).resolve() / 'results.db'}"
+    return sqlite_url(Path(launch_dir).resolve() / "results.db")
 
 
 def url_from_arg(db: str) -> str:
@@ -540,7 +548,7 @@ def url_from_arg(db: str) -> str:
         return db
     if "://" in db:
         return db
-    return f"sqlite:///{Path(db).expanduser().resolve()}"
+    return sqlite_url(Path(db).expanduser().resolve())
 
 
 _SQLITE_PERMISSION_ERRORS = ("readonly", "read-only", "unable to open database file")
@@ -560,7 +568,10 @@ def sqlite_file(url: str) -> Path | None:
     another database."""
     if not url.startswith("sqlite:///"):
         return None
-    return Path(url.removeprefix("sqlite:///").split("?")[0])
+    try:
+        return Path(make_url(url).database or "")  # as SQLAlchemy opens it: %XX decoded, options left out
+    except ArgumentError:
+        return Path(url.removeprefix("sqlite:///").split("?")[0])
 
 
 def existing_url(db: str) -> str:
@@ -650,11 +661,21 @@ def connect_read_only(url: str) -> Engine:
     PostgreSQL: every transaction of the session is read-only. The schema is not upgraded.
     """
     if (path := sqlite_file(url)) is not None:
-        flag = "mode=ro" if Path(f"{path}-wal").exists() else "immutable=1"
-        return create_engine(f"sqlite:///file:{path}?{flag}&uri=true")
+        flag = {"mode": "ro"} if Path(f"{path}-wal").exists() else {"immutable": "1"}
+        return create_engine(URL.create("sqlite", database=file_uri(path), query={**flag, "uri": "true"}))
     if url.startswith("postgresql"):
-        return create_engine(url, connect_args={"options": "-c default_transaction_read_only=on"})
+        # standard strings: a server set to read a backslash in '...' as an escape would quote text
+        # that perfsweep.query's check reads as unquoted
+        options = "-c default_transaction_read_only=on -c standard_conforming_strings=on"
+        return create_engine(url, connect_args={"options": options})
     return create_engine(url)
+
+
+def file_uri(path: Path | str) -> str:
+    """``file:`` and ``path`` as SQLite's URI filenames take it: escaped, so that a ``%41`` in a
+    file's name is not read as ``A`` (another file, read without a word), nor a ``#`` as the end
+    of the name (an empty file ``res`` was created for ``res#1.db``, and the read-only flag lost)."""
+    return f"file:{quote(str(path))}"
 
 
 def display_url(engine: Engine) -> str:
@@ -662,7 +683,7 @@ def display_url(engine: Engine) -> str:
     URI back to ``sqlite:///path``, a password hidden."""
     url = engine.url
     if url.get_backend_name() == "sqlite" and (url.database or "").startswith("file:") and url.query.get("uri"):
-        return f"sqlite:///{url.database.removeprefix('file:')}"
+        return sqlite_url(unquote(url.database.removeprefix("file:")))
     return url.render_as_string(hide_password=True)
 
 
@@ -770,7 +791,7 @@ def file_damage(url: str) -> str | None:
 
     try:
         flag = "mode=ro" if Path(f"{path}-wal").exists() else "immutable=1"  # as connect_read_only: read-only media
-        con = sqlite3.connect(f"file:{path}?{flag}", uri=True, timeout=30)
+        con = sqlite3.connect(f"{file_uri(path)}?{flag}", uri=True, timeout=30)
         try:
             problems = [str(r[0]) for r in con.execute("PRAGMA quick_check(3)")]
         finally:

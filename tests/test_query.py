@@ -28,6 +28,12 @@ WRITES = [
     # reading keywords that can still write on PostgreSQL: only the read-only session stops them
     "WITH gone AS (DELETE FROM runs RETURNING id) SELECT * FROM gone",
     "EXPLAIN ANALYZE DELETE FROM runs",
+    # text the server quotes differently from a plain '...': a check that read it as quoted hid the
+    # rest, and on PostgreSQL the read-only session was ended and a write committed
+    "select $$'$$ as a; rollback; begin read write; delete from runs; commit; select $$'$$ as b",
+    "select $q$'$q$ as a; commit; set default_transaction_read_only = off; delete from runs; commit",
+    "select E'\\'' as a; rollback; begin read write; delete from runs; commit; select ''''",
+    "select 1 /* nested /* */ ; delete from runs",
 ]
 
 
@@ -191,6 +197,37 @@ def test_sqlite_file_is_untouched_by_a_query(tmp_path: Path):
     )
     assert proc.returncode == 0 and proc.stdout.split() == ["n", "1"], proc.stderr
     assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in tmp_path.iterdir()} == files
+
+
+def test_reads_as_written_run(db, capsys):
+    """Valid reads the check once refused or SQLAlchemy mangled: no space after the keyword, a
+    parenthesised query, and ':x' in quoted text (taken for a bind parameter: a traceback)."""
+    reads = ("select*from runs", "values(1),(2)", *(["(select batch from runs)"] if "://" in db else []))
+    for sql in reads:  # (SQLite has no parenthesised statement)
+        assert main([sql, "--db", db, "--format", "csv"]) == 0, capsys.readouterr().err
+        assert len(capsys.readouterr().out.strip().splitlines()) == 3
+    quoted = "select 'ratio :x' as s" + (", $$a;b$$ as t" if "://" in db else "")  # dollar quotes: PostgreSQL's
+    assert main([quoted, "--db", db]) == 0, capsys.readouterr().err
+    assert "ratio :x" in capsys.readouterr().out
+
+
+def test_a_file_named_with_url_characters_is_the_file_read(tmp_path: Path, capsys):
+    """SQLite's URI filenames decode %XX and end at '#': 'pct%41.db' was read as 'pctA.db' (another
+    file, without a word) and 'res#1.db' as a new empty 'res' file, created by a read. Given as a
+    path, 'pct%41.db' was also written as 'pctA.db' (SQLAlchemy decodes the URL made of it)."""
+    for name, other in (("pct%41.db", "pctA.db"), ("res#1.db", None)):
+        for file, batch in ((name, 7), (other, 99)):
+            if file:
+                engine = store.connect(store.url_from_arg(str(tmp_path / file)))
+                store.save_run(engine, run_row(store.get_or_create_sweep(engine, "/s", "s"), batch=batch))
+                engine.dispose()
+        assert main(["select batch from runs", "--db", str(tmp_path / name), "--format", "csv"]) == 0
+        assert capsys.readouterr().out.split() == ["batch", "7"]
+        assert not (tmp_path / "res").exists()
+        engine = read_only_engine(str(tmp_path / name))
+        assert store.display_url(engine) == store.url_from_arg(str(tmp_path / name))
+        engine.dispose()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pct%41.db", "pctA.db", "res#1.db"]
 
 
 def test_bad_database_and_bad_sql(tmp_path: Path):
