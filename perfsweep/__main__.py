@@ -202,14 +202,23 @@ SUBCOMMANDS = {
 
 
 def _subcommand(name: str, argv: list[str]) -> int:
-    """Run ``perfsweep NAME ...``; output piped into ``head`` that stops reading ends it quietly."""
+    """Run ``perfsweep NAME ...``; output piped into ``head`` that stops reading ends it quietly, and
+    Ctrl-C or SIGTERM in one line (a report's files are replaced whole or not at all:
+    perfsweep.report.build.publishing), exit 130 or 143, as a stopped sweep ends."""
     import importlib
 
+    interrupts.install()  # SIGTERM unwinds as Ctrl-C does (interrupts.Terminated), as in a sweep
     try:
-        return importlib.import_module(SUBCOMMANDS[name]).main(argv)
+        with interrupts.unmasked():
+            return importlib.import_module(SUBCOMMANDS[name]).main(argv)
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
         return 1
+    except KeyboardInterrupt as exc:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second one would only cut this line short
+        terminated = isinstance(interrupts.first_cause(exc), interrupts.Terminated)
+        print(f"perfsweep {name}: {'terminated (SIGTERM)' if terminated else 'interrupted'}", file=sys.stderr)
+        return 128 + (signal.SIGTERM if terminated else signal.SIGINT)
 
 
 def _hint(exc: BaseException) -> str | None:

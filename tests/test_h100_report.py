@@ -111,3 +111,33 @@ def test_runs_stored_before_launch_attribution_get_no_gpu_stage_panel(tmp_path: 
     title = chart.figure.get_suptitle().replace("\n", " ")
     assert "no GPU time: stored by a perfsweep that missed backward's kernels; perfsweep trace gives it" in title
     assert "older than the busy-time columns" in rep.charts["gpu"].skipped
+
+
+def test_ctrl_c_while_a_report_is_drawn_leaves_the_one_there_whole(tmp_path: Path):
+    """A report was written in place, a PNG at a time: a Ctrl-C while one was drawn left it missing
+    or cut short (124 bytes), under the old report.md that showed it. Now the old report stays,
+    byte for byte, nothing half-written is left, and the command says so in one line, exit 130."""
+    import hashlib
+    import signal
+    import time
+
+    from tests.util import finish, run_perfsweep, start_perfsweep
+
+    db = build_h100_db(tmp_path / "results.db").removeprefix("sqlite:///")
+    out = tmp_path / "rep"
+    done = run_perfsweep(["report", "--db", db, "--sweep", "1", "--out", str(out)], tmp_path)
+    assert done.returncode == 0, done.stderr
+    before = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in out.iterdir()}
+    assert {"report.md", "gpu.png", "throughput.png"} <= set(before)
+    proc = start_perfsweep(["report", "--db", db, "--sweep", "1", "--out", str(out)], tmp_path)
+    deadline = time.monotonic() + 60
+
+    def drawing() -> bool:  # a new chart is being written (or, written in place, an old one is gone)
+        return bool(list(out.glob(".perfsweep-writing-*/*.png"))) or any(not (out / n).exists() for n in before)
+
+    while not drawing() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, err = finish(proc, timeout=60)
+    assert proc.returncode == 130 and err.strip() == "perfsweep report: interrupted", (proc.returncode, err)
+    assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in out.iterdir()} == before

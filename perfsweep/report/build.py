@@ -12,6 +12,10 @@ lists the charts it left out and why, so a missing picture is never a silent fai
 from __future__ import annotations
 
 import hashlib
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -22,7 +26,7 @@ from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 from sqlalchemy.engine import Engine
 
-from perfsweep import metrics, store
+from perfsweep import interrupts, metrics, store
 from perfsweep.cli import UserError, first_line
 from perfsweep.configs import (
     SAMPLES_ONLY_WHERE,
@@ -379,11 +383,34 @@ def make_report(
     return report
 
 
-def write_report(report: Report, out_dir: Path) -> Path:
-    """PNGs, report.md and runs.csv into ``out_dir``; stale PNGs of now-skipped charts are removed."""
+@contextmanager
+def publishing(out_dir: Path, stale: Iterable[str] = ()) -> Iterator[Path]:
+    """A folder to write a report's files into; when the block ends, they replace those of the same
+    name in ``out_dir`` and the ``stale`` files there are removed, with Ctrl-C held for those few
+    renames: ``out_dir`` holds the old report or the new one, whole. Written in place, a Ctrl-C
+    while a chart was drawn left it missing or cut short (124 bytes of a PNG), under the old
+    report.md that showed it. Other files in ``out_dir`` (``--out slides/``) stay as they are."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".perfsweep-writing-", dir=out_dir) as tmp:  # same filesystem
+        yield Path(tmp)
+        with interrupts.held("perfsweep: saving the report's files; stopping after that"):
+            for name in stale:
+                (out_dir / name).unlink(missing_ok=True)
+            for path in sorted(Path(tmp).iterdir()):
+                os.replace(path, out_dir / path.name)
+
+
+def write_report(report: Report, out_dir: Path) -> Path:
+    """PNGs, report.md and runs.csv into ``out_dir`` (:func:`publishing`); the PNGs of charts
+    skipped now are removed."""
+    skipped = [chart.file for chart in report.charts.values() if chart.figure is None]
+    with publishing(out_dir, skipped) as new:
+        _write_files(report, new)
+    return out_dir
+
+
+def _write_files(report: Report, out_dir: Path) -> None:
     for chart in report.charts.values():
-        (out_dir / chart.file).unlink(missing_ok=True)
         if chart.figure is not None:
             charts.save(chart.figure, out_dir / chart.file)
     front = ["id", "sweep_id", "label", "status", "tokens_per_s", "samples_per_s", "throughput_per_s_lo"]
@@ -396,7 +423,6 @@ def write_report(report: Report, out_dir: Path) -> Path:
     columns = front + [c for c in report.runs if c not in front and c != "ok"]
     report.runs[columns].to_csv(out_dir / "runs.csv", index=False)
     (out_dir / "report.md").write_text(report_md(report))
-    return out_dir
 
 
 def default_out_dir(

@@ -23,7 +23,7 @@ from perfsweep.cli import UserError
 from perfsweep.configs import CONFIG_AXES, config_labels, label_axes, per_config, setting_columns, throughputs
 from perfsweep.names import NOISY_IQR_FRACTION
 from perfsweep.report import charts, fmt
-from perfsweep.report.build import default_out_dir, stored_rules
+from perfsweep.report.build import default_out_dir, publishing, stored_rules
 from perfsweep.report.charts import ChartSpec, Panel
 from perfsweep.results import load_child, load_sweep_runs
 
@@ -135,20 +135,19 @@ def build_compare(engine: Engine, a: int, b: int, out_dir: Path | None = None, w
         if out_dir is not None
         else default_out_dir(sweeps, a, f"compare_vs_{b}", f"compare_{a}_vs_{b}", variant=where or None)
     )
-    out.mkdir(parents=True, exist_ok=True)
     names = {s: f"sweep {s} ({sweeps.loc[sweeps['id'] == s, 'name'].iloc[0]})" for s in (a, b)}
     shown, note = cmp[~cmp["verdict"].isin(["only in A", "only in B"])], f"A: {names[a]}, B: {names[b]}"
     if len(shown) > TOP_COMPARE:
         shown = shown.loc[shown["change_pct"].abs().sort_values(ascending=False).index[:TOP_COMPARE]]
         note += f"; {TOP_COMPARE} largest changes of {len(cmp):,} configs"
-    (out / "compare.png").unlink(missing_ok=True)
-    if not shown.empty:
-        charts.save(
-            charts.draw(charts.for_rate(COMPARE, rate), shown.reset_index(drop=True), note), out / "compare.png"
-        )
-    md = compare_md(cmp, sides[a], sides[b], names[a], names[b], not shown.empty, where)
-    (out / "compare.md").write_text(fmt.for_rate(md, rate))  # its texts say tokens/s
-    cmp.to_csv(out / "compare.csv", index=False)
+    with publishing(out, [] if not shown.empty else ["compare.png"]) as new:
+        if not shown.empty:
+            charts.save(
+                charts.draw(charts.for_rate(COMPARE, rate), shown.reset_index(drop=True), note), new / "compare.png"
+            )
+        md = compare_md(cmp, sides[a], sides[b], names[a], names[b], not shown.empty, where)
+        (new / "compare.md").write_text(fmt.for_rate(md, rate))  # its texts say tokens/s
+        cmp.to_csv(new / "compare.csv", index=False)
     log.info("compare of sweep %s vs %s: %s", a, b, out)
     return out
 
