@@ -52,8 +52,9 @@ def search_label(overrides: object) -> str:
 
 def resolve_sweep(engine: Engine, spec: str | int | None, option: str = "--sweep") -> int:
     """Sweep id for ``spec``: an id, a sweeps.name (latest with that name), or None for the latest
-    sweep with runs (one stopped or refused before its first job has none to show)."""
-    sweeps = load_sweeps(engine)
+    sweep with runs (one stopped or refused before its first job has none to show). Reads ids and
+    names alone, which every schema revision has: ``perfsweep resume`` asks before it upgrades."""
+    sweeps = pd.read_sql_query("SELECT id, name FROM sweeps ORDER BY id", engine)
     if sweeps.empty:
         raise UserError(f"{option}: the database has no sweeps yet")
     spec = None if spec is None else str(spec).strip()

@@ -67,38 +67,37 @@ def main(argv: list[str] | None = None) -> int:
         "(ok or not) but whose end the database refused; a single run is closed so without it",
     )
     args = parser.parse_args(argv)
+    url = None
     try:
         url = store.existing_url(args.db)
         probe = store.connect_read_only(url)
-        try:  # an empty or foreign file is not given a schema only to be told it holds no sweep
+        try:  # an empty or foreign file is not given a schema only to be told it holds no sweep, nor
+            # is a database upgraded, or its dead runs marked, for a sweep it does not hold
             if store.schema_revision(probe) is None:
                 raise UserError(f"--db {args.db}: not a perfsweep results database (no schema version)")
+            try:
+                sweep_id = resolve_sweep(probe, args.sweep, "SWEEP")
+            except UserError as exc:
+                raise UserError(
+                    f"{exc}; list them with: perfsweep query 'select id, name, status, created_at from sweeps' "
+                    f"--db {args.db}"
+                ) from None
         finally:
             probe.dispose()
         with waiting_for_database(url):  # marks runs of dead processes interrupted first
             engine = store.connect(url)  # (and upgrades an older schema)
+        try:
+            with store.session(engine) as s:
+                sweep = s.scalar(select(store.Sweep).where(store.Sweep.id == sweep_id))
+        finally:
+            engine.dispose()
     except UserError as exc:
         print(f"perfsweep resume: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # noqa: BLE001 - the driver's first line says what
-        print(
-            f"perfsweep resume: cannot open --db {args.db}: {first_line(exc)}{store.write_hint(url, exc)}",
-            file=sys.stderr,
-        )
+        hint = store.write_hint(url, exc) if url else ""
+        print(f"perfsweep resume: cannot open --db {args.db}: {first_line(exc)}{hint}", file=sys.stderr)
         return 2
-    try:
-        sweep_id = resolve_sweep(engine, args.sweep, "SWEEP")
-        with store.session(engine) as s:
-            sweep = s.scalar(select(store.Sweep).where(store.Sweep.id == sweep_id))
-    except UserError as exc:
-        print(
-            f"perfsweep resume: {exc}; list them with: "
-            f"perfsweep query 'select id, name, status, created_at from sweeps' --db {args.db}",
-            file=sys.stderr,
-        )
-        return 2
-    finally:
-        engine.dispose()
     if sweep.status == "running":
         print(
             f"perfsweep resume: sweep {sweep.id} is still running (pid {sweep.pid} on {sweep.hostname}); "

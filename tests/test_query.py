@@ -398,3 +398,27 @@ def test_records_gives_plain_rows_and_writes_nothing(db):
     with pytest.raises(QueryError):
         records(db, "DELETE FROM runs")
     assert snapshot(db) == before
+
+
+def test_a_refused_resume_changes_nothing(tmp_path: Path, capsys):
+    """``resume`` of a sweep the database does not hold upgraded an older schema (0001 to the
+    current one) and marked the runs of dead processes interrupted before it said so."""
+    import socket
+
+    from perfsweep import resume
+
+    old = tmp_path / "old.db"
+    old.write_bytes((Path(__file__).parent / "fixtures/h100/results-fp16-seed-snapshot-gpt2.db").read_bytes())
+    stale = tmp_path / "stale.db"
+    engine = store.connect(f"sqlite:///{stale}")
+    sid = store.get_or_create_sweep(engine, "/s", "s")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a pid that no process has now
+    store.save_run(engine, run_row(sid, status="running", pid=dead.pid, hostname=socket.gethostname()))
+    engine.dispose()
+    for db in (old, stale):
+        before = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in tmp_path.iterdir()}
+        assert resume.main(["nosuch", "--db", str(db)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("perfsweep resume: SWEEP nosuch: no sweep with that id or name") and "\n" not in err
+        assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in tmp_path.iterdir()} == before
