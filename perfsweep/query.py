@@ -108,6 +108,8 @@ def read_only_engine(db: str) -> Engine:
         raise QueryError(str(exc)) from None
     if not url.startswith(("sqlite:///", "postgresql")):  # only these two have a read-only session
         raise QueryError(f"--db {db}: use a SQLite file path or a postgresql:// URL")
+    if why := store.unreadable(url):
+        raise QueryError(f"--db {db}: {why}")
     try:
         return store.connect_read_only(url)
     except Exception as exc:  # noqa: BLE001 - its driver is not installed, an unparsable URL...

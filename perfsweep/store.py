@@ -833,9 +833,31 @@ class ForeignDatabase(DamagedDatabase):
     database) are fine."""
 
 
+def unreadable(url: str) -> str | None:
+    """Why SQLite cannot even open the file at ``url`` to read it, where that is no damage: a
+    file this user may not read, or a write-ahead log (``-wal``) with no index (``-shm``) in a
+    folder SQLite may not create one in (read-only media). Both read as "unable to open database
+    file", which was answered as damage: "restore it from a backup", of a healthy file."""
+    if (path := sqlite_file(url)) is None or not path.is_file():
+        return None
+    if not os.access(path, os.R_OK):
+        return f"this user may not read {path} (its permissions); read it as its owner, or a copy"
+    wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
+    if wal.exists() and not shm.exists() and not os.access(path.parent, os.W_OK):
+        return (
+            f"it has a write-ahead log ({wal.name}) but no index ({shm.name}), which SQLite must create to "
+            f"read it and cannot in the read-only folder {path.parent}; copy the file with its {wal.name} to a "
+            "writable folder and read the copy"
+        )
+    return None
+
+
 def refuse_damage(url: str, engine: Engine | None = None) -> None:
     """Raise :class:`DamagedDatabase` for the file at ``url`` (before its schema is touched) or,
-    given ``engine``, for its schema (once it is at the current revision); ``engine`` is disposed."""
+    given ``engine``, for its schema (once it is at the current revision); ``engine`` is disposed.
+    A file SQLite cannot open for want of permission is :class:`UserError` saying so (:func:`unreadable`)."""
+    if engine is None and (why := unreadable(url)):
+        raise UserError(why)
     problem = file_damage(url) if engine is None else schema_damage(engine)
     if problem:
         if engine is not None:

@@ -422,3 +422,36 @@ def test_a_refused_resume_changes_nothing(tmp_path: Path, capsys):
         err = capsys.readouterr().err.strip()
         assert err.startswith("perfsweep resume: SWEEP nosuch: no sweep with that id or name") and "\n" not in err
         assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in tmp_path.iterdir()} == before
+
+
+def test_a_log_without_its_index_on_read_only_media_is_named_not_called_damaged(tmp_path: Path):
+    """A database copied with its write-ahead log but not its index (-shm) into a folder SQLite
+    may not write: SQLite cannot open it ("unable to open database file"), and report and
+    upgrade called the healthy file damaged: "restore it from a backup"."""
+    import sqlite3
+
+    live = tmp_path / "live.db"
+    engine = store.connect(f"sqlite:///{live}")
+    store.save_run(engine, run_row(store.get_or_create_sweep(engine, "/s", "s")))
+    engine.dispose()
+    writer = sqlite3.connect(live)  # a sweep still writing: its last rows are in the log
+    writer.execute("PRAGMA wal_autocheckpoint=0")
+    writer.execute("UPDATE runs SET batch = 5")
+    writer.commit()
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    for name in ("live.db", "live.db-wal"):
+        (archive / name).write_bytes((tmp_path / name).read_bytes())
+    writer.close()
+    exe = str(Path(sys.executable).with_name("perfsweep"))
+    db = str(archive / "live.db")
+    with read_only(archive):
+        runs = [
+            subprocess.run([exe, *args, "--db", db], capture_output=True, text=True, timeout=120)
+            for args in (["query", "select batch from runs"], ["report", "--out", str(tmp_path / "r")], ["upgrade"])
+        ]
+    for r in runs:
+        err = r.stderr.strip()
+        assert r.returncode == 2 and "\n" not in err, err
+        assert "write-ahead log (live.db-wal) but no index (live.db-shm)" in err and "backup" not in err, err
+    assert sorted(p.name for p in archive.iterdir()) == ["live.db", "live.db-wal"]
