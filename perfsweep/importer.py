@@ -110,7 +110,7 @@ def import_command(url: str, sweep_dir: str | Path, files: list[Path]) -> str:
     """The command that stores ``files`` (kept in ``sweep_dir`` or its :func:`spare_folder`)."""
     spare = spare_folder(sweep_dir)
     places = [str(sweep_dir)] + ([str(spare)] if any(spare in f.parents for f in files) else [])
-    return f"perfsweep import {' '.join(places)} --db {url}"
+    return f"perfsweep import {' '.join(places)} --db {store.hide_password(url)}"
 
 
 def pending_files(url: str, sweep_dir: str) -> list[Path]:
@@ -233,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
             engine = store.connect(url, check=True)
     except Exception as exc:  # noqa: BLE001 - the driver's first line says what
         print(
-            f"perfsweep import: cannot open --db {url}: {first_line(exc)}{store.write_hint(url, exc)}", file=sys.stderr
+            f"perfsweep import: cannot open --db {store.hide_password(url)}: {first_line(exc)}{store.write_hint(url, exc)}",
+            file=sys.stderr,
         )
         return 2
     counts: dict[str, int] = {}
@@ -265,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             engine.dispose()
     summary = ", ".join(f"{n} {what}" for what, n in counts.items())
-    print(f"{len(files)} result file{'s' if len(files) != 1 else ''}: {summary} ({url})")
+    print(f"{len(files)} result file{'s' if len(files) != 1 else ''}: {summary} ({store.hide_password(url)})")
     for line in after:
         print(line)
     if counts.get("unreadable") == len(files):

@@ -434,7 +434,7 @@ def reserve_sweep(url: str, sweep_dir: str, name: str, **fields: Any) -> int:
 
     if url.startswith("sqlite") and url.split("?")[0].rstrip("/") in ("sqlite:", "sqlite:/") or ":memory:" in url:
         raise ConfigError(
-            f"invalid config: db.url={url!r}: an in-memory SQLite database dies with each job's "
+            f"invalid config: db.url={store.hide_password(url)!r}: an in-memory SQLite database dies with each job's "
             "process; give a file, e.g. db.url=sqlite:///results.db"
         )
 
@@ -449,19 +449,23 @@ def reserve_sweep(url: str, sweep_dir: str, name: str, **fields: Any) -> int:
         try:
             engine = store.connect(url, check=True)
         except store.DamagedDatabase as exc:
-            raise ConfigError(f"cannot use db.url={url!r}: {exc}") from None
+            raise ConfigError(f"cannot use db.url={store.hide_password(url)!r}: {exc}") from None
         except ModuleNotFoundError as exc:
             example = "postgresql+psycopg2://..." if url.startswith("postgresql") else "sqlite:///results.db"
             raise ConfigError(
-                f"cannot open db.url={url!r}: its driver is not installed ({exc}); install it, or name "
+                f"cannot open db.url={store.hide_password(url)!r}: its driver is not installed ({exc}); install it, or name "
                 f"an installed one in the URL (SQLite and PostgreSQL are tested: e.g. {example})"
             ) from None
         except Exception as exc:  # noqa: BLE001 - any driver error; its first line says what
-            raise ConfigError(f"cannot open db.url={url!r}: {first_line(exc)}{hint(exc)}") from None
+            raise ConfigError(
+                f"cannot open db.url={store.hide_password(url)!r}: {first_line(exc)}{hint(exc)}"
+            ) from None
         try:
             sweep_id = store.start_sweep(engine, sweep_dir, name, **fields)
         except Exception as exc:  # noqa: BLE001
-            raise ConfigError(f"cannot write to db.url={url!r}: {first_line(exc)}{hint(exc)}") from None
+            raise ConfigError(
+                f"cannot write to db.url={store.hide_password(url)!r}: {first_line(exc)}{hint(exc)}"
+            ) from None
         finally:
             engine.dispose()
     if new_folder:  # a typo in the path would otherwise scatter results into a database of its own, unsaid
@@ -595,13 +599,13 @@ def resume_points(url: str, sweep_dir: str, grid: list[tuple[int, str]], searche
         with waiting_for_database(url):
             engine = store.connect(url)
     except Exception as exc:  # noqa: BLE001 - any driver error; its first line says what
-        raise ConfigError(f"cannot open db.url={url!r}: {first_line(exc)}") from None
+        raise ConfigError(f"cannot open db.url={store.hide_password(url)!r}: {first_line(exc)}") from None
     try:
         with store.session(engine) as s:
             sweep = s.scalars(select(store.Sweep).where(store.Sweep.sweep_dir == sweep_dir)).first()
             if sweep is None:
                 raise ConfigError(
-                    f"resume=true: db.url={url!r} holds no sweep for {sweep_dir}; give the db.url the sweep "
+                    f"resume=true: db.url={store.hide_password(url)!r} holds no sweep for {sweep_dir}; give the db.url the sweep "
                     "was run with, or resume it by its id with: perfsweep resume SWEEP --db DB"
                 )
             rows = s.execute(
@@ -626,7 +630,7 @@ def resume_points(url: str, sweep_dir: str, grid: list[tuple[int, str]], searche
     if (n_jobs is not None and n_jobs != len(grid)) or other:
         raise ConfigError(
             f"resume=true: the grid is not that of sweep {sweep_id} in {sweep_dir} ({n_jobs} grid points, run as: "
-            f"{command}); resume it with the same overrides, e.g. perfsweep resume {sweep_id} --db {url}, or run "
+            f"{command}); resume it with the same overrides, e.g. perfsweep resume {sweep_id} --db {store.hide_password(url)}, or run "
             "the new grid as a new sweep (without hydra.sweep.dir)"
         )
     hash_of = dict(grid)

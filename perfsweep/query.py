@@ -103,7 +103,7 @@ def check_read_only(sql: str) -> str:
 def read_only_engine(db: str) -> Engine:
     """A read-only engine for ``--db`` (a SQLite file path or URL, or a PostgreSQL URL)."""
     try:
-        url = store.existing_url(db)
+        url, db = store.existing_url(db), store.hide_password(db)
     except UserError as exc:
         raise QueryError(str(exc)) from None
     if not url.startswith(("sqlite:///", "postgresql")):  # only these two have a read-only session

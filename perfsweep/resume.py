@@ -67,20 +67,20 @@ def main(argv: list[str] | None = None) -> int:
         "(ok or not) but whose end the database refused; a single run is closed so without it",
     )
     args = parser.parse_args(argv)
-    url = None
+    url, db = None, store.hide_password(args.db)
     try:
         url = store.existing_url(args.db)
         probe = store.connect_read_only(url)
         try:  # an empty or foreign file is not given a schema only to be told it holds no sweep, nor
             # is a database upgraded, or its dead runs marked, for a sweep it does not hold
             if store.schema_revision(probe) is None:
-                raise UserError(f"--db {args.db}: not a perfsweep results database (no schema version)")
+                raise UserError(f"--db {db}: not a perfsweep results database (no schema version)")
             try:
                 sweep_id = resolve_sweep(probe, args.sweep, "SWEEP")
             except UserError as exc:
                 raise UserError(
                     f"{exc}; list them with: perfsweep query 'select id, name, status, created_at from sweeps' "
-                    f"--db {args.db}"
+                    f"--db {db}"
                 ) from None
         finally:
             probe.dispose()
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Exception as exc:  # noqa: BLE001 - the driver's first line says what
         hint = store.write_hint(url, exc) if url else ""
-        print(f"perfsweep resume: cannot open --db {args.db}: {first_line(exc)}{hint}", file=sys.stderr)
+        print(f"perfsweep resume: cannot open --db {db}: {first_line(exc)}{hint}", file=sys.stderr)
         return 2
     if sweep.status == "running":
         print(

@@ -574,11 +574,24 @@ def sqlite_file(url: str) -> Path | None:
         return Path(url.removeprefix("sqlite:///").split("?")[0])
 
 
+def hide_password(db: str) -> str:
+    """``db`` (a ``--db`` or ``db.url``) as messages show it: a URL's password as ``***``, as
+    SQLAlchemy prints one, so that an error line does not put it in a terminal's scrollback or a
+    CI log; anything else as it is."""
+    if "://" not in db:
+        return db
+    try:
+        url = make_url(db)
+    except ArgumentError:
+        return db
+    return url.render_as_string(hide_password=True) if url.password else db
+
+
 def existing_url(db: str) -> str:
     """:func:`url_from_arg` of ``db``; a missing SQLite file is an error, not a new empty file."""
     url = url_from_arg(db)
     if (path := sqlite_file(url)) is not None and str(path) != ":memory:" and not path.is_file():
-        raise UserError(f"--db {db}: database file not found ({path})")
+        raise UserError(f"--db {hide_password(db)}: database file not found ({path})")
     return url
 
 
@@ -596,7 +609,7 @@ def open_existing(db: str) -> Engine:
     A report never writes, so it works on read-only media. A database whose schema is older than
     this perfsweep is not upgraded behind the user's back: the error names the command that does.
     """
-    url = existing_url(db)
+    url, db = existing_url(db), hide_password(db)
     try:
         refuse_damage(url)
         engine = connect_read_only(url)

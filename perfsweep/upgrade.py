@@ -18,6 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from perfsweep.cli import UserError, first_line
 
+    db = store.hide_password(args.db)
     try:
         url = store.existing_url(args.db)
         store.refuse_damage(url)  # the file, before its schema revision is read
@@ -30,19 +31,15 @@ def main(argv: list[str] | None = None) -> int:
         store.refuse_damage(url, engine)  # the schema, once at the current revision
         engine.dispose()
     except store.DamagedDatabase as exc:
-        print(f"perfsweep upgrade: --db {args.db}: {exc}", file=sys.stderr)
+        print(f"perfsweep upgrade: --db {db}: {exc}", file=sys.stderr)
         return 2
     except UserError as exc:
         print(f"perfsweep upgrade: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # read-only file, server unreachable, not a database...
-        print(f"perfsweep upgrade: --db {args.db}: cannot upgrade ({first_line(exc)})", file=sys.stderr)
+        print(f"perfsweep upgrade: --db {db}: cannot upgrade ({first_line(exc)})", file=sys.stderr)
         return 2  # as every command answers a database it cannot use
-    print(
-        f"{args.db}: schema {before or '(new)'} -> {after}"
-        if before != after
-        else f"{args.db}: schema already at {after}"
-    )
+    print(f"{db}: schema {before or '(new)'} -> {after}" if before != after else f"{db}: schema already at {after}")
     return 0
 
 

@@ -455,3 +455,24 @@ def test_a_log_without_its_index_on_read_only_media_is_named_not_called_damaged(
         assert r.returncode == 2 and "\n" not in err, err
         assert "write-ahead log (live.db-wal) but no index (live.db-shm)" in err and "backup" not in err, err
     assert sorted(p.name for p in archive.iterdir()) == ["live.db", "live.db-wal"]
+
+
+def test_a_password_in_a_database_url_is_never_printed(tmp_path: Path, capsys):
+    """Every command named the URL it could not open as typed, password and all, into the terminal's
+    scrollback or a CI log; SQLAlchemy's own form hides it (``***``), as report.md already did."""
+    from perfsweep import importer, resume, upgrade
+    from perfsweep.report.__main__ import main as report_main
+
+    url = "postgresql+psycopg2://me:s3cretPW@127.0.0.1:1/results"
+    (tmp_path / "result.json").write_text('{"format": "perfsweep-result/1", "sweep": {}, "run": {}}')
+    for command, args in (
+        (main, ["select 1", "--db", url]),
+        (report_main, ["--db", url]),
+        (upgrade.main, ["--db", url]),
+        (resume.main, ["1", "--db", url]),
+        (importer.main, [str(tmp_path), "--db", url]),
+    ):
+        assert command(args) == 2
+        out = capsys.readouterr()
+        assert "s3cretPW" not in out.err + out.out, (command, out)
+        assert command is main or "me:***@127.0.0.1" in out.err, (command, out)  # query names the server alone

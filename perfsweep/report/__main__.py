@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             print(_run(engine, args, baseline))
         except (SQLAlchemyError, pd.errors.DatabaseError) as exc:  # pandas' is an OSError: not the folder's
-            raise UserError(f"--db {args.db}: cannot read it ({first_line(exc, 300)})") from None
+            raise UserError(f"--db {store.hide_password(args.db)}: cannot read it ({first_line(exc, 300)})") from None
         except OSError as exc:  # a folder that cannot be made or written (a file on its path, no permission)
             where = f"--out {args.out}" if args.out is not None else "the report folder"
             raise UserError(f"{where}: cannot write {exc.filename or ''} ({exc.strerror or exc})") from None
