@@ -23,6 +23,7 @@ import gzip
 import json
 import math
 import re
+import zlib
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,7 +148,8 @@ class TraceAnalysis:
     """``ProfilerStep#N`` ranges left out because no event started in them (a loop that ended
     before the profiler's schedule did leaves one after its last ``prof.step()``)."""
     skipped_events: int = 0
-    """Events without a usable time (missing, negative or non-finite ``ts``/``dur``): left out."""
+    """Events without a usable time (missing, negative or non-finite ``ts``/``dur``), or whose
+    process, thread or category is no number or name (a list): left out."""
     device: int | str | None = None
     """The GPU analysed (``args.device`` of its kernels); None in a trace without GPU work."""
     measured_step_ms: float | None = None
@@ -226,8 +228,10 @@ def load_events(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any],
         opener = gzip.open if gz else open
         with opener(p, "rt", encoding="utf-8") as fh:
             data = json.load(fh)
-    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError, zlib.error) as exc:  # zlib: damaged gzip
         raise TraceError(f"{p}: not a JSON trace ({type(exc).__name__}: {first_line(exc, 80)})") from None
+    except RecursionError:  # JSON nested thousands deep: no trace is
+        raise TraceError(f"{p}: not a trace (JSON nested too deep to read)") from None
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
         raise TraceError(f"{p}: JSON without a traceEvents list; is this a Chrome trace from torch.profiler?")
@@ -390,6 +394,9 @@ def analyze(
         cat, name = e.get("cat"), e.get("name")
         if not isinstance(name, str):
             name = e["name"] = ""  # a malformed event; our parsed copy only
+        if not all(isinstance(e.get(k), int | float | str | None) for k in ("cat", "pid", "tid")):
+            skipped += 1  # a list for a process or thread (a fuzzer's): it cannot be grouped by
+            continue
         try:
             ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
         except (KeyError, TypeError, ValueError):
@@ -672,7 +679,7 @@ def main(argv: list[str] | None = None) -> int:
     if analysis.skipped_events:
         print(
             f"perfsweep trace: {analysis.skipped_events} event(s) without a usable time (missing, negative or "
-            "not finite) left out",
+            "not finite), or with a list for their process, thread or category, left out",
             file=sys.stderr,
         )
     if args.json:

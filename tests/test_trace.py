@@ -326,12 +326,34 @@ def _bad_input(case: str, tmp_path: Path) -> Path:
         path = tmp_path / "cut.json.gz"
         path.write_bytes(trace_path("minigpt_seed_fp16_amp1_ckpt0").read_bytes()[:20_000])
         return path
+    if case == "corrupt_gzip":  # damaged in the middle: zlib's own error, not gzip's OSError
+        data = bytearray(trace_path("minigpt_seed_fp16_amp1_ckpt0").read_bytes())
+        data[2000:2100] = bytes(100)
+        path = tmp_path / "damaged.json.gz"
+        path.write_bytes(bytes(data))
+        return path
+    if case == "deep_nesting":
+        path = tmp_path / "deep.json"
+        path.write_text("[" * 100_000 + "]" * 100_000)
+        return path
     if case == "cpu_only":
         return _cpu_trace(tmp_path)
     return tmp_path  # a folder without a trace
 
 
-@pytest.mark.parametrize("case", ["missing", "not_json", "not_a_trace", "truncated_gzip", "cpu_only", "empty_folder"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "missing",
+        "not_json",
+        "not_a_trace",
+        "truncated_gzip",
+        "corrupt_gzip",
+        "deep_nesting",
+        "cpu_only",
+        "empty_folder",
+    ],
+)
 def test_cli_bad_input_one_line_exit_2(case, tmp_path, capsys):
     path = _bad_input(case, tmp_path)
     assert main([str(path)]) == 2
@@ -369,7 +391,8 @@ def test_stage_names_are_one_vocabulary():
 
 
 def test_malformed_events_do_not_crash(tmp_path):
-    """Null names and unhashable correlation ids are skipped over, not a traceback."""
+    """Null names and unhashable correlation ids are skipped over, not a traceback; so are events
+    whose process, thread or category is a list (they are counted as left out)."""
     ev = [
         {"ph": "X", "cat": "user_annotation", "name": None, "ts": 0, "dur": 10, "pid": 1, "tid": 1},
         {
@@ -383,9 +406,13 @@ def test_malformed_events_do_not_crash(tmp_path):
             "args": {"correlation": [1]},
         },
         {"ph": "X", "cat": "kernel", "name": None, "ts": 2, "dur": 3, "pid": 0, "tid": 7, "args": {"correlation": [1]}},
+        {"ph": "X", "cat": "kernel", "name": "k", "ts": 5, "dur": 1, "pid": [0], "tid": 7},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 5, "dur": 1, "pid": 1, "tid": [1]},
+        {"ph": "X", "cat": ["kernel"], "name": "k", "ts": 5, "dur": 1, "pid": 0, "tid": 7},
     ]
     a = analyze(_write(tmp_path / "odd.json", ev))
     assert a.gpu_kernel_ms == pytest.approx(0.003) and a.unattributed_gpu_ms == pytest.approx(0.003)
+    assert a.skipped_events == 3
 
 
 @pytest.mark.parametrize(
