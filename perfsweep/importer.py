@@ -62,7 +62,18 @@ def read_result(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         raise ValueError(f"{path}: not a perfsweep result ({exc})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ValueError(f"{path}: not a perfsweep result (no format={FORMAT!r})")
-    return doc["sweep"], doc["run"]
+    sweep, run = doc.get("sweep"), doc.get("run")
+    # what import_file reads before the database: a file short of it was a KeyError that stopped the
+    # whole import, or was blamed on the database ("the database refused the write ('sweep_dir')")
+    missing = [
+        key
+        for key, part, field in (("sweep.sweep_dir", sweep, "sweep_dir"), ("sweep.name", sweep, "name"))
+        + (("run.run_uid", run, "run_uid"),)
+        if not isinstance(part, dict) or not isinstance(part.get(field), str)
+    ]
+    if missing:
+        raise ValueError(f"{path}: not a whole perfsweep result (no {', '.join(missing)})")
+    return sweep, run
 
 
 def import_file(engine: Engine, path: Path) -> tuple[str, int]:
@@ -247,8 +258,8 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     outcome, sweep_id = import_file(engine, f)
                     touched.add(sweep_id)
-            except ValueError as exc:  # changed since it was read
-                print(f"perfsweep import: {exc}", file=sys.stderr)
+            except ValueError as exc:  # changed since it was read, or a field runs does not have
+                print(f"perfsweep import: {exc if str(exc).startswith(str(f)) else f'{f}: {exc}'}", file=sys.stderr)
                 outcome = "unreadable"
             except Exception as exc:  # noqa: BLE001 - the database refused; the file stays for a retry
                 print(

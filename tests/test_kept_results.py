@@ -320,6 +320,32 @@ def test_import_refuses_what_is_not_a_result(tmp_path: Path, capsys: pytest.Capt
     assert importer.main([str(tmp_path), "--db", str(tmp_path / "r.db")]) == 1
     out, err = capsys.readouterr()
     assert "not a perfsweep result" in err and "2 result files: 1 imported, 1 unreadable" in out, (out, err)
+    # files that say they are results and are not whole: each named and skipped, the others stored (a
+    # KeyError had stopped the whole import; an empty sweep was blamed on the database)
+    halves = {
+        "bare": {"format": importer.FORMAT},
+        "empty": {"format": importer.FORMAT, "sweep": {}, "run": {}},
+        "odd_field": None,
+    }
+    for name, doc in halves.items():
+        (tmp_path / name).mkdir()
+        if doc is None:
+            run = run_row(0, run_uid="u2") | {"no_such_column": 1}
+            importer.write_result_file(
+                tmp_path / name / "result.json", {"sweep_dir": str(tmp_path / "s"), "name": "s"}, run
+            )
+        else:
+            (tmp_path / name / "result.json").write_text(json.dumps(doc))
+    good2 = tmp_path / "job2" / "result.json"
+    good2.parent.mkdir()
+    importer.write_result_file(good2, {"sweep_dir": str(tmp_path / "s"), "name": "s"}, run_row(0, run_uid="u3"))
+    assert importer.main([str(tmp_path), "--db", str(tmp_path / "r.db")]) == 1
+    out, err = capsys.readouterr()
+    assert "6 result files: 4 unreadable, 1 already stored, 1 imported" in out, (out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 4 and all(ln.startswith(f"perfsweep import: {tmp_path}/") for ln in lines), err
+    assert "no sweep.sweep_dir, sweep.name, run.run_uid" in err and "no_such_column" in err, err
+    assert [r["run_uid"] for r in rows(tmp_path / "r.db", "SELECT run_uid FROM runs ORDER BY run_uid")] == ["u1", "u3"]
 
 
 def test_a_job_starting_while_the_database_is_down_runs_and_keeps_its_result(tmp_path: Path):
