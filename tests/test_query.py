@@ -464,7 +464,9 @@ def test_a_password_in_a_database_url_is_never_printed(tmp_path: Path, capsys):
     from perfsweep.report.__main__ import main as report_main
 
     url = "postgresql+psycopg2://me:s3cretPW@127.0.0.1:1/results"
-    importer.write_result_file(tmp_path / "result.json", {"sweep_dir": str(tmp_path), "name": "s"}, run_row(0))
+    importer.write_result_file(
+        tmp_path / "result.json", {"sweep_dir": str(tmp_path), "name": "s"}, run_row(0, run_uid="u")
+    )
     for command, args in (
         (main, ["select 1", "--db", url]),
         (report_main, ["--db", url]),
