@@ -202,7 +202,8 @@ SUBCOMMANDS = {
 
 
 def _subcommand(name: str, argv: list[str]) -> int:
-    """Run ``perfsweep NAME ...``; output piped into ``head`` that stops reading ends it quietly, and
+    """Run ``perfsweep NAME ...``; output piped into ``head`` that stops reading ends it quietly, a
+    path it cannot look at in one line (exit 2), and
     Ctrl-C or SIGTERM in one line (a report's files are replaced whole or not at all:
     perfsweep.report.build.publishing), exit 130 or 143, as a stopped sweep ends."""
     import importlib
@@ -214,6 +215,13 @@ def _subcommand(name: str, argv: list[str]) -> int:
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
         return 1
+    except OSError as exc:
+        # a path the commands could not even look at (a folder this user may not enter, a name over
+        # 255 bytes): each command answers the paths it expects to be wrong; these were a traceback
+        if exc.filename is None:
+            raise
+        print(f"perfsweep {name}: {exc.filename}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt as exc:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second one would only cut this line short
         terminated = isinstance(interrupts.first_cause(exc), interrupts.Terminated)

@@ -478,3 +478,26 @@ def test_a_password_in_a_database_url_is_never_printed(tmp_path: Path, capsys):
         out = capsys.readouterr()
         assert "s3cretPW" not in out.err + out.out, (command, out)
         assert command is main or "me:***@127.0.0.1" in out.err, (command, out)  # query names the server alone
+
+
+@pytest.mark.parametrize("command", ["query", "report", "report-out", "trace", "import", "upgrade", "resume"])
+def test_a_path_that_cannot_be_looked_at_is_one_line(command: str, tmp_path: Path):
+    """A name over 255 bytes (or a folder this user may not enter) made ``Path.exists()`` raise, and
+    each command ended in a traceback; ``upgrade`` alone answered it."""
+    long = str(tmp_path / ("y" * 300))
+    db = tmp_path / "results.db"
+    store.connect(f"sqlite:///{db}").dispose()
+    argv = {
+        "query": ["select 1", "--db", long],
+        "report": ["--db", long],
+        "report-out": ["--db", str(db), "--out", long],
+        "trace": [long],
+        "import": [long],
+        "upgrade": ["--db", long],
+        "resume": ["1", "--db", long],
+    }[command]
+    proc = subprocess.run(
+        [sys.executable, "-m", "perfsweep", command.split("-")[0], *argv], capture_output=True, text=True, timeout=120
+    )
+    err = proc.stderr.strip()
+    assert proc.returncode == 2 and len(err.splitlines()) == 1 and "File name too long" in err, err
