@@ -24,7 +24,7 @@ from sqlalchemy import select, update
 from sqlalchemy.engine import Engine
 
 from perfsweep import metrics, store
-from perfsweep.cli import OneLineParser, first_line, waiting_for_database
+from perfsweep.cli import OneLineParser, UserError, first_line, waiting_for_database
 from perfsweep.names import FINAL_STATUSES, NOISY_RULE_IQR_ONLY
 
 log = logging.getLogger(__name__)
@@ -228,7 +228,11 @@ def main(argv: list[str] | None = None) -> int:
     if not files:
         print(f"perfsweep import: no {RESULT_FILE} under {' '.join(args.paths)}; nothing to import", file=sys.stderr)
         return 2
-    url = store.url_from_arg(args.db or store.DEFAULT_DB_ARG)
+    try:
+        url = store.url_from_arg(store.DEFAULT_DB_ARG if args.db is None else args.db)
+    except UserError as exc:
+        print(f"perfsweep import: {exc}", file=sys.stderr)
+        return 2
     unreadable = set()
     for f in files:  # read first: a database is neither created nor opened for files that are no results
         try:

@@ -540,7 +540,16 @@ def default_url(launch_dir: str | Path) -> str:
 
 
 def url_from_arg(db: str) -> str:
-    """A SQLAlchemy URL from ``--db``: URLs pass through, plain paths become sqlite URLs."""
+    """A SQLAlchemy URL from ``--db``: URLs pass through, plain paths become sqlite URLs. Empty, or
+    an in-memory database (which holds nothing here and keeps nothing written), is a UserError: an
+    import into ``sqlite://`` said "2 imported" of results gone at its exit, and ``--db ""`` was
+    ./results.db."""
+    if not db.strip():
+        raise UserError("--db is empty: give a SQLite file or a database URL")
+    if db.rstrip("/") in ("sqlite:", "sqlite:/") or ":memory:" in db:
+        raise UserError(
+            f"--db {db}: an in-memory database holds no results and keeps none; give a SQLite file or a server URL"
+        )
     if db.startswith("sqlite:///"):
         path = db.removeprefix("sqlite:///")
         if path and path != ":memory:" and not Path(path).is_absolute():

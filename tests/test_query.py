@@ -501,3 +501,31 @@ def test_a_path_that_cannot_be_looked_at_is_one_line(command: str, tmp_path: Pat
     )
     err = proc.stderr.strip()
     assert proc.returncode == 2 and len(err.splitlines()) == 1 and "File name too long" in err, err
+
+
+def test_an_empty_or_in_memory_database_or_folder_is_refused(tmp_path: Path, capsys, monkeypatch):
+    """``import --db sqlite://`` said "1 imported" of a result gone at its exit; ``--db ""`` was
+    ./results.db, and ``report --out ""`` wrote the report's files into the current folder."""
+    from perfsweep import importer, upgrade
+    from perfsweep.report.__main__ import main as report_main
+
+    monkeypatch.chdir(tmp_path)
+    result = tmp_path / "job" / "result.json"
+    result.parent.mkdir()
+    importer.write_result_file(result, {"sweep_dir": str(tmp_path), "name": "s"}, run_row(0, run_uid="u"))
+    for command, args, said in (
+        (importer.main, [str(result), "--db", ""], "--db is empty"),
+        (importer.main, [str(result), "--db", "sqlite://"], "in-memory"),
+        (upgrade.main, ["--db", "sqlite:///:memory:"], "in-memory"),
+        (main, ["select 1", "--db", "sqlite://"], "in-memory"),
+    ):
+        assert command(args) == 2
+        err = capsys.readouterr().err.strip()
+        assert said in err and "\n" not in err, err
+    db = tmp_path / "results.db"
+    assert not db.exists()
+    assert importer.main([str(result), "--db", str(db)]) == 0
+    with pytest.raises(SystemExit) as stop:
+        report_main(["--db", str(db), "--out", ""])
+    assert stop.value.code == 2 and "--out: is empty" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job", "results.db"]

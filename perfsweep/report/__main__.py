@@ -23,6 +23,13 @@ from perfsweep.report.compare import build_compare
 from perfsweep.results import load_sweeps, resolve_sweep
 
 
+def _folder(text: str) -> Path:
+    """``--out``: an empty one was ``Path("")``, the current folder, where the report's files then went."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty: give a folder (it is created if missing)")
+    return Path(text)
+
+
 def parser() -> argparse.ArgumentParser:
     p = OneLineParser(
         prog="perfsweep report",
@@ -37,7 +44,7 @@ def parser() -> argparse.ArgumentParser:
     add("--baseline", metavar="AXIS=VALUE,...", help="reference config for speedups, e.g. amp=false,ckpt=false")
     add(
         "--out",
-        type=Path,
+        type=_folder,
         metavar="DIR",
         help=(
             "output folder (default: report/ in the sweep's folder, or ./report_<ids>/ for several sweeps or "
