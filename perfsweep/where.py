@@ -52,6 +52,10 @@ _OPS: dict[str, Callable[[Any, Any], ColumnElement]] = {
 }
 
 
+MAX_NESTING = 100
+"""Deepest parentheses and NOTs a filter may nest: far beyond any written by hand."""
+
+
 class WhereError(ValueError):
     """The filter cannot be parsed; the message says where and what is allowed."""
 
@@ -76,6 +80,7 @@ class _Parser:
     def __init__(self, text: str, table: Table, skip: frozenset[str]) -> None:
         self.toks = _tokens(text)
         self.i = 0
+        self.depth = 0  # of parentheses and NOTs around the current factor
         self.table = table
         self.columns = [c.name for c in table.columns if c.name not in skip]
 
@@ -124,13 +129,19 @@ class _Parser:
         return parts[0] if len(parts) == 1 else and_(*parts)
 
     def factor(self) -> ColumnElement:
-        if self.accept("kw", "not"):
-            return not_(self.factor())
-        if self.accept("punct", "("):
-            inner = self.expr()
-            self.take("punct", ")")
-            return inner
-        return self.comparison()
+        self.depth += 1  # Python's own recursion limit came first: a RecursionError traceback
+        if self.depth > MAX_NESTING:
+            raise WhereError(f"parentheses and NOTs nested over {MAX_NESTING} deep; write the filter flatter")
+        try:
+            if self.accept("kw", "not"):
+                return not_(self.factor())
+            if self.accept("punct", "("):
+                inner = self.expr()
+                self.take("punct", ")")
+                return inner
+            return self.comparison()
+        finally:
+            self.depth -= 1
 
     def column(self) -> Any:
         if not self.peek("word"):

@@ -97,6 +97,9 @@ def test_filters_stay_inside_the_sweep(two_sweeps, where, batches):
         ("batch > 4;", "unexpected ';' (one filter, no statements)"),
         ("lower(model_name) = 'x'", "function calls are not allowed (lower(...)); compare a runs column as stored"),
         ("batch > 4 OR abs(batch) = 3", "function calls are not allowed (abs(...))"),
+        # nested past Python's recursion limit: a RecursionError traceback
+        ("(" * 500 + "amp = 1" + ")" * 500, "nested over 100 deep"),
+        ("NOT " * 2000 + "amp = 1", "nested over 100 deep"),
     ],
 )
 def test_bad_filters_get_one_line(where, message):
