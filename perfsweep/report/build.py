@@ -296,7 +296,8 @@ SCALING = ChartSpec(
     facet="axis",
     facet_title="vs {}",
     caption="Throughput (top) and peak memory (bottom) against {axes}, one line per combination of the other "
-    "differing axes; x at the bottom edge = run did not finish (e.g. OOM).",
+    "differing axes, in order of their values; an x in the shaded band under 0 = a run that did not finish, in "
+    "its line's colour, the reason (OOM, FAILED) under it.",
 )
 HEATMAP = ChartSpec(
     "heatmap",
@@ -331,7 +332,8 @@ LOSS = ChartSpec(
         Panel(
             ("loss",),
             "lines",
-            "same seed and data order in every config: curves overlap unless numerics change",
+            "one seed and data order: configs of the same batch, seq_len and data overlap unless numerics change; "
+            "each starts after its own warmup",
             from_zero=False,
             xlabel="optimizer step (warmup steps come first and are not shown)",
         ),

@@ -30,7 +30,7 @@ from matplotlib.colors import to_rgba
 from matplotlib.container import BarContainer
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
-from matplotlib.ticker import EngFormatter, FuncFormatter, MaxNLocator, NullFormatter
+from matplotlib.ticker import EngFormatter, FuncFormatter, Locator, MaxNLocator, NullFormatter
 from matplotlib.transforms import ScaledTranslation, blended_transform_factory
 
 from perfsweep.configs import label_axes
@@ -72,6 +72,7 @@ MARKERS, DASHES = "osD^vPh*p", ("-", "--", "-.", ":")
 """Each line's marker and line style, by its place among its panel's lines: colour alone left a line
 that ran exactly under another (amp on and off at the same tokens/s) looking like part of it."""
 CROSS = {"marker": "x", "ms": 9, "mew": 2.5, "ls": "none", "clip_on": False, "scaley": False}
+FAILED_LABEL = "did not finish (x in the band under 0)"
 
 
 @dataclass(frozen=True)
@@ -496,11 +497,11 @@ def stacked(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale) -> None:
 def lines(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale) -> None:
     """One line per ``group``, the first widest and each with its own marker and dashes
     (:data:`MARKERS`) so that lines on top of each other still show; runs that did not finish are
-    an x in their line's colour at the bottom edge, saying why. With few points, each value is
-    written at its point, once per value and place; :func:`_place_labels` moves it clear when saved."""
+    an x in their line's colour in a band under the axis's 0, side by side where several fail at one
+    x, with the reasons under them (:func:`_failures`). With few points, each value is written at
+    its point, once per value and place; :func:`_place_labels` moves it clear when saved."""
     y, ok = p.y[0], df["ok"] if "ok" in df else df[p.y[0]].notna()
     groups, written, failed = list(dict.fromkeys(df[p.group])), set(), {}
-    edge = blended_transform_factory(ax.transData, ax.transAxes)
     for k, group in enumerate(groups):
         color = (p.colors or {}).get(group, DEEP[k % len(DEEP)])
         wide = (len(groups) - 1 - k) / max(len(groups) - 1, 1)
@@ -513,14 +514,9 @@ def lines(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale) -> None:
                 kw = {"textcoords": "offset points", "ha": "center", "va": "bottom", "fontsize": 8, "color": color}
                 ax.annotate(fmt.si(v), (x, v), (0, 7), gid=VALUE_LABEL, in_layout=False, **kw)
         for x, status in zip(bad[p.x], bad["status"], strict=True):
-            ax.plot(x, 0.03, transform=edge, color=color, **CROSS, label="did not finish (x at the bottom edge)")
-            said = failed.setdefault(x, [])  # lines that fail at the same x: each reason once, stacked
-            if status not in said:
-                said.append(status)
-                up = 8 + 10 * (len(said) - 1)
-                ax.annotate(
-                    status.upper(), (x, 0.03), (0, up), edge, "offset points", fontsize=8, ha="center", color=BAD
-                )
+            failed.setdefault(x, []).append((status, color))
+    if failed:  # their x in the axis's range (their marks, shifted apart, are not data to autoscale by)
+        ax.update_datalim(np.c_[list(failed), np.zeros(len(failed))], updatey=False)
     if p.grid_x:
         xs = sorted(df[p.x].unique())
         if xs[0] > 0 and xs[-1] / xs[0] >= 4:
@@ -535,6 +531,50 @@ def lines(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale) -> None:
         ax.set_ylim(0, top * 1.15 if np.isfinite(top) and top > 0 else None)
     if p.unit == p.rate:
         ax.yaxis.set_major_formatter(EngFormatter(sep=""))
+    if failed:
+        _failures(ax, failed)
+
+
+class _NotBelowZero(Locator):
+    """``base``'s ticks at 0 and above."""
+
+    def __init__(self, base: Locator) -> None:
+        self.base = base
+
+    def set_axis(self, axis: Any) -> None:
+        super().set_axis(axis)
+        self.base.set_axis(axis)
+
+    def __call__(self) -> list[float]:
+        return [t for t in self.base() if t >= 0]
+
+    def tick_values(self, vmin: float, vmax: float) -> list[float]:
+        return [t for t in self.base.tick_values(vmin, vmax) if t >= 0]
+
+
+FAILED_BAND = 0.16
+"""Height of the band under 0 that holds the runs that did not finish, as a share of the axis above 0."""
+
+
+def _failures(ax: Axes, failed: dict[Any, list[tuple[str, str]]]) -> None:
+    """The runs that did not finish, by x: an x per run in its line's colour, side by side, in a
+    band under the axis's 0, and under them each reason once. Drawn at 3% of the axes' height
+    before, they sat among real low values (226 tokens/s beside 24k), a line ran through them,
+    several at one x covered each other, and their words lay under other points."""
+    lo, hi = ax.get_ylim()
+    band = FAILED_BAND * (hi - max(lo, 0.0))
+    ax.set_ylim(-band, hi)
+    ax.axhspan(-band, 0, color=BAD, alpha=0.08, lw=0, zorder=0)
+    ax.axhline(0, color="#888888", lw=0.8, zorder=1)
+    ax.yaxis.set_major_locator(_NotBelowZero(ax.yaxis.get_major_locator()))  # the band is no scale
+    apart = CROSS["ms"] * 1.3 / 72  # inches between the marks of runs failing at one x
+    for x, runs in failed.items():
+        for j, (_, color) in enumerate(runs):
+            offset = ScaledTranslation((j - (len(runs) - 1) / 2) * apart, 0, ax.figure.dpi_scale_trans)
+            ax.plot(x, -0.62 * band, transform=ax.transData + offset, color=color, **CROSS, label=FAILED_LABEL)
+        reasons = "/".join(dict.fromkeys(status.upper() for status, _ in runs))
+        kw = {"textcoords": "offset points", "fontsize": 7, "ha": "center", "va": "top", "color": BAD}
+        ax.annotate(reasons, (x, -0.62 * band), (0, -8), **kw)
 
 
 def scatter(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale, max_labels: int = 8) -> None:

@@ -12,6 +12,7 @@ a config's repeats as one); runs.csv keeps one row per run.
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -201,8 +202,16 @@ def scaling(r: Any, max_lines: int = 10) -> tuple[pd.DataFrame, str]:
             r.configs.assign(axis=axis, x=r.configs[axis], line=line.replace("", "all runs")).dropna(subset=["line"])
         )
         notes.append(note)
-    frame = pd.concat(parts).sort_values(["axis", "line", "x"], kind="stable").reset_index(drop=True)
-    return frame, "; ".join(dict.fromkeys(n for n in notes if n))
+    frame = pd.concat(parts)
+    rank = {line: i for i, line in enumerate(sorted(frame["line"].unique(), key=_numbers_as_numbers))}
+    frame = frame.assign(_rank=frame["line"].map(rank)).sort_values(["axis", "_rank", "x"], kind="stable")
+    return frame.drop(columns="_rank").reset_index(drop=True), "; ".join(dict.fromkeys(n for n in notes if n))
+
+
+def _numbers_as_numbers(label: str) -> list[tuple[int, float | str]]:
+    """A sort key that reads the numbers in a label as numbers: batch=2, 8, 32, 512, not 2, 32, 512, 8."""
+    parts = re.split(r"(-?\d+(?:\.\d+)?)", label)
+    return [(1, float(p)) if i % 2 else (0, p) for i, p in enumerate(parts)]
 
 
 def heatmap(r: Any, max_panels: int = 4) -> tuple[pd.DataFrame, str]:
