@@ -1498,3 +1498,26 @@ def test_compare_says_which_side_blew_up(engine: Any, tmp_path: Path) -> None:
     amp = next(ln for ln in md.splitlines() if ln.startswith("| amp=on"))
     assert amp.endswith("| A |"), amp
     assert "**numerics**: a run of that side had a loss that was NaN or infinite" in md
+
+
+def test_long_config_names_are_wrapped_between_their_settings(engine: Any, tmp_path: Path) -> None:
+    """Configs that differ in seven settings (a report over several sweeps): each name ran about 100
+    characters on one line and the bars beside it were slivers. Names wrap between settings, and
+    the figure grows with their lines."""
+    sid = new_sweep(engine, tmp_path / "sw")
+    settings = [
+        {"amp": a, "ckpt": c, "batch": b, "seq_len": 1024 * b // 2, "compile": a, "amp_dtype": d, "model_name": m}
+        for a, c, b, d, m in [
+            (True, True, 2, "fp16", "minigpt_seed"),
+            (False, False, 16, "bf16", "gpt2_small_with_a_long_name"),
+            (True, False, 4, "bf16", "gpt2_small_with_a_long_name"),
+        ]
+    ]
+    for job, kw in enumerate(settings):
+        store.save_run(engine, run_row(sid, job, tokens_per_s=1000.0 * (job + 1), **kw))
+    chart = make_report(engine, [sid]).charts["throughput"]
+    ax = chart.figure.axes[0]
+    names = [t.get_text() for t in ax.get_yticklabels()]
+    assert len(names) == 3 and all(len(line) <= charts.LABEL_WIDTH for n in names for line in n.splitlines())
+    assert [n.replace("\n", " ") for n in names] == list(chart.frame["label"])  # every setting kept, in order
+    assert max(n.count("\n") for n in names) >= 1 and chart.figure.get_figheight() > 4.5

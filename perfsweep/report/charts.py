@@ -162,8 +162,9 @@ def draw(spec: ChartSpec, frame: pd.DataFrame, note: str = "") -> Figure:
         nrow, ncol = (1, len(panels)) if spec.side_by_side else (len(panels), len(facets))
     else:
         nrow, ncol = math.ceil(len(facets) / 2), min(len(facets), 2)
-    if panels[0].kind in ("bars", "stacked"):  # bars lie down, a config per row: long labels stay on one line
-        width, height = max(11.0, 4.2 * ncol + 3.0), max(4.5, 0.38 * len(frame) + 2.8)
+    if panels[0].kind in ("bars", "stacked"):  # bars lie down, a config per row, its name wrapped (config_name)
+        lines = max((config_name(s).count("\n") + 1 for s in frame["label"]), default=1) if "label" in frame else 1
+        width, height = max(11.0, 4.2 * ncol + 3.0), max(4.5, (0.38 + 0.2 * (lines - 1)) * len(frame) + 2.8)
     else:
         width, height = 6.5 * ncol + 2.5, 4.2 * nrow + 1.8
     with rc_context(STYLE):
@@ -414,10 +415,21 @@ def _wrap(text: str, width: float) -> str:
     return "\n".join(textwrap.fill(line, int(width)) for line in text.splitlines())
 
 
+LABEL_WIDTH = 40
+"""Characters per line of a config's name on a chart: a longer one is wrapped between its settings.
+A report over several sweeps named each config by eight settings (about 100 characters), and
+its bars were slivers beside them."""
+
+
+def config_name(label: object) -> str:
+    """``label`` wrapped at :data:`LABEL_WIDTH`, between its ``key=value`` settings."""
+    return textwrap.fill(str(label), LABEL_WIDTH, break_long_words=False, break_on_hyphens=False)
+
+
 def _categories(ax: Axes, labels: pd.Series) -> np.ndarray:
     """Positions of the configs and their tick labels, the first on top."""
     pos = np.arange(len(labels), dtype=float)
-    ax.set(yticks=pos, yticklabels=[str(s) for s in labels], ylim=(len(pos) - 0.5, -0.5))
+    ax.set(yticks=pos, yticklabels=[config_name(s) for s in labels], ylim=(len(pos) - 0.5, -0.5))
     ax.grid(axis="y", visible=False)
     return pos
 
@@ -507,7 +519,7 @@ def lines(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale) -> None:
         wide = (len(groups) - 1 - k) / max(len(groups) - 1, 1)
         good, bad = df[(df[p.group] == group) & ok], df[(df[p.group] == group) & ~ok]
         style = {"marker": MARKERS[k % len(MARKERS)], "ls": DASHES[k % len(DASHES)], "lw": 1.5 + 4 * wide}
-        ax.plot(good[p.x], good[y] / s.div, ms=4 + 5 * wide, color=color, alpha=0.85, label=group, **style)
+        ax.plot(good[p.x], good[y] / s.div, ms=4 + 5 * wide, color=color, alpha=0.85, label=config_name(group), **style)
         for x, v in zip(good[p.x], good[y] / s.div, strict=True):
             if p.grid_x and ok.sum() <= 16 and (x, fmt.si(v)) not in written:
                 written.add((x, fmt.si(v)))
@@ -617,7 +629,15 @@ def scatter(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale, max_labels: int = 8)
         ha, kw = "right" if right else "left", {"fontsize": 9, "fontweight": weight, "in_layout": False}
         x, dy = (-8 if right else 8), 5  # moved clear of other names and points when saved (_place_labels)
         ax.annotate(
-            text, (r[p.x] / div, r[y]), (x, dy), "data", "offset points", ha=ha, va="bottom", gid=POINT_LABEL, **kw
+            config_name(text),
+            (r[p.x] / div, r[y]),
+            (x, dy),
+            "data",
+            "offset points",
+            ha=ha,
+            va="bottom",
+            gid=POINT_LABEL,
+            **kw,
         )
     if len(bad):  # an x on the bottom edge at the memory it had reached; one with no memory figure has no place
         what = "did not finish: " + ", ".join(f"{c} {status}" for status, c in bad["status"].value_counts().items())
