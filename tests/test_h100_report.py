@@ -83,6 +83,8 @@ def test_breakdown_draws_the_stored_cpu_and_gpu_stage_times(h100_engine):
     assert [p.get_width() for p in ax_cpu.patches] == pytest.approx(cpu)
     assert [p.get_width() for p in ax_gpu.patches] == pytest.approx(gpu)
     assert "GPU kernel time" in ax_gpu.get_title("left")
+    # one scale for both (0-127 ms): side by side under one axis label, 0-120 beside 0-70 misled
+    assert ax_cpu.get_xlim() == ax_gpu.get_xlim() and ax_cpu.get_xlim()[1] > max(cpu)
 
 
 def test_runs_stored_before_launch_attribution_get_no_gpu_stage_panel(tmp_path: Path):

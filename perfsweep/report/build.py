@@ -265,6 +265,7 @@ BREAKDOWN = ChartSpec(
     frames.breakdown,
     lambda f, note, r: {"panels": PANELS_TEXT["gpu_ms_forward" in f], "overhead": _profiler_overhead(f)},
     side_by_side=True,
+    same_scale=True,  # CPU and GPU ms on one scale: 0-120 beside 0-70 under one label misled
     caption="Time per step in each stage (data_to_device, forward, backward, optimizer_step, zero_grad), averaged "
     "over the profiler's active steps; the dashed line is the measured (unprofiled) median step. {panels}{overhead}",
 )
@@ -301,12 +302,13 @@ SCALING = ChartSpec(
 )
 HEATMAP = ChartSpec(
     "heatmap",
-    "batch x seq_len heatmap",
+    "Throughput over batch x seq_len",
     (Panel(TOKENS, "heatmap", x="batch", group="seq_len"),),
     frames.heatmap,
     facet="panel",
-    caption="tokens/s for every batch x seq_len cell (median of repeats); red cells did not finish and say why "
-    "(OOM, FAILED, TIMEOUT).",
+    caption="tokens/s for every batch x seq_len cell (median of repeats), its colour from the lowest value shown "
+    "(dark) to the highest (yellow), not from 0: read the figures; red cells did not finish and say why (OOM, FAILED, "
+    "TIMEOUT).",
 )
 FACTORS = ChartSpec(
     "factors",

@@ -134,6 +134,7 @@ class ChartSpec:
     facet: str | None = None  # a column (a row, with one panel) of panels per value of this column
     facet_title: str = "{}"
     side_by_side: bool = False  # panels in a row, sharing the configs (bars) or the value axis
+    same_scale: bool = False  # side-by-side bar panels of one unit share their value axis too
     legend: tuple[tuple[str, str], ...] = ()  # (name, colour) entries for colours given per row, where used
     caption: str = ""  # report.md's text under the chart, its {blanks} filled by ``facts``
 
@@ -170,7 +171,13 @@ def draw(spec: ChartSpec, frame: pd.DataFrame, note: str = "") -> Figure:
     with rc_context(STYLE):
         fig = Figure(figsize=(width, height), layout="constrained")
         FigureCanvasAgg(fig)  # render with Agg whatever backend the process uses
-        grid = fig.subplots(nrow, ncol, squeeze=False, sharey=spec.side_by_side, sharex="col" if nrow > 1 else False)
+        grid = fig.subplots(
+            nrow,
+            ncol,
+            squeeze=False,
+            sharey=spec.side_by_side,
+            sharex="all" if spec.same_scale else "col" if nrow > 1 else False,
+        )
         axes = [[grid[0][i]] if spec.side_by_side else list(grid.flat[i * len(facets) :]) for i in range(len(panels))]
         for p, row in zip(panels, axes, strict=True):
             values = frame[[c for c in (*p.y, *sum(p.err, ())) if c in frame]].to_numpy(dtype=float)
