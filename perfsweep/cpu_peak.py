@@ -5,7 +5,8 @@ vector units, its clock under load and the threads torch uses. So before a CPU s
 start, perfsweep times square matmuls in fp32 and bf16 with the jobs' thread count and keeps
 the best rate; runs then report ``cpu_flops_utilisation`` as their model FLOP/s over it,
 labelled "of measured matmul peak", never as MFU. Each CPU job also times them after its measured
-steps, in its compute dtype, and the higher of the two rates is the denominator.
+steps, in its compute dtype, and the best of the sweep's rate and its jobs' is the denominator of
+every run of that dtype and thread count (perfsweep.summary.fill_cpu_utilisation).
 """
 
 from __future__ import annotations

@@ -145,7 +145,7 @@ class Sweep(Base):
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # CPU sweeps: the machine's achievable matmul FLOP/s, measured once before the jobs with the
     # jobs' thread count (perfsweep.cpu_peak); with runs.cpu_matmul_flops, the denominator of
-    # runs.cpu_flops_utilisation (the higher of the two)
+    # runs.cpu_flops_utilisation (the best of them)
     cpu_matmul_fp32_flops: Mapped[float | None] = mapped_column(Real)
     cpu_matmul_bf16_flops: Mapped[float | None] = mapped_column(Real)
     cpu_matmul_threads: Mapped[int | None] = mapped_column(Integer)
@@ -308,8 +308,9 @@ class Run(Base):
     model_tflops_per_s: Mapped[float | None] = mapped_column(Real)
     mfu: Mapped[float | None] = mapped_column(Real)
     cpu_flops_utilisation: Mapped[float | None] = mapped_column(Real)
-    """CPU runs: model FLOP/s over the best matmul rate measured in the run's compute dtype, the
-    sweep's (sweeps.cpu_matmul_*_flops) or the run's own (cpu_matmul_flops), not a published peak."""
+    """CPU runs: model FLOP/s over the best matmul rate measured in the run's compute dtype and thread
+    count, the sweep's (sweeps.cpu_matmul_*_flops) or any of its runs' (cpu_matmul_flops), not a
+    published peak: one denominator for those runs (perfsweep.summary.fill_cpu_utilisation)."""
     cpu_matmul_flops: Mapped[float | None] = mapped_column(Real)
     """CPU runs: the best matmul FLOP/s in the run's compute dtype, measured by the job right after
     its measured steps with its threads (perfsweep.cpu_peak). Load on the machine while the sweep

@@ -58,25 +58,33 @@ def fill_compile_payback(engine: Engine, sweep_id: int) -> None:
 
 def fill_cpu_utilisation(engine: Engine, sweep_id: int) -> None:
     """``cpu_flops_utilisation`` of the sweep's CPU runs against the measured matmul peaks: the
-    sweep's and each run's own (runs.cpu_matmul_flops)."""
+    sweep's, and the best any of its runs measured after its steps in the same compute dtype with
+    the same thread count (runs.cpu_matmul_flops). One denominator for all the runs it applies to:
+    each run's own had been its own, taken at whatever load its moment had (110 and 389 GFLOP/s in
+    one sweep of a review), and the utilisations then ranked the runs against their model FLOP/s."""
     Run = store.Run
     with store.session(engine) as s:
         sweep = s.get(store.Sweep, sweep_id)
         if sweep is None:
             return
         runs = s.scalars(select(Run).where(Run.sweep_id == sweep_id, Run.device_type == "cpu")).all()
+        best: dict[tuple[Any, Any], float] = {}
+        for r in runs:
+            if r.nproc is None and r.cpu_matmul_flops:
+                key = (r.mfu_compute_dtype, r.torch_threads)
+                best[key] = max(best.get(key, 0.0), r.cpu_matmul_flops)
         for r in runs:
             if r.nproc is not None:
                 continue  # its FLOP/s are all ranks' together, against one process's peak: no figure
             # the sweep's peaks were measured with its thread count: against a run with another,
-            # only the run's own (none: no figure, not a wrong one)
+            # only the runs' own (none: no figure, not a wrong one)
             same_threads = sweep.cpu_matmul_threads is None or r.torch_threads == sweep.cpu_matmul_threads
             r.cpu_flops_utilisation = metrics.cpu_flops_utilisation(
                 r.model_tflops_per_s,
                 r.mfu_compute_dtype,
                 sweep.cpu_matmul_fp32_flops if same_threads else None,
                 sweep.cpu_matmul_bf16_flops if same_threads else None,
-                r.cpu_matmul_flops,
+                best.get((r.mfu_compute_dtype, r.torch_threads)),
             )
 
 

@@ -91,17 +91,19 @@ def test_cpu_utilisation_only_for_runs_with_the_measured_thread_count(tmp_path: 
     engine.dispose()
 
 
-def test_cpu_utilisation_takes_the_higher_of_the_sweeps_peak_and_the_runs_own(tmp_path: Path):
-    """The job's own matmul rate (runs.cpu_matmul_flops) stands where the sweep's was measured
-    under load, and where the sweep's thread count differs; the sweep's stands where the job's was
-    lower."""
+def test_cpu_utilisation_takes_the_best_of_the_sweeps_peak_and_its_runs_own(tmp_path: Path):
+    """One denominator per compute dtype and thread count: the best of the sweep's matmul rate and
+    those its jobs measured (runs.cpu_matmul_flops), so runs measured at different loads are still
+    ranked by their model FLOP/s. A job's own stands where the sweep's was measured under load, and
+    where the sweep's thread count differs."""
     own = {"device_type": "cpu", "model_tflops_per_s": 0.05, "mfu_compute_dtype": "fp32"}
     engine, sid = _sweep(
         tmp_path,
         [
             {**own, "torch_threads": 2, "cpu_matmul_flops": 200e9},  # the sweep's 100e9 was measured under load
-            {**own, "torch_threads": 2, "cpu_matmul_flops": 50e9},  # this job's own was
-            {**own, "torch_threads": 1, "cpu_matmul_flops": 80e9},  # not the sweep's thread count: its own only
+            {**own, "torch_threads": 2, "cpu_matmul_flops": 50e9},  # this job's own was: the 200e9 stands for it too
+            {**own, "torch_threads": 1, "cpu_matmul_flops": 80e9},  # not the sweep's thread count: runs' own only
+            {**own, "torch_threads": 1, "mfu_compute_dtype": "bf16", "cpu_matmul_flops": 20e9},  # its dtype's own
             {**own, "torch_threads": 2, "nproc": 2, "cpu_matmul_flops": 80e9},  # all ranks' FLOP/s: no figure
         ],
     )
@@ -111,7 +113,8 @@ def test_cpu_utilisation_takes_the_higher_of_the_sweeps_peak_and_the_runs_own(tm
     summary.fill_cpu_utilisation(engine, sid)
     with store.session(engine) as s:
         got = [r.cpu_flops_utilisation for r in s.query(store.Run).order_by(store.Run.job_num)]
-    assert got[:3] == pytest.approx([0.05e12 / 200e9, 0.05e12 / 100e9, 0.05e12 / 80e9]) and got[3] is None
+    assert got[:3] == pytest.approx([0.05e12 / 200e9, 0.05e12 / 200e9, 0.05e12 / 80e9])
+    assert got[3] == pytest.approx(0.05e12 / 20e9) and got[4] is None
     engine.dispose()
 
 
