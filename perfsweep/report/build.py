@@ -273,14 +273,17 @@ BREAKDOWN = ChartSpec(
 
 def _profiler_overhead(frame: pd.DataFrame) -> str:
     """A warning when the profiled steps' CPU stages add up to well over the measured step: the
-    profiler's own cost (recording shapes, FLOPs and memory per op, largest on CPU) is in them."""
+    profiler's own cost (recording shapes, FLOPs and memory per op, largest on CPU) is in them, and
+    so is whatever else slowed those few steps (other load on the machine): two profiled steps
+    cannot tell which."""
     cpu = frame[[c for c in frame.columns if c.startswith("cpu_ms_")]].sum(axis=1)
     ratio = metrics.profiled_step_ratio(cpu, frame["step_time_ms_median"])
     if not ratio > PROFILED_STEP_WARN_RATIO:
         return ""
     return (
-        f" The profiled steps took up to {ratio:.1f}x the measured step: the profiler's own cost is in them, so "
-        "compare the stages with each other, and take step time from the dashed line."
+        f" The profiled steps took up to {ratio:.1f}x the measured step: the profiler's own cost is in them "
+        "(and any other load on the machine during those steps), so compare the stages with each other, and take "
+        "step time from the dashed line."
     )
 
 
