@@ -107,3 +107,23 @@ def test_report_of_the_h100_sweeps_draws_the_gpu_charts(live_db: Path, tmp_path:
     breakdown = rep.charts["breakdown"]
     assert len(breakdown.figure.axes) >= 2 and "GPU kernel time" in breakdown.figure.axes[1].get_title("left")
     assert rep.charts["gpu"].skipped is None
+
+
+def test_a_one_config_gpu_sweep_keeps_its_gpu_chart(live_db: Path) -> None:
+    """Sweep 3 ran one config (gpt2_small, 16 x 2048): its report skipped gpu.png ("only one
+    config: nothing to compare"), and its kernel categories and busy share were nowhere else."""
+    engine = store.connect(f"sqlite:///{live_db}")
+    try:
+        rep = make_report(engine, [3])
+        with engine.connect() as conn:
+            busy = conn.exec_driver_sql("SELECT gpu_busy_fraction FROM runs WHERE sweep_id = 3").scalar()
+            kernels = conn.exec_driver_sql(
+                "SELECT sum(ms_per_step) FROM kernels k JOIN runs r ON r.id = k.run_id WHERE r.sweep_id = 3"
+            ).scalar()
+    finally:
+        engine.dispose()
+    chart = rep.charts["gpu"]
+    assert chart.skipped is None and len(chart.frame) == 1
+    _, ax_busy, ax_kernels = chart.figure.axes[:3]
+    assert [p.get_width() for p in ax_busy.patches] == pytest.approx([busy * 100])
+    assert sum(p.get_width() for p in ax_kernels.patches) == pytest.approx(kernels)

@@ -369,19 +369,25 @@ def test_interval_verdicts_and_a_baseline_of_your_own(engine: Any, tmp_path: Pat
     sid = new_sweep(engine, tmp_path / "sw")
     base = [100.0, 101.0, 99.0, 100.0, 102.0, 98.0]
     for job, (kw, times) in enumerate(
-        (({}, base), ({"ckpt": True}, [101.0, 100.0, 99.0, 102.0, 98.0, 100.0]), ({"amp": True}, [t / 2 for t in base]))
+        (
+            ({}, base),
+            ({"ckpt": True}, [101.0, 100.0, 99.0, 102.0, 98.0, 100.0]),
+            ({"amp": True}, [t / 2 for t in base]),
+            ({"batch": 16}, [t * 3 for t in base]),
+        )
     ):
         store.save_run(engine, run_row(sid, job, times, **kw))
     summary.fill_speedups(engine, sid)
     db = stored_runs(tmp_path / "results.db", "tokens_per_s, speedup, speedup_ci_lo, speedup_ci_hi, speedup_verdict")
-    assert db["speedup_verdict"].tolist() == ["baseline", metrics.NO_DIFFERENCE, "faster"]
+    assert db["speedup_verdict"].tolist() == ["baseline", metrics.NO_DIFFERENCE, "faster", "slower"]
 
     rep = make_report(engine, [sid])
     ax = rep.charts["throughput"].figure.axes[0]
     assert [to_hex(p.get_facecolor()) for p in ax.patches] == [
-        to_hex(c) for c in (charts.BASE, charts.LIGHT, charts.BAR)
+        to_hex(c) for c in (charts.BASE, charts.LIGHT, charts.BAR, charts.BAD)
     ]
-    assert metrics.NO_DIFFERENCE in [t.get_text() for t in rep.charts["throughput"].figure.legends[0].get_texts()]
+    legend = [t.get_text() for t in rep.charts["throughput"].figure.legends[0].get_texts()]
+    assert metrics.NO_DIFFERENCE in legend and "measurably slower than the baseline" in legend
     texts = [t.get_text().strip() for t in ax.texts]
     for r in db.iloc[1:].itertuples():
         assert f"{r.speedup:.2f}x ({r.speedup_ci_lo:.2f}-{r.speedup_ci_hi:.2f})" in texts
@@ -405,11 +411,8 @@ def test_interval_verdicts_and_a_baseline_of_your_own(engine: Any, tmp_path: Pat
     # runs.csv carries the same figures (it carried the stored ones, over the default baseline)
     csv = pd.read_csv(out / "runs.csv").sort_values("id")
     assert csv["speedup"].tolist() == pytest.approx(own["speedup"].tolist())
-    assert csv["speedup_verdict"].tolist() == ["slower", "slower", "baseline"] and csv["is_baseline"].tolist() == [
-        False,
-        False,
-        True,
-    ]
+    assert csv["speedup_verdict"].tolist() == ["slower", "slower", "baseline", "slower"]
+    assert csv["is_baseline"].tolist() == [False, False, True, False]
     # ...and report.md says so (it said they were the stored ones, over the default baseline)
     assert "its `speedup` columns are this report's, over its baseline (as requested; `baseline_config_hash`)" in md
 

@@ -90,13 +90,14 @@ def _batch_and_seq(r: Any, both: bool) -> None:
 
 def gpu(r: Any) -> tuple[pd.DataFrame, str]:
     """The shown configs with GPU busy time and ``kernel_ms_<category>``: GPU ms per profiled step
-    in each kernel category (0 where a config has none), whose sum is a step's GPU work."""
+    in each kernel category (0 where a config has none), whose sum is a step's GPU work. Drawn for
+    one config too: nothing else in the report shows its kernel categories and busy share."""
     if not r.configs["gpu_busy_fraction"].notna().any():
         raise Skip(
             "no GPU busy time: CPU runs, GPU runs without the profiled window, or runs stored by a perfsweep "
             "older than the busy-time columns (`perfsweep trace` on their trace files gives it)"
         )
-    if (configs := shown(r)[0].dropna(subset=["gpu_busy_fraction"])).empty:
+    if (configs := r.shown[r.shown["ok"]].dropna(subset=["gpu_busy_fraction"])).empty:
         raise Skip("none of the configs shown has GPU busy time")
     kernels = load_child(r.engine, "kernels", configs["id"])
     wide = kernels.pivot_table(index="run_id", columns="category", values="ms_per_step", aggfunc="sum")
