@@ -1524,3 +1524,16 @@ def test_long_config_names_are_wrapped_between_their_settings(engine: Any, tmp_p
     assert len(names) == 3 and all(len(line) <= charts.LABEL_WIDTH for n in names for line in n.splitlines())
     assert [n.replace("\n", " ") for n in names] == list(chart.frame["label"])  # every setting kept, in order
     assert max(n.count("\n") for n in names) >= 1 and chart.figure.get_figheight() > 4.5
+
+
+def test_chart_titles_say_what_every_config_shares(engine: Any, tmp_path: Path) -> None:
+    """A chart pasted into a slide said "Throughput" and no more; now its title names the model,
+    the device and batch x seq_len, where every config shares them (an axis that varies is not named)."""
+    sid = new_sweep(engine, tmp_path / "sw")
+    for job, amp in enumerate((False, True)):
+        store.save_run(engine, run_row(sid, job, amp=amp, tokens_per_s=1000.0 * (job + 1)))
+    rep = make_report(engine, [sid])
+    assert rep.charts["throughput"].figure.get_suptitle() == "Throughput (tiny, on Test CPU, batch 8 x 128)"
+    store.save_run(engine, run_row(sid, 2, amp=True, batch=16, tokens_per_s=3000.0))
+    title = make_report(engine, [sid]).charts["throughput"].figure.get_suptitle()
+    assert title == "Throughput (tiny, on Test CPU)"

@@ -387,11 +387,13 @@ def make_report(
     report = Report(engine, sweeps, runs, configs, throughput, how, where, top)
     report.rate = fmt.RATES[metrics.rate_unit(runs["tokens_per_s"], runs["samples_per_s"])]
     report.searches = load_batch_searches(engine, sweep_ids)
+    context = shared_context(configs)
     for spec in (charts.for_rate(spec, report.rate) for spec in CHARTS.values()):
         chart = report.charts[spec.name] = Chart(spec.name, spec.title)
         try:
             chart.frame, note = spec.frame(report)
-            chart.figure = charts.draw(spec, chart.frame, fmt.for_rate(note, report.rate))
+            title_note = "; ".join(n for n in (context, note) if n)
+            chart.figure = charts.draw(spec, chart.frame, fmt.for_rate(title_note, report.rate))
             chart.caption = spec.caption.format(**spec.facts(chart.frame, note, report))
         except frames.Skip as why:
             chart.skipped = str(why)
@@ -399,6 +401,23 @@ def make_report(
         table = factors.rename(columns={"label": "term"})[["term", "throughput effect", "peak memory effect"]]
         report.charts["factors"].extra_md = fmt.table(table, right=("throughput effect", "peak memory effect")) + "\n\n"
     return report
+
+
+def shared_context(configs: pd.DataFrame) -> str:
+    """What every config of a report shares, for each chart's title: the model, the device, and
+    batch x seq_len where neither varies. A chart pasted into a slide said "Throughput" and no
+    more: which model, on what, was in report.md alone."""
+
+    def one(column: str) -> Any:
+        values = configs[column].dropna().unique() if column in configs else []
+        return values[0] if len(values) == 1 else None
+
+    parts = [str(m) for m in [one("model_name")] if m is not None]
+    if (device := one("device_name")) is not None:
+        parts.append(f"on {device}")
+    if (batch := one("batch")) is not None and (seq := one("seq_len")) is not None:
+        parts.append(f"batch {batch:g} x {seq:g}")
+    return ", ".join(parts)
 
 
 @contextmanager
