@@ -730,7 +730,9 @@ def test_scaling_says_each_reason_once_where_lines_fail_at_the_same_x(engine: An
     (reasons,) = [t for t in ax.texts if "OOM" in t.get_text() or "FAILED" in t.get_text()]
     assert sorted(reasons.get_text().split("/")) == ["FAILED", "OOM"] and reasons.xy[1] < 0
     renderer = chart.figure.canvas.get_renderer()
-    marks = [line for line in ax.lines if line.get_label() == charts.FAILED_LABEL]
+    marks = [line for line in ax.lines if line.get_gid() == charts.FAILED_MARK]
+    legend = [h for h in ax.lines if h.get_label() == charts.FAILED_LABEL]
+    assert len(legend) == 1 and legend[0].get_color() == charts.BASE  # no line's colour in the legend
     boxes = [m.get_window_extent(renderer) for m in marks]
     assert len(marks) == 3 and len({m.get_color() for m in marks}) == 3
     assert not any(a.overlaps(b) for a, b in itertools.combinations(boxes, 2))  # side by side
@@ -906,7 +908,7 @@ def test_pareto_names_never_cover_each_other(engine: Any, tmp_path: Path) -> Non
     shown = [t for t in names if t.get_visible()]
     f = chart.frame[chart.frame["ok"]]
     assert len(shown) == len(names) == int((f["on_front"] | f["is_baseline"]).sum()) == 6
-    boxes = [t.get_window_extent(renderer) for t in shown]
+    boxes = [charts.text_box(t, renderer) for t in shown]
     assert not any(a.overlaps(b) for a, b in itertools.combinations(boxes, 2))
     assert all(inside.x0 <= b.x0 and b.x1 <= inside.x1 and inside.y0 <= b.y0 and b.y1 <= inside.y1 for b in boxes)
 
@@ -920,21 +922,27 @@ def test_pareto_names_never_cover_a_point_or_the_front(engine: Any, tmp_path: Pa
     ax, renderer = chart.figure.axes[0], chart.figure.canvas.get_renderer()
     names = [t for t in ax.texts if t.get_gid() == charts.POINT_LABEL]
     assert len(names) == 8 and all(t.get_visible() for t in names)
-    boxes = [t.get_window_extent(renderer) for t in names]
+    boxes = [charts.text_box(t, renderer) for t in names]
     assert not any(a.overlaps(b) for a, b in itertools.combinations(boxes, 2))
     assert not {t.get_text(): covers(b, ax) for t, b in zip(names, boxes, strict=True) if covers(b, ax)}
+    # the leanest front point sits beside the baseline's ring: its name, which can only be written
+    # nearer the ring, has a leader line to its own point; none is nearer another point without one
+    assert strays(ax) == [] and any(t.arrow_patch.get_visible() for t in names)
 
 
 def strays(ax: Any) -> list[str]:
     """The shown point names and line values of ``ax`` that lie nearer another mark than the point
-    they are written for (marks within a pixel of that point, drawn at the same place, do not count)."""
+    they are written for (marks within a pixel of that point, drawn at the same place, do not count),
+    with no leader line to their own point."""
     renderer, px = ax.figure.canvas.get_renderer(), ax.figure.dpi / 72
     marks = np.asarray(charts._marks(ax)[0])
     out = []
     for t in ax.texts:
         if t.get_gid() not in (charts.POINT_LABEL, charts.VALUE_LABEL) or not t.get_visible():
             continue
-        box, own = t.get_window_extent(renderer), ax.transData.transform(t.xy)
+        if t.arrow_patch is not None and t.arrow_patch.get_visible():
+            continue  # its leader line says whose it is
+        box, own = charts.text_box(t, renderer), ax.transData.transform(t.xy)
         gap = (
             np.hypot(
                 np.fmax(box.x0 - marks[:, 0], marks[:, 0] - box.x1).clip(0),

@@ -30,12 +30,12 @@ from matplotlib.colors import to_rgba
 from matplotlib.container import BarContainer
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
-from matplotlib.ticker import EngFormatter, FuncFormatter, Locator, MaxNLocator, NullFormatter
+from matplotlib.text import Annotation, Text
+from matplotlib.ticker import EngFormatter, FuncFormatter, Locator, LogLocator, MaxNLocator, NullFormatter
 from matplotlib.transforms import ScaledTranslation, blended_transform_factory
 
-from perfsweep.configs import label_axes
 from perfsweep.names import KERNEL_CATEGORIES, STAGES
-from perfsweep.report import fmt, frames
+from perfsweep.report import fmt
 
 DPI = 150
 STYLE: dict[str, Any] = {
@@ -72,7 +72,9 @@ MARKERS, DASHES = "osD^vPh*p", ("-", "--", "-.", ":")
 """Each line's marker and line style, by its place among its panel's lines: colour alone left a line
 that ran exactly under another (amp on and off at the same tokens/s) looking like part of it."""
 CROSS = {"marker": "x", "ms": 9, "mew": 2.5, "ls": "none", "clip_on": False, "scaley": False}
-FAILED_LABEL = "did not finish (x in the band under 0)"
+FAILED_LABEL = "did not finish (x in the band under 0, in its line's colour)"
+FAILED_MARK = "failed-mark"
+"""gid of a run's x in the band of runs that did not finish."""
 
 
 @dataclass(frozen=True)
@@ -312,8 +314,9 @@ def _place_labels(ax: Axes) -> None:
     7 pt from its point, not the 5 pt once assumed) and no line (the front's staircase, the other lines), and stays
     inside the axes; failing that, the spot that covers least. A label that would still cover an
     earlier one is hidden (they come in order of priority, and report.md has every figure), and so
-    is a value that would leave the axes (over the panel's title) or lie on a mark or a line, where it
-    reads as another point's. Names alternating above and below their points were not enough: two
+    is one that would leave the axes (over the panel's title, off the figure, over the ticks), lie
+    nearer another point than its own (:data:`ASTRAY_MARGIN_PT`), or, for a value, lie on a mark or a
+    line, where it reads as another point's. Names alternating above and below their points were not enough: two
     configs close in memory and throughput were written over each other; values written 7 pt above
     their points covered the values and marks of lines a few % above ("16.8k" over "15.4k").
     """
@@ -323,6 +326,13 @@ def _place_labels(ax: Axes) -> None:
     renderer, inside, px = ax.figure.canvas.get_renderer(), ax.get_window_extent(), ax.figure.dpi / 72
     marks, paths = _marks(ax)
     placed = [t.get_window_extent(renderer) for t in ax.texts if t not in labels and t.get_text().strip()]
+    page = ax.figure.bbox
+    # what a name beside the axes must not cover: the ticks' values and the axis labels
+    furniture = [
+        a.get_window_extent(renderer)
+        for a in (*ax.get_xticklabels(), *ax.get_yticklabels(), ax.xaxis.label, ax.yaxis.label)
+        if a.get_visible() and a.get_text().strip()
+    ]
     for t in labels:
         value = t.get_gid() == VALUE_LABEL
         own = np.hypot(*(marks[:, :2] - ax.transData.transform(t.xy)).T) <= px  # its point, and any drawn on it
@@ -330,7 +340,7 @@ def _place_labels(ax: Axes) -> None:
         for spot in _spots(t.get_ha() == "right", value):
             t.xyann, (ha, va) = spot[:2], spot[2:]
             t.set(ha=ha, va=va)
-            box = t.get_window_extent(renderer)
+            box = text_box(t, renderer)
             near = np.hypot(
                 np.fmax(box.x0 - marks[:, 0], marks[:, 0] - box.x1).clip(0),
                 np.fmax(box.y0 - marks[:, 1], marks[:, 1] - box.y1).clip(0),
@@ -340,9 +350,21 @@ def _place_labels(ax: Axes) -> None:
             gap = near - marks[:, 2]  # from the label to each mark's edge
             # another point at least as near as its own: the label reads as that point's
             others = gap[~own].min(initial=np.inf)
-            astray = own.any() and others <= gap[own].min()
-            clash = sum(box.overlaps(b) for b in placed) + astray + (value and (not fits or covered > 0))
-            cost = (100 * clash + covered + 10 * (not fits), clash)
+            astray = own.any() and others < gap[own].min() + ASTRAY_MARGIN_PT * px
+            # a name may stand beside the axes, not over the ticks' values or off the figure (it ran over
+            # "100k" and past the figure's edge), nor above or below them (titles, the x axis); a value
+            # must stay inside (over the panel's title, it read as the panel's)
+            legible = fits or (
+                not value
+                and page.x0 <= box.x0
+                and box.x1 <= page.x1
+                and inside.y0 <= box.y0
+                and box.y1 <= inside.y1
+                and not any(box.overlaps(b) for b in furniture)
+            )
+            clash = sum(box.overlaps(b) for b in placed) + (not legible) + (value and covered > 0)
+            # a name nearer another point gets a leader line to its own; a value is hidden
+            cost = (100 * clash + 50 * astray + covered + 10 * (not fits), clash + (value and astray), astray)
             if best is None or cost < best[0]:
                 best = (cost, spot)
             if cost[0] == 0:
@@ -350,8 +372,26 @@ def _place_labels(ax: Axes) -> None:
         assert best is not None
         t.xyann, (ha, va) = best[1][:2], best[1][2:]
         t.set(ha=ha, va=va, visible=best[0][1] == 0)
+        if t.arrow_patch is not None:
+            t.arrow_patch.set_visible(t.get_visible() and bool(best[0][2]))
         if t.get_visible():
-            placed.append(t.get_window_extent(renderer))
+            placed.append(text_box(t, renderer))
+
+
+def text_box(t: Text, renderer: Any) -> Any:
+    """Where ``t``'s text is drawn, in pixels: an annotation's own extent also holds its leader line,
+    hidden or not, which would have counted as text covering the point it leads to."""
+    if isinstance(t, Annotation):
+        t.update_positions(renderer)
+    return Text.get_window_extent(t, renderer)
+
+
+LEADER = {"arrowstyle": "-", "color": "#777777", "lw": 0.8, "shrinkA": 2, "shrinkB": 6}
+"""The line from a point's name to its point, where the name could only go nearer another point."""
+
+ASTRAY_MARGIN_PT = 1.5
+"""How much nearer (points) a label must be to its own point than to any other: at equal distance
+(5.6 px either side) a name read as the neighbour's."""
 
 
 def _marks(ax: Axes) -> tuple[np.ndarray, list[tuple[np.ndarray, float]]]:
@@ -590,10 +630,12 @@ def _failures(ax: Axes, failed: dict[Any, list[tuple[str, str]]]) -> None:
     for x, runs in failed.items():
         for j, (_, color) in enumerate(runs):
             offset = ScaledTranslation((j - (len(runs) - 1) / 2) * apart, 0, ax.figure.dpi_scale_trans)
-            ax.plot(x, -0.62 * band, transform=ax.transData + offset, color=color, **CROSS, label=FAILED_LABEL)
+            ax.plot(x, -0.62 * band, transform=ax.transData + offset, color=color, **CROSS, gid=FAILED_MARK)
         reasons = "/".join(dict.fromkeys(status.upper() for status, _ in runs))
         kw = {"textcoords": "offset points", "fontsize": 7, "ha": "center", "va": "top", "color": BAD}
         ax.annotate(reasons, (x, -0.62 * band), (0, -8), **kw)
+    # the legend's x in grey: in the last failing line's colour it read as "batch=512 did not finish"
+    ax.plot([], [], color=BASE, **CROSS, label=FAILED_LABEL, in_layout=False)
 
 
 def scatter(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale, max_labels: int = 8) -> None:
@@ -619,6 +661,8 @@ def scatter(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale, max_labels: int = 8)
     ys = ok[y].dropna()
     log_y = bool(len(ys) and ys.min() > 0 and ys.max() / ys.min() > 20)
     ax.set_yscale("log" if log_y else "linear")
+    if log_y:  # 1k and 10k alone left the lean points (226, 355, 705 tokens/s) with no tick near them
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     ax.yaxis.set_major_formatter(EngFormatter(sep=""))
     ax.yaxis.set_minor_formatter(NullFormatter())
     ax.margins(0.1)
@@ -631,11 +675,13 @@ def scatter(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale, max_labels: int = 8)
     if len(ok) > max_labels:  # a crowd: only the baseline and the front are named
         named = named[named["is_baseline"] | named["on_front"]].head(max_labels + len(base))
     middle = np.sqrt(xs.min() * xs.max()) if log else (xs.min() + xs.max()) / 2 if len(xs) else 0.0
-    for (_, r), text in zip(named.iterrows(), frames.relabel(named, label_axes(df))[0], strict=True):
+    # each named by what tells it from every config of the chart, not from the named ones alone: in a
+    # report of five sweeps the baseline was "batch=4 sweep=1", and sweep 1 had four batch=4 configs
+    for (_, r), text in zip(named.iterrows(), named["label"], strict=True):
         right, weight = r[p.x] / div > middle, "bold" if r["on_front"] else "normal"
         ha, kw = "right" if right else "left", {"fontsize": 9, "fontweight": weight, "in_layout": False}
         x, dy = (-8 if right else 8), 5  # moved clear of other names and points when saved (_place_labels)
-        ax.annotate(
+        name = ax.annotate(
             config_name(text),
             (r[p.x] / div, r[y]),
             (x, dy),
@@ -644,8 +690,10 @@ def scatter(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale, max_labels: int = 8)
             ha=ha,
             va="bottom",
             gid=POINT_LABEL,
+            arrowprops=LEADER,
             **kw,
         )
+        name.arrow_patch.set_visible(False)  # shown where the name had to go nearer another point (_place_labels)
     if len(bad):  # an x on the bottom edge at the memory it had reached; one with no memory figure has no place
         what = "did not finish: " + ", ".join(f"{c} {status}" for status, c in bad["status"].value_counts().items())
         if unplaced := int(bad[p.x].isna().sum()):
