@@ -66,7 +66,7 @@ def test_gpu_chart_shows_why_amp_gains_less_than_its_gpu_work(h100_engine, tmp_p
     assert "| GPU busy | bottleneck |" in table and "| 36% | host |" in table
 
 
-def test_breakdown_draws_the_stored_cpu_and_gpu_stage_times(h100_engine):
+def test_breakdown_draws_the_stored_cpu_and_gpu_stage_times(h100_engine, tmp_path: Path):
     rep = make_report(h100_engine, [1])
     chart = rep.charts["breakdown"]
     ax_cpu, ax_gpu = chart.figure.axes[:2]  # CUDA runs: CPU time and GPU kernel time side by side
@@ -85,6 +85,22 @@ def test_breakdown_draws_the_stored_cpu_and_gpu_stage_times(h100_engine):
     assert "GPU kernel time" in ax_gpu.get_title("left")
     # one scale for both (0-127 ms): side by side under one axis label, 0-120 beside 0-70 misled
     assert ax_cpu.get_xlim() == ax_gpu.get_xlim() and ax_cpu.get_xlim()[1] > max(cpu)
+    # once saved, a segment's value is written on it only where it fits inside it ("4.69" ran past its
+    # segment in white on the wider shared scale), and the large ones still are
+    from perfsweep.report import charts
+
+    charts.save(chart.figure, tmp_path / "breakdown.png")
+    renderer = chart.figure.canvas.get_renderer()
+    values = [t for ax in (ax_cpu, ax_gpu) for t in ax.texts if t.get_gid() == charts.SEGMENT_VALUE]
+    for t in values:
+        lo, hi = (t.axes.transData.transform((x, 0))[0] for x in t.segment)
+        shown = t.get_visible()
+        t.set_visible(True)  # a hidden text measures as a unit box
+        width = t.get_window_extent(renderer).width
+        t.set_visible(shown)
+        assert shown == (width + 4 <= hi - lo), (t.get_text(), width, hi - lo)
+    assert len([t for t in values if t.get_visible()]) >= 8  # the large segments keep their values
+    assert any(not t.get_visible() for t in values)
 
 
 def test_runs_stored_before_launch_attribution_get_no_gpu_stage_panel(tmp_path: Path):

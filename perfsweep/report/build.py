@@ -403,6 +403,10 @@ def make_report(
     return report
 
 
+NBSP = "\u00a0"
+"""A space a title is never wrapped at (textwrap breaks at ASCII whitespace alone)."""
+
+
 def shared_context(configs: pd.DataFrame) -> str:
     """What every config of a report shares, for each chart's title: the model, the device, and
     batch x seq_len where neither varies. A chart pasted into a slide said "Throughput" and no
@@ -417,7 +421,8 @@ def shared_context(configs: pd.DataFrame) -> str:
         parts.append(f"on {device}")
     if (batch := one("batch")) is not None and (seq := one("seq_len")) is not None:
         parts.append(f"batch {batch:g} x {seq:g}")
-    return ", ".join(parts)
+    # each part unbroken where a long title wraps: "batch 2 x" ended a line and "1024)" began the next
+    return ", ".join(part.replace(" ", NBSP) for part in parts)
 
 
 @contextmanager
