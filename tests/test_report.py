@@ -1546,3 +1546,20 @@ def test_chart_titles_say_what_every_config_shares(engine: Any, tmp_path: Path) 
     store.save_run(engine, run_row(sid, 2, amp=True, batch=16, tokens_per_s=3000.0))
     title = make_report(engine, [sid]).charts["throughput"].figure.get_suptitle()
     assert title.replace("\u00a0", " ") == "Throughput (tiny, on Test CPU)"
+
+
+def test_the_throughput_legend_names_only_colours_drawn(engine: Any, tmp_path: Path) -> None:
+    """A baseline, a slower config and one that failed: the failed config's bar of no length was
+    drawn in the "faster" colour, so the legend listed "faster" for a chart with no faster bar."""
+    sid = new_sweep(engine, tmp_path / "sw")
+    base = [100.0, 101.0, 99.0, 100.0, 102.0, 98.0]
+    store.save_run(engine, run_row(sid, 0, base))
+    store.save_run(engine, run_row(sid, 1, [t * 2 for t in base], ckpt=True))
+    store.save_run(engine, run_row(sid, 2, amp=True, status="failed", tokens_per_s=None))
+    summary.fill_speedups(engine, sid)
+    chart = make_report(engine, [sid]).charts["throughput"]
+    legend = [t.get_text() for t in chart.figure.legends[0].get_texts()]
+    assert "measurably slower than the baseline" in legend and "baseline config" in legend
+    assert not [t for t in legend if "faster" in t], legend
+    ax = chart.figure.axes[0]
+    assert [to_hex(p.get_facecolor(), keep_alpha=True)[-2:] for p in ax.patches][-1] == "00"  # the failed row's: none

@@ -210,7 +210,7 @@ THROUGHPUT = ChartSpec(
     ),
     frames.shown,
     legend=(
-        ("tokens/s (median over repeats)", charts.BAR),
+        ("measurably faster than the baseline, or no interval to tell", charts.BAR),
         ("measurably slower than the baseline", charts.BAD),
         (metrics.NO_DIFFERENCE, charts.LIGHT),
         ("baseline config", charts.BASE),

@@ -239,7 +239,7 @@ def _log_note(ax: Axes, label: str, axis: str = "x") -> str:
 def _legend_entries(ax: Axes, legend: Sequence[tuple[str, str]]) -> dict[str, Artist]:
     """What ``ax`` needs explained: the ``legend`` colours its bars use, then its labelled artists,
     filled marks (bars) before lines and whiskers."""
-    used = {to_rgba(p.get_facecolor(), 1.0) for p in ax.patches}
+    used = {to_rgba(p.get_facecolor(), 1.0) for p in ax.patches if p.get_facecolor()[3] > 0}
     entries: dict[str, Artist] = {name: Patch(color=color) for name, color in legend if to_rgba(color) in used}
     labelled = sorted(zip(*ax.get_legend_handles_labels(), strict=True), key=lambda e: not _filled(e[0]))
     entries |= {name: h for h, name in labelled if name not in entries}
@@ -529,7 +529,10 @@ def bars(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale) -> None:
         at, v = pos + (k - (len(cols) - 1) / 2) * width, df[col].to_numpy(dtype=float) / s.div
         end = v  # where the bar's text goes: past its whisker, if any
         name, color = list(p.colors.items())[n] if p.colors else (None, BAR)
-        ax.barh(at, np.nan_to_num(v), width * 0.85, color=p.color(df) if p.color else color, label=name, zorder=2)
+        # colours by row (whose legend is the chart's): none where there is no value (a config that did
+        # not finish), whose zero-length bar in the faster colour listed that colour for a chart of none
+        rows = [c if np.isfinite(x) else "none" for c, x in zip(p.color(df), v, strict=True)] if p.color else color
+        ax.barh(at, np.nan_to_num(v), width * 0.85, color=rows, label=name, zorder=2)
         if n < len(p.err):
             lo, hi = (df[c].to_numpy(dtype=float) / s.div for c in p.err[n])
             ok = np.isfinite(v) & np.isfinite(lo) & np.isfinite(hi)
