@@ -1073,10 +1073,17 @@ def test_big_sweep_bar_charts_show_top_n_plus_baseline(engine: Any, tmp_path: Pa
     rep = make_report(engine, [sid], top=10)
     frame = rep.charts["throughput"].frame
     assert len(frame) == 11 and frame["is_baseline"].sum() == 1
-    assert "top 10 of 50 configs" in rep.shown_note
+    assert rep.shown_note.startswith("the 10 fastest of 50 configs by tokens/s and the baseline")
     best = frame[~frame["is_baseline"]]["throughput_per_s"]
     assert best.tolist() == sorted(best, reverse=True)
     assert best.min() == pytest.approx(sorted(b * s for b in range(1, 11) for s in (32, 64, 128, 256, 512))[-10])
+    # fewer ok configs than the cap: the note says how many are drawn, and names the ones that did not
+    # finish, which no bar shows ("top 30 of 36" stood over 26 bars)
+    for job in range(50, 55):
+        store.save_run(engine, run_row(sid, job, batch=64, seq_len=job, status="oom", tokens_per_s=None))
+    rep = make_report(engine, [sid], top=52)
+    assert len(rep.charts["throughput"].frame) == 50
+    assert rep.shown_note.startswith("the 50 fastest of 55 configs by tokens/s; 5 that did not finish not shown")
 
 
 def test_labels_name_only_differing_axes() -> None:
