@@ -1570,3 +1570,19 @@ def test_the_throughput_legend_names_only_colours_drawn(engine: Any, tmp_path: P
     assert not [t for t in legend if "faster" in t], legend
     ax = chart.figure.axes[0]
     assert [to_hex(p.get_facecolor(), keep_alpha=True)[-2:] for p in ax.patches][-1] == "00"  # the failed row's: none
+
+
+def test_no_colour_names_two_lines_in_one_legend(engine: Any, tmp_path: Path) -> None:
+    """Two scaling panels of 10 lines each share one legend: with the 10 colours of one palette, blue,
+    orange and green each named two configs."""
+    sid = new_sweep(engine, tmp_path / "sw")
+    for job, (batch, seq, workers) in enumerate(itertools.product((4, 8), (64, 128), range(6))):
+        tps = float(batch * seq * (10 + workers))
+        store.save_run(engine, run_row(sid, job, batch=batch, seq_len=seq, workers=workers, tokens_per_s=tps))
+    fig = make_report(engine, [sid]).charts["scaling"].figure
+    colours: dict[str, set[str]] = {}
+    for ax in fig.axes:
+        for line in ax.lines:
+            if not line.get_label().startswith(("_", "did not")):
+                colours.setdefault(to_hex(line.get_color()), set()).add(line.get_label())
+    assert len(colours) > 10 and all(len(names) == 1 for names in colours.values()), colours

@@ -191,7 +191,10 @@ def draw(spec: ChartSpec, frame: pd.DataFrame, note: str = "") -> Figure:
             drawn = p
             if p.kind == "lines":  # one colour per line across every facet: the legend is shared
                 groups = dict.fromkeys(frame[p.group])
-                drawn = replace(p, colors={g: DEEP[k % len(DEEP)] for k, g in enumerate(groups)})
+                # more lines than DEEP has colours (two panels' 12 lines): tab20's 20, so that no colour
+                # names two configs in the one legend
+                palette = DEEP if len(groups) <= len(DEEP) else matplotlib.colormaps["tab20"].colors
+                drawn = replace(p, colors={g: palette[k % len(palette)] for k, g in enumerate(groups)})
             for ax, facet in zip(row, facets, strict=False):
                 sub = frame if facet is None else frame[frame[spec.facet] == facet].reset_index(drop=True)
                 image = KINDS[p.kind](ax, sub, drawn, scale)
