@@ -171,6 +171,12 @@ def draw(spec: ChartSpec, frame: pd.DataFrame, note: str = "") -> Figure:
         width, height = max(11.0, 4.2 * ncol + 3.0), max(4.5, (0.38 + 0.2 * (lines - 1)) * len(frame) + 2.8)
     else:
         width, height = 6.5 * ncol + 2.5, 4.2 * nrow + 1.8
+        if panels[0].kind == "lines" and panels[0].group in frame:  # room for the legend's wrapped names
+            names = [config_name(g) for g in dict.fromkeys(frame[panels[0].group])]
+            per_row = max(1, int(width // 4.5))
+            rows = math.ceil(len(names) / per_row)
+            tallest = max((n.count("\n") + 1 for n in names), default=1)
+            height += max(0.0, 0.22 * tallest * rows - 0.6)  # a legend row of one-line names fit before
     with rc_context(STYLE):
         fig = Figure(figsize=(width, height), layout="constrained")
         FigureCanvasAgg(fig)  # render with Agg whatever backend the process uses
