@@ -68,9 +68,9 @@ def _strip_sql(sql: str) -> str:
             end = sql.find(m.group(), m.end())
             out.append(" ")
             i = n if end < 0 else end + len(m.group())
-        elif sql.startswith("--", i):
-            j = sql.find("\n", i)
-            i = n if j < 0 else j
+        elif sql.startswith("--", i):  # to the end of the line, a carriage return's too
+            ends = [j for j in (sql.find("\n", i), sql.find("\r", i)) if j >= 0]
+            i = min(ends, default=n)
         elif sql.startswith("/*", i):
             depth, i = 1, i + 2
             while i < n and depth:
@@ -88,12 +88,23 @@ def _strip_sql(sql: str) -> str:
 
 
 def check_read_only(sql: str) -> str:
-    """``sql`` without a trailing ``;`` if it is one reading statement; QueryError otherwise."""
-    bare = _strip_sql(sql).strip().rstrip(";").strip()
+    """``sql`` without a trailing ``;`` if it is one reading statement; QueryError otherwise.
+
+    A ``;`` anywhere but at the end is refused, inside quotes and comments too: a server splits
+    statements at ``;`` alone, so with none there is one statement, whatever the server's quoting
+    rules. Reading them as the server does was not enough: ``$€$'$€$``, an ``E''`` string continued
+    on the next line and a ``--`` comment ended by a carriage return each hid a ``;`` from the
+    check, and on PostgreSQL ``rollback; begin read write; create table ...`` ran. (Write
+    ``chr(59)``, SQLite's ``char(59)``, for a ``;`` inside a text.)"""
+    body = sql.strip().rstrip(";").rstrip()
+    if ";" in body:
+        raise QueryError(
+            "one statement at a time: the query holds a ';' before its end (inside quotes or a comment too; "
+            "for one in a text write chr(59) on PostgreSQL, char(59) on SQLite)"
+        )
+    bare = _strip_sql(body).strip()
     if not bare:
         raise QueryError("empty query")
-    if ";" in bare:
-        raise QueryError("one statement at a time: the query holds a ';' before its end")
     first = (m.group(1) if (m := re.match(r"[\s(]*(\w*)", bare)) else "").lower()  # "select*from", "(select 1)"
     if first not in READ_KEYWORDS:
         raise QueryError(f"{first.upper()} is refused: perfsweep query only reads (SELECT, WITH, VALUES, EXPLAIN)")
@@ -122,9 +133,16 @@ def run_query(engine: Engine, sql: str) -> pd.DataFrame:
     sql = check_read_only(sql)
     try:
         with engine.connect() as conn:
-            result = conn.exec_driver_sql(sql)  # as typed: text() took ':x', even in quotes, for a parameter
-            keys, rows = list(result.keys()), result.fetchall()
-    except DBAPIError as exc:
+            # to the driver's cursor as typed, with no parameters: SQLAlchemy's text() took ':x' for one,
+            # even in quotes, and exec_driver_sql gave psycopg2 an empty set, so '%' in 7 % 3 was one too
+            cursor = conn.connection.dbapi_connection.cursor()
+            try:
+                cursor.execute(sql)
+                keys = [d[0] for d in cursor.description or []]
+                rows = cursor.fetchall() if cursor.description else []
+            finally:
+                cursor.close()
+    except (DBAPIError, engine.dialect.loaded_dbapi.Error) as exc:
         raise QueryError(f"the database refused the query ({first_line(exc)})") from None
     raw = pd.DataFrame([tuple(r) for r in rows], columns=range(len(keys)), dtype=object)
     typed = pd.concat([typed_column(raw[i]) for i in range(len(keys))], axis=1) if keys else raw

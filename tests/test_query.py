@@ -34,6 +34,12 @@ WRITES = [
     "select $q$'$q$ as a; commit; set default_transaction_read_only = off; delete from runs; commit",
     "select E'\\'' as a; rollback; begin read write; delete from runs; commit; select ''''",
     "select 1 /* nested /* */ ; delete from runs",
+    # ...and what PostgreSQL's lexer quotes and a check's lexer did not: a tag of any letter, an E''
+    # string continued on the next line, a -- comment ended by a carriage return
+    "select $€$'$€$;rollback;begin read write;create table pwned1(x int);commit;select '1'",
+    "select E'a'\n'\\'';rollback;begin read write;create table pwned2(x int);commit;select '1'",
+    "select 1 --\r;rollback;begin read write;create table pwned3(x int);commit;select 2",
+    "select 'a;b'",
 ]
 
 
@@ -88,7 +94,9 @@ def test_the_connection_itself_cannot_write(db):
 
 @pytest.mark.parametrize("fmt", ["table", "csv", "json"])
 def test_formats(db, fmt, capsys):
-    sql = "SELECT batch, model_name FROM runs WHERE model_name = 'it''s; fine' ORDER BY batch;"
+    # a ';' in a text is written chr(59): the check refuses every ';' but a last one (test_writes_are_refused)
+    semicolon = "chr(59)" if "://" in db else "char(59)"  # PostgreSQL's, SQLite's
+    sql = f"SELECT batch, model_name FROM runs WHERE model_name = 'it''s' || {semicolon} || ' fine' ORDER BY batch;"
     assert main([sql, "--db", db, "--format", fmt]) == 0
     out = capsys.readouterr().out
     if fmt == "json":
@@ -199,6 +207,16 @@ def test_sqlite_file_is_untouched_by_a_query(tmp_path: Path):
     assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in tmp_path.iterdir()} == files
 
 
+def test_a_percent_sign_is_a_percent_sign(db, capsys):
+    """psycopg2 took '%' for a parameter once the query went through exec_driver_sql: 7 % 3 and
+    like 'x%' were tracebacks, and 'a%%b' came back as 'a%b'."""
+    for sql, expect in (("select 7 % 3 as m", "1"), ("select 'a%%b' as s", "a%%b"), ("select '%s' as s", "%s")):
+        assert main([sql, "--db", db, "--format", "csv"]) == 0, capsys.readouterr().err
+        assert capsys.readouterr().out.split()[1] == expect
+    assert main(["select count(*) as n from runs where model_name like 'it%'", "--db", db, "--format", "csv"]) == 0
+    assert capsys.readouterr().out.split() == ["n", "2"]
+
+
 def test_reads_as_written_run(db, capsys):
     """Valid reads the check once refused or SQLAlchemy mangled: no space after the keyword, a
     parenthesised query, and ':x' in quoted text (taken for a bind parameter: a traceback)."""
@@ -206,7 +224,7 @@ def test_reads_as_written_run(db, capsys):
     for sql in reads:  # (SQLite has no parenthesised statement)
         assert main([sql, "--db", db, "--format", "csv"]) == 0, capsys.readouterr().err
         assert len(capsys.readouterr().out.strip().splitlines()) == 3
-    quoted = "select 'ratio :x' as s" + (", $$a;b$$ as t" if "://" in db else "")  # dollar quotes: PostgreSQL's
+    quoted = "select 'ratio :x' as s" + (", $$a:b$$ as t" if "://" in db else "")  # dollar quotes: PostgreSQL's
     assert main([quoted, "--db", db]) == 0, capsys.readouterr().err
     assert "ratio :x" in capsys.readouterr().out
 
