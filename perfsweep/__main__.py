@@ -208,7 +208,9 @@ def _subcommand(name: str, argv: list[str]) -> int:
     perfsweep.report.build.publishing), exit 130 or 143, as a stopped sweep ends."""
     import importlib
 
-    interrupts.install()  # SIGTERM unwinds as Ctrl-C does (interrupts.Terminated), as in a sweep
+    # SIGTERM keeps its default, to end the command at once: a handler of Python's runs only between
+    # bytecodes, and `kill` waited for a query or a long draw to finish (a report's files are
+    # renamed into place under interrupts.held, which holds SIGTERM too)
     try:
         with interrupts.unmasked():
             return importlib.import_module(SUBCOMMANDS[name]).main(argv)
@@ -225,7 +227,7 @@ def _subcommand(name: str, argv: list[str]) -> int:
     except KeyboardInterrupt as exc:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second one would only cut this line short
         terminated = isinstance(interrupts.first_cause(exc), interrupts.Terminated)
-        print(f"perfsweep {name}: {'terminated (SIGTERM)' if terminated else 'interrupted'}", file=sys.stderr)
+        print(f"perfsweep {name}: {'terminated (SIGTERM)' if terminated else 'interrupted'}", file=sys.stderr)  # held
         return 128 + (signal.SIGTERM if terminated else signal.SIGINT)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import shlex
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -120,8 +121,11 @@ def spare_folder(sweep_dir: str | Path) -> Path:
 def import_command(url: str, sweep_dir: str | Path, files: list[Path]) -> str:
     """The command that stores ``files`` (kept in ``sweep_dir`` or its :func:`spare_folder`)."""
     spare = spare_folder(sweep_dir)
+    from perfsweep.summary import db_arg  # pandas: only for a hint to print
+
     places = [str(sweep_dir)] + ([str(spare)] if any(spare in f.parents for f in files) else [])
-    return f"perfsweep import {' '.join(places)} --db {store.hide_password(url)}"
+    # quoted, to run as pasted: a folder with a space or a '#' in its name split the command or ended it
+    return f"perfsweep import {' '.join(map(shlex.quote, places))} --db {db_arg(url)}"
 
 
 def pending_files(url: str, sweep_dir: str) -> list[Path]:

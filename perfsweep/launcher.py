@@ -114,7 +114,8 @@ class ProgressLine:
     def header(self) -> None:
         s = self.spec
         typed = re.sub(r"\\(.)", r"\1", " ".join(s.overrides))  # Hydra escapes ':' in values: db.url=sqlite\:///
-        print(f"[{s.job_num + 1}/{s.cfg.sweep.n_jobs}] {typed or '(defaults)'}", file=sys.stderr, flush=True)
+        shown = store.hide_password(typed)  # db.url's password is not for the terminal
+        print(f"[{s.job_num + 1}/{s.cfg.sweep.n_jobs}] {shown or '(defaults)'}", file=sys.stderr, flush=True)
 
     def update(self, phase: str, step: int, total: int, ms: float, loss: float) -> None:
         job_left = (total - step) * ms / 1000.0

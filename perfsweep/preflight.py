@@ -432,7 +432,7 @@ def reserve_sweep(url: str, sweep_dir: str, name: str, **fields: Any) -> int:
     """
     from perfsweep import store
 
-    if url.startswith("sqlite") and url.split("?")[0].rstrip("/") in ("sqlite:", "sqlite:/") or ":memory:" in url:
+    if store.in_memory(url):
         raise ConfigError(
             f"invalid config: db.url={store.hide_password(url)!r}: an in-memory SQLite database dies with each job's "
             "process; give a file, e.g. db.url=sqlite:///results.db"
@@ -630,7 +630,7 @@ def resume_points(url: str, sweep_dir: str, grid: list[tuple[int, str]], searche
     if (n_jobs is not None and n_jobs != len(grid)) or other:
         raise ConfigError(
             f"resume=true: the grid is not that of sweep {sweep_id} in {sweep_dir} ({n_jobs} grid points, run as: "
-            f"{command}); resume it with the same overrides, e.g. perfsweep resume {sweep_id} --db {store.hide_password(url)}, or run "
+            f"{store.hide_password(command or '')}); resume it with the same overrides, e.g. perfsweep resume {sweep_id} --db {store.hide_password(url)}, or run "
             "the new grid as a new sweep (without hydra.sweep.dir)"
         )
     hash_of = dict(grid)

@@ -37,7 +37,9 @@ def command_for(sweep: store.Sweep, db_url: str | None = None) -> list[str]:
     if not words or words[0] != "perfsweep":
         raise ValueError(f"sweep {sweep.id} has no stored perfsweep command; it cannot be resumed")
     if not is_multirun(sweep.command):
-        raise ValueError(f"sweep {sweep.id} was a single run ({sweep.command}); run that command again instead")
+        raise ValueError(
+            f"sweep {sweep.id} was a single run ({store.hide_password(sweep.command or '')}); run that command again instead"
+        )
     drop = ("hydra.sweep.dir=", "resume=", *(("db.url=",) if db_url else ()))
     keep = [w for w in words[1:] if not w.startswith(drop)]
     extra = [f"db.url={_quoted(db_url)}"] if db_url else []
@@ -80,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             except UserError as exc:
                 raise UserError(
                     f"{exc}; list them with: perfsweep query 'select id, name, status, created_at from sweeps' "
-                    f"--db {db}"
+                    f"--db {shlex.quote(db)}"
                 ) from None
         finally:
             probe.dispose()
@@ -131,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"perfsweep resume: {exc}", file=sys.stderr)
         return 2
-    print(f"perfsweep resume: sweep {sweep.id} in {launch_dir}: {' '.join(cmd[2:])}", file=sys.stderr)
+    shown = store.hide_password(" ".join(cmd[2:]))
+    print(f"perfsweep resume: sweep {sweep.id} in {launch_dir}: {shown}", file=sys.stderr)
     proc = subprocess.Popen(cmd, cwd=launch_dir)
     signal.signal(signal.SIGTERM, lambda signum, _frame: proc.send_signal(signum))  # stop the sweep, not orphan it
     while True:

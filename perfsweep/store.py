@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import socket
 import threading
 import time
@@ -547,7 +548,7 @@ def url_from_arg(db: str) -> str:
     ./results.db."""
     if not db.strip():
         raise UserError("--db is empty: give a SQLite file or a database URL")
-    if db.rstrip("/") in ("sqlite:", "sqlite:/") or ":memory:" in db:
+    if in_memory(db):
         raise UserError(
             f"--db {db}: an in-memory database holds no results and keeps none; give a SQLite file or a server URL"
         )
@@ -580,21 +581,29 @@ def sqlite_file(url: str) -> Path | None:
         return None
     try:
         return Path(make_url(url).database or "")  # as SQLAlchemy opens it: %XX decoded, options left out
-    except ArgumentError:
+    except (ArgumentError, ValueError):
         return Path(url.removeprefix("sqlite:///").split("?")[0])
 
 
-def hide_password(db: str) -> str:
-    """``db`` (a ``--db`` or ``db.url``) as messages show it: a URL's password as ``***``, as
-    SQLAlchemy prints one, so that an error line does not put it in a terminal's scrollback or a
-    CI log; anything else as it is."""
-    if "://" not in db:
-        return db
+def in_memory(url: str) -> bool:
+    """Whether ``url`` names an in-memory SQLite database, however spelled (``sqlite://``,
+    ``sqlite+pysqlite://``, ``sqlite://?cache=shared``, ``:memory:``): it dies with the process."""
+    if ":memory:" in url or "mode=memory" in url:
+        return True
     try:
-        url = make_url(db)
-    except ArgumentError:
-        return db
-    return url.render_as_string(hide_password=True) if url.password else db
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):
+        return False
+    return parsed.get_backend_name() == "sqlite" and not parsed.database
+
+
+def hide_password(db: str) -> str:
+    """``db`` (a ``--db`` or ``db.url``, or any text holding one, a sweep's command) as messages show
+    it: every URL's password as ``***``, so that a line does not put it in a terminal's scrollback
+    or a CI log; its ``password=`` option too. Textual, not SQLAlchemy's parse, which raised for a
+    URL with a port that is no number (a traceback where the line said the URL was wrong)."""
+    hidden = re.sub(r"(://[^/\s:@]*:)[^\s/]*@", r"\1***@", db)  # the last '@' before the host: u:p@ss@host
+    return re.sub(r"(?i)([?&]password=)[^&\s]*", r"\1***", hidden)
 
 
 def existing_url(db: str) -> str:

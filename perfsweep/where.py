@@ -129,9 +129,11 @@ class _Parser:
         return parts[0] if len(parts) == 1 else and_(*parts)
 
     def factor(self) -> ColumnElement:
-        self.depth += 1  # Python's own recursion limit came first: a RecursionError traceback
-        if self.depth > MAX_NESTING:
+        if (
+            self.depth > MAX_NESTING
+        ):  # (the comparison inside is a factor too) Python's own recursion limit came first: a RecursionError traceback
             raise WhereError(f"parentheses and NOTs nested over {MAX_NESTING} deep; write the filter flatter")
+        self.depth += 1
         try:
             if self.accept("kw", "not"):
                 return not_(self.factor())

@@ -82,6 +82,12 @@ def test_filters_stay_inside_the_sweep(two_sweeps, where, batches):
     assert len(load_runs(engine, [mine, theirs], where)) == 2 * len(batches)
 
 
+def test_a_filter_nested_100_deep_is_read():
+    """The limit is 100 parentheses or NOTs, not 99."""
+    for where in ("(" * 100 + "amp = 1" + ")" * 100, "NOT " * 100 + "amp = 1"):
+        assert parse_where(where, store.Run.__table__) is not None
+
+
 @pytest.mark.parametrize(
     ("where", "message"),
     [

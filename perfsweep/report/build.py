@@ -451,6 +451,10 @@ def write_report(report: Report, out_dir: Path) -> Path:
     return out_dir
 
 
+TYPED = ("overrides", "error")
+"""runs.csv columns that hold what the user typed (a db.url with its password): shown as messages show it."""
+
+
 def _write_files(report: Report, out_dir: Path) -> None:
     for chart in report.charts.values():
         if chart.figure is not None:
@@ -463,7 +467,12 @@ def _write_files(report: Report, out_dir: Path) -> None:
         "peak_mem_bytes",
     ]  # runs.csv: what people look for first, then every runs column
     columns = front + [c for c in report.runs if c not in front and c != "ok"]
-    report.runs[columns].to_csv(out_dir / "runs.csv", index=False)
+    hidden = {
+        c: report.runs[c].map(lambda v: store.hide_password(v) if isinstance(v, str) else v)
+        for c in TYPED
+        if c in columns
+    }
+    report.runs[columns].assign(**hidden).to_csv(out_dir / "runs.csv", index=False)
     (out_dir / "report.md").write_text(report_md(report))
 
 
@@ -764,7 +773,7 @@ def _report_md(report: Report) -> str:
     sources = [
         (s.id, what, v) for s in sweeps.itertuples() for what, v in (("command", s.command), ("folder", s.sweep_dir))
     ]
-    lines = [f"- Sweep {i} {what}: `{v}`\n" for i, what, v in sources if isinstance(v, str)]
+    lines = [f"- Sweep {i} {what}: `{store.hide_password(v)}`\n" for i, what, v in sources if isinstance(v, str)]
     lines += [f"- Filter (`--where`): `{report.where}`\n"] if report.where else []
     table = "\n\n".join(filter(None, results_table(report.configs)))
     drawn = [f"### {c.title}\n\n{c.caption}\n\n![{c.title}]({c.file})\n\n{c.extra_md}" for c in charts_ if c.figure]
