@@ -534,6 +534,7 @@ def test_an_empty_or_in_memory_database_or_folder_is_refused(tmp_path: Path, cap
     for command, args, said in (
         (importer.main, [str(result), "--db", ""], "--db is empty"),
         (importer.main, [str(result), "--db", "sqlite://"], "in-memory"),
+        (importer.main, [str(result), "--db", "sqlite+pysqlite://"], "in-memory"),
         (upgrade.main, ["--db", "sqlite:///:memory:"], "in-memory"),
         (main, ["select 1", "--db", "sqlite://"], "in-memory"),
     ):
@@ -547,3 +548,39 @@ def test_an_empty_or_in_memory_database_or_folder_is_refused(tmp_path: Path, cap
         report_main(["--db", str(db), "--out", ""])
     assert stop.value.code == 2 and "--out: is empty" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job", "results.db"]
+
+
+def test_passwords_are_hidden_in_any_text_that_holds_a_url():
+    """Textual, so that a command line holding a db.url is hidden too, and a URL SQLAlchemy cannot
+    parse (a port that is no number: a ValueError traceback) still is."""
+    cases = {
+        "postgresql://u:s3cret@host:notaport/db": "postgresql://u:***@host:notaport/db",
+        "postgresql://u:p@ss@host/db": "postgresql://u:***@host/db",
+        "postgresql://u@host/db?password=s3cret&sslmode=require": "postgresql://u@host/db?password=***&sslmode=require",
+        "perfsweep -m amp=true db.url=postgresql+psycopg2://me:s3cret@h:5432/x": (
+            "perfsweep -m amp=true db.url=postgresql+psycopg2://me:***@h:5432/x"
+        ),
+        "postgresql://me@host/db": "postgresql://me@host/db",
+        "/data/my results.db": "/data/my results.db",
+    }
+    assert {k: store.hide_password(k) for k in cases} == cases
+    assert all(store.in_memory(u) for u in ("sqlite://", "sqlite+pysqlite://", "sqlite://?cache=shared"))
+    assert not any(store.in_memory(u) for u in ("sqlite:///results.db", "results.db", "postgresql://u@h/db"))
+
+
+def test_sigterm_ends_a_long_query_at_once(tmp_path: Path):
+    """With a Python SIGTERM handler installed for the read-only commands, ``kill`` waited for the
+    query to finish; the default ends the process at once."""
+    import signal
+    import time
+
+    db = tmp_path / "results.db"
+    store.connect(f"sqlite:///{db}").dispose()
+    slow = "with recursive n(i) as (select 1 union all select i + 1 from n where i < 1000000000) select count(*) from n"
+    proc = subprocess.Popen([sys.executable, "-m", "perfsweep", "query", slow, "--db", str(db)], stderr=subprocess.PIPE)
+    time.sleep(3)  # its imports done, the query running
+    assert proc.poll() is None
+    start = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+    assert time.monotonic() - start < 2 and proc.returncode == -signal.SIGTERM
