@@ -203,9 +203,8 @@ SUBCOMMANDS = {
 
 def _subcommand(name: str, argv: list[str]) -> int:
     """Run ``perfsweep NAME ...``; output piped into ``head`` that stops reading ends it quietly, a
-    path it cannot look at in one line (exit 2), and
-    Ctrl-C or SIGTERM in one line (a report's files are replaced whole or not at all:
-    perfsweep.report.build.publishing), exit 130 or 143, as a stopped sweep ends."""
+    path it cannot look at in one line (exit 2), and Ctrl-C in one line, exit 130, as a stopped sweep
+    ends (a report's files are replaced whole or not at all: perfsweep.report.build.publishing)."""
     import importlib
 
     # SIGTERM keeps its default, to end the command at once: a handler of Python's runs only between
@@ -224,11 +223,10 @@ def _subcommand(name: str, argv: list[str]) -> int:
             raise
         print(f"perfsweep {name}: {exc.filename}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as exc:
+    except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second one would only cut this line short
-        terminated = isinstance(interrupts.first_cause(exc), interrupts.Terminated)
-        print(f"perfsweep {name}: {'terminated (SIGTERM)' if terminated else 'interrupted'}", file=sys.stderr)  # held
-        return 128 + (signal.SIGTERM if terminated else signal.SIGINT)
+        print(f"perfsweep {name}: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
 
 
 def _hint(exc: BaseException) -> str | None:

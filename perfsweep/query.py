@@ -39,15 +39,10 @@ def _ident(ch: str) -> bool:
 
 
 def _strip_sql(sql: str) -> str:
-    """The SQL with comments and quoted text blanked, so keywords and ``;`` can be found safely.
-
-    By PostgreSQL's rules, which SQLite's are a subset of: '' inside quotes, backslash escapes in
-    E'...' text, dollar-quoted text, nested block comments. Where this read less text as quoted
-    than the server does, a ';' the server takes as text is refused here, which is safe; the
-    danger is the other way, text read as quoted that the server does not quote: ``$$'$$``
-    (a dollar-quoted apostrophe) and ``E'\''`` (an escaped one) hid every statement after them,
-    and on PostgreSQL ``rollback; begin read write; delete ...`` ran. (SQLite is also held by its
-    driver, which runs one statement per call.)"""
+    """The SQL with comments and quoted text blanked, so that its first keyword can be read (what
+    one statement does is the read-only session's to hold; :func:`check_read_only` counts the
+    statements on the raw text). By PostgreSQL's rules, which SQLite's are a subset of: '' inside
+    quotes, backslash escapes in E'...' text, dollar-quoted text, nested block comments."""
     out, i, n = [], 0, len(sql)
     while i < n:
         ch = sql[i]
