@@ -211,8 +211,7 @@ def _subcommand(name: str, argv: list[str]) -> int:
     # bytecodes, and `kill` waited for a query or a long draw to finish (a report's files are
     # renamed into place under interrupts.held, which holds SIGTERM too)
     try:
-        with interrupts.unmasked():
-            return importlib.import_module(SUBCOMMANDS[name]).main(argv)
+        return importlib.import_module(SUBCOMMANDS[name]).main(argv)
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
         return 1

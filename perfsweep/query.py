@@ -30,40 +30,16 @@ class QueryError(ValueError):
     """A query or database perfsweep will not run; the message is one line."""
 
 
-DOLLAR_QUOTE = re.compile(r"\$(?:[^\W\d]\w*)?\$")
-"""The opening of PostgreSQL's dollar-quoted text (``$$``, ``$tag$``): it runs to the same tag."""
-
-
-def _ident(ch: str) -> bool:
-    return ch.isalnum() or ch in "_$"
-
-
-def _strip_sql(sql: str) -> str:
-    """The SQL with comments and quoted text blanked, so that its first keyword can be read (what
-    one statement does is the read-only session's to hold; :func:`check_read_only` counts the
-    statements on the raw text). By PostgreSQL's rules, which SQLite's are a subset of: '' inside
-    quotes, backslash escapes in E'...' text, dollar-quoted text, nested block comments."""
-    out, i, n = [], 0, len(sql)
+def _first_word(sql: str) -> str | None:
+    """The first word of ``sql`` past whitespace, parentheses and comments (``--`` to a line's end,
+    a carriage return's too; ``/* */`` nested, as PostgreSQL nests them), lower-cased; None where
+    nothing else is there. What one statement does is the read-only session's to hold, and
+    :func:`check_read_only` counts the statements on the raw text: no quoting rules are needed."""
+    i, n = 0, len(sql)
     while i < n:
-        ch = sql[i]
-        after_ident = i > 0 and _ident(sql[i - 1])
-        if ch in "'\"":
-            escapes = ch == "'" and i > 0 and sql[i - 1] in "eE" and not (i > 1 and _ident(sql[i - 2]))
-            j = i + 1
-            while j < n:
-                if (escapes and sql[j] == "\\") or sql.startswith(ch * 2, j):  # an escaped character, '' or ""
-                    j += 2
-                elif sql[j] == ch:
-                    break
-                else:
-                    j += 1
-            out.append(" ")
-            i = j + 1
-        elif ch == "$" and not after_ident and (m := DOLLAR_QUOTE.match(sql, i)):
-            end = sql.find(m.group(), m.end())
-            out.append(" ")
-            i = n if end < 0 else end + len(m.group())
-        elif sql.startswith("--", i):  # to the end of the line, a carriage return's too
+        if sql[i].isspace() or sql[i] == "(":
+            i += 1
+        elif sql.startswith("--", i):
             ends = [j for j in (sql.find("\n", i), sql.find("\r", i)) if j >= 0]
             i = min(ends, default=n)
         elif sql.startswith("/*", i):
@@ -75,11 +51,9 @@ def _strip_sql(sql: str) -> str:
                     depth, i = depth - 1, i + 2
                 else:
                     i += 1
-            out.append(" ")
         else:
-            out.append(ch)
-            i += 1
-    return "".join(out)
+            return re.match(r"\w*", sql[i:]).group().lower()  # "select*from", "(select 1)"
+    return None
 
 
 def check_read_only(sql: str) -> str:
@@ -97,10 +71,9 @@ def check_read_only(sql: str) -> str:
             "one statement at a time: the query holds a ';' before its end (inside quotes or a comment too; "
             "for one in a text write chr(59) on PostgreSQL, char(59) on SQLite)"
         )
-    bare = _strip_sql(body).strip()
-    if not bare:
+    first = _first_word(body)
+    if first is None:
         raise QueryError("empty query")
-    first = (m.group(1) if (m := re.match(r"[\s(]*(\w*)", bare)) else "").lower()  # "select*from", "(select 1)"
     if first not in READ_KEYWORDS:
         raise QueryError(f"{first.upper()} is refused: perfsweep query only reads (SELECT, WITH, VALUES, EXPLAIN)")
     return sql.strip().rstrip(";")
