@@ -355,19 +355,31 @@ def cli() -> None:
     without the interpreter's teardown of torch, pandas and matplotlib, which added 0.3 s to a sweep
     and 0.1 s to a query (the exit handlers still run: perfsweep.job_entry.exit_now). An uncaught exception
     still ends the normal way, with its traceback."""
+    answered = False
     try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        if exc.code is None or isinstance(exc.code, int):
-            code = exc.code or 0
-        else:  # sys.exit("message"), as Python prints it
-            print(exc.code, file=sys.stderr)
-            code = 1
-    # the last line is out and everything is stored: a Ctrl-C in the teardown has nothing left to
-    # stop, and raised there it printed "Exception ignored ... KeyboardInterrupt" after that line
-    for sig in interrupts.HELD_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
+        try:
+            main()
+            code = 0
+        except SystemExit as exc:
+            if exc.code is None or isinstance(exc.code, int):
+                code = exc.code or 0
+            else:  # sys.exit("message"), as Python prints it
+                print(exc.code, file=sys.stderr)
+                code = 1
+        answered = True
+        # the last line is out and everything is stored: a Ctrl-C in the teardown has nothing left to
+        # stop, and raised there it printed "Exception ignored ... KeyboardInterrupt" after that line
+        for sig in interrupts.HELD_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+    except KeyboardInterrupt as exc:
+        # one that came after every handler in main() (as a command returned, "Report: ..." printed,
+        # or on these very lines) was a traceback under the command's last line
+        for sig in interrupts.HELD_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        if not answered:
+            terminated = isinstance(exc, interrupts.Terminated)
+            print(f"perfsweep: {'terminated (SIGTERM)' if terminated else 'interrupted'}", file=sys.stderr)
+            code = 128 + (signal.SIGTERM if terminated else signal.SIGINT)
     from perfsweep import job_entry
 
     job_entry.exit_now(code)

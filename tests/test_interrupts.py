@@ -307,3 +307,42 @@ def test_a_ctrl_c_hidden_by_hydra_s_cleanup_stops_the_sweep_as_a_ctrl_c(tmp_path
     db = tmp_path / "results.db"
     assert [r["status"] for r in sqlite_rows(db, "SELECT status FROM runs ORDER BY job_num")] == ["ok"]
     assert [r["status"] for r in sqlite_rows(db, "SELECT status FROM sweeps")] == ["interrupted"]
+
+
+# Ctrl-C just after a command has answered (its last line printed, back in main()), where no
+# handler of the command's is left: it was a traceback under that line.
+CTRL_C_AS_A_COMMAND_RETURNS = """
+import signal
+import perfsweep.__main__ as entry
+
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, even under a `&` test runner
+answer = entry._subcommand
+
+def answered_then_ctrl_c(name, argv):
+    code = answer(name, argv)
+    signal.raise_signal(signal.SIGINT)
+    return code
+
+entry._subcommand = answered_then_ctrl_c
+entry.cli()
+"""
+
+
+def test_a_ctrl_c_after_a_command_answered_is_one_line_not_a_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "ctrl_c_after.py"
+    script.write_text(CTRL_C_AS_A_COMMAND_RETURNS)
+    res = subprocess.run(
+        [sys.executable, str(script), "trace", str(tmp_path / "nosuch.json")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = res.stderr.strip().splitlines()
+    assert "Traceback" not in res.stderr and "KeyboardInterrupt" not in res.stderr, res.stderr
+    assert lines[0].startswith("perfsweep trace: ") and "nosuch.json" in lines[0], res.stderr  # its answer stays
+    assert lines[1:] == ["perfsweep: interrupted"], res.stderr
+    assert res.returncode == 130
