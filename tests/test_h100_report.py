@@ -159,3 +159,71 @@ def test_ctrl_c_while_a_report_is_drawn_leaves_the_one_there_whole(tmp_path: Pat
     _, err = finish(proc, timeout=60)
     assert proc.returncode == 130 and err.strip() == "perfsweep report: interrupted", (proc.returncode, err)
     assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in out.iterdir()} == before
+
+
+def test_a_report_killed_while_drawing_leaves_a_folder_the_next_one_removes(tmp_path: Path):
+    """SIGKILL (or a power cut) mid-draw leaves the scratch folder a report draws into, a PNG or
+    more, for good. The next report there removes it, once no live writer holds it (a report still
+    drawing keeps its own) and it has not changed for a minute (one made this instant is not locked yet)."""
+    import fcntl
+    import os
+    import signal
+    import time
+
+    from perfsweep.report.build import ABANDONED_AFTER_S, SCRATCH_PREFIX
+    from tests.util import finish, run_perfsweep, start_perfsweep
+
+    db = build_h100_db(tmp_path / "results.db").removeprefix("sqlite:///")
+    out = tmp_path / "rep"
+    args = ["report", "--db", db, "--sweep", "1", "--out", str(out)]
+    proc = start_perfsweep(args, tmp_path)
+    deadline = time.monotonic() + 60
+    while not list(out.glob(SCRATCH_PREFIX + "*/*.png")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    finish(proc, timeout=60)
+    (killed,) = out.glob(SCRATCH_PREFIX + "*")
+    drawing = out / f"{SCRATCH_PREFIX}live"  # another report's, still drawing: it holds the lock
+    drawing.mkdir()
+    holder = os.open(drawing, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fresh = out / f"{SCRATCH_PREFIX}fresh"  # just made by a report about to lock it
+        fresh.mkdir()
+        old = time.time() - ABANDONED_AFTER_S - 5
+        for folder in (killed, drawing):
+            os.utime(folder, (old, old))
+        done = run_perfsweep(args, tmp_path)
+        assert done.returncode == 0, done.stderr
+        left = sorted(p.name for p in out.glob(SCRATCH_PREFIX + "*"))
+    finally:
+        os.close(holder)
+    assert left == sorted([drawing.name, fresh.name]), left
+    assert {"report.md", "runs.csv", "throughput.png"} <= {p.name for p in out.iterdir()}
+
+
+def test_a_folder_named_like_a_report_file_stops_the_report_before_it_replaces_anything(tmp_path: Path):
+    """``--out x`` with a folder ``x/runs.csv/``: every other file was replaced and runs.csv stayed
+    old beside the new report.md, with an error naming the scratch path."""
+    import hashlib
+
+    from perfsweep.report.build import SCRATCH_PREFIX
+    from tests.util import run_perfsweep
+
+    db = build_h100_db(tmp_path / "results.db").removeprefix("sqlite:///")
+    out = tmp_path / "rep"
+    args = ["report", "--db", db, "--sweep", "1", "--out", str(out)]
+    assert run_perfsweep(args, tmp_path).returncode == 0
+    (out / "runs.csv").unlink()
+    (out / "runs.csv").mkdir()
+    (out / "runs.csv" / "mine.txt").write_text("a user's file")
+    before = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in out.iterdir() if p.is_file()}
+    res = run_perfsweep(args, tmp_path)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip() == (
+        f"perfsweep report: {out / 'runs.csv'} is a folder, where the report writes a file of that name; "
+        "move it away or give another --out (the report there is left as it was)"
+    )
+    assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in out.iterdir() if p.is_file()} == before
+    assert (out / "runs.csv" / "mine.txt").read_text() == "a user's file"
+    assert not list(out.glob(SCRATCH_PREFIX + "*"))

@@ -11,9 +11,12 @@ lists the charts it left out and why, so a missing picture is never a silent fai
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
+import shutil
 import tempfile
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -425,21 +428,84 @@ def shared_context(configs: pd.DataFrame) -> str:
     return ", ".join(part.replace(" ", NBSP) for part in parts)
 
 
+SCRATCH_PREFIX = ".perfsweep-writing-"
+"""The folder a report is drawn into beside its ``--out`` (:func:`publishing`)."""
+ABANDONED_AFTER_S = 60.0
+"""A scratch folder this much older than its last change, and locked by no writer, was left by a
+report killed mid-draw (SIGKILL, a power cut): the next report in that folder removes it."""
+
+
 @contextmanager
 def publishing(out_dir: Path, stale: Iterable[str] = ()) -> Iterator[Path]:
     """A folder to write a report's files into; when the block ends, they replace those of the same
     name in ``out_dir`` and the ``stale`` files there are removed, with Ctrl-C held for those few
     renames: ``out_dir`` holds the old report or the new one, whole. Written in place, a Ctrl-C
     while a chart was drawn left it missing or cut short (124 bytes of a PNG), under the old
-    report.md that showed it. Other files in ``out_dir`` (``--out slides/``) stay as they are."""
+    report.md that showed it. Other files in ``out_dir`` (``--out slides/``) stay as they are.
+
+    A folder in ``out_dir`` with a file's name (``runs.csv/``) is an error before anything is
+    replaced: renamed around it, that one file stayed old beside a new report.md."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".perfsweep-writing-", dir=out_dir) as tmp:  # same filesystem
-        yield Path(tmp)
+    _remove_abandoned(out_dir)
+    tmp = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=out_dir))  # same filesystem: renames, not copies
+    lock = _lock(tmp)
+    try:
+        yield tmp
+        new = sorted(tmp.iterdir())
+        blocked = [out_dir / p.name for p in new if _is_folder(out_dir / p.name)]
+        if blocked:
+            raise UserError(
+                f"{blocked[0]} is a folder, where the report writes a file of that name; move it away or "
+                "give another --out (the report there is left as it was)"
+            )
         with interrupts.held("perfsweep: saving the report's files; stopping after that"):
             for name in stale:
-                (out_dir / name).unlink(missing_ok=True)
-            for path in sorted(Path(tmp).iterdir()):
+                if not _is_folder(out_dir / name):
+                    (out_dir / name).unlink(missing_ok=True)
+            for path in new:
                 os.replace(path, out_dir / path.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if lock is not None:
+            os.close(lock)
+
+
+def _is_folder(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink()  # a link is replaced by the rename, whatever it points at
+
+
+def _lock(folder: Path) -> int | None:
+    """A descriptor holding an exclusive flock on ``folder`` while a report is drawn there; it
+    goes with the process however that ends. None where the filesystem has no such lock (some
+    NFS mounts): such a folder is then never taken for abandoned."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _remove_abandoned(out_dir: Path) -> None:
+    """Remove the scratch folders of reports killed while drawing into ``out_dir``: those no live
+    writer holds locked (:func:`_lock`), unchanged for :data:`ABANDONED_AFTER_S` (a folder made
+    this instant is not locked yet). They were left for good, a PNG each."""
+    for folder in out_dir.glob(SCRATCH_PREFIX + "*"):
+        try:
+            if not _is_folder(folder) or time.time() - folder.stat().st_mtime < ABANDONED_AFTER_S:
+                continue
+            fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # taken: its writer is gone
+        except OSError:
+            continue  # a report still drawing there, or a lock this filesystem cannot give
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+        finally:
+            os.close(fd)
 
 
 def write_report(report: Report, out_dir: Path) -> Path:
