@@ -74,7 +74,31 @@ def read_result(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     ]
     if missing:
         raise ValueError(f"{path}: not a whole perfsweep result (no {', '.join(missing)})")
+    if problem := _field_problem(sweep, run):
+        raise ValueError(f"{path}: not a perfsweep result as written ({problem})")
     return sweep, run
+
+
+SWEEP_FIELDS = ("sweep_dir", "name", "command", "n_jobs", "hostname", "launch_dir")
+"""What :func:`import_file` takes from a result's ``sweep`` (the rest is the sweep's own)."""
+
+
+def _field_problem(sweep: dict[str, Any], run: dict[str, Any]) -> str | None:
+    """The first field the tables would not take as it is (:func:`perfsweep.store.field_problem`),
+    checked before the database is opened: a file edited by hand, or by another tool, was stored
+    with ``status: 5`` or ``config_json`` as text, and the sweep's report failed later."""
+    if not run["run_uid"].strip():
+        return "run.run_uid is empty"
+    fields = {k: v for k, v in run.items() if k not in store.RUN_CHILDREN}
+    problem = store.field_problem(store.Sweep, {k: sweep[k] for k in SWEEP_FIELDS if k in sweep}, "sweep")
+    problem = problem or store.field_problem(store.Run, fields, "run")
+    for attr, cls in store.RUN_CHILDREN.items():
+        rows = run.get(attr) or []
+        if problem is None and not isinstance(rows, list):
+            problem = f"run.{attr} is {store.shown_value(rows)}, not a list of {cls.__tablename__} rows"
+        for i, row in enumerate(rows if isinstance(rows, list) else []):
+            problem = problem or store.field_problem(cls, row, f"run.{attr}[{i}]")
+    return problem
 
 
 def import_file(engine: Engine, path: Path) -> tuple[str, int]:
@@ -91,7 +115,7 @@ def import_file(engine: Engine, path: Path) -> tuple[str, int]:
         engine,
         sweep["sweep_dir"],
         sweep["name"],
-        **{k: sweep.get(k) for k in ("command", "n_jobs", "hostname", "launch_dir")},
+        **{k: sweep.get(k) for k in SWEEP_FIELDS[2:]},
     )
     with store.session(engine) as s:  # a sweep that exists only through imported results has ended
         s.execute(

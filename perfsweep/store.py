@@ -1117,6 +1117,65 @@ def mark_interrupted(engine: Engine) -> int:
     return len(gone_runs)
 
 
+RUN_CHILDREN: dict[str, type[Base]] = {
+    "steps": Step,
+    "stages": Stage,
+    "kernels": Kernel,
+    "ops": Op,
+    "artifacts": Artifact,
+}
+"""A result's lists of rows (:func:`save_run`), each stored in its own table under the run."""
+
+_TAKES: tuple[tuple[type | tuple[type, ...], tuple[type, ...], str], ...] = (
+    (Real, (int, float), "a number"),
+    (UTCDateTime, (datetime, str), "an ISO 8601 time"),
+    (PortableJSON, (dict,), "a JSON object"),
+    (Boolean, (bool,), "true or false"),
+    (Integer, (int,), "a whole number"),  # BigInteger too
+    ((String, Text), (str,), "text"),
+)
+
+
+def shown_value(value: Any) -> str:
+    kind = {bool: "true/false", int: "a number", float: "a number", str: "text", dict: "a JSON object"}
+    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+    return f"{shown} ({kind.get(type(value), type(value).__name__)})"
+
+
+def field_problem(cls: type[Base], row: Any, where: str) -> str | None:
+    """The first field of ``row`` that table ``cls`` would not take as it is, in one line naming
+    the field, its value and what the column takes (None when every field fits). For results read
+    from files (perfsweep import): a ``status: 5`` or a ``config_json`` given as text was stored,
+    and the sweep's report failed later, or the driver's refusal was blamed on the database."""
+    table = cls.__tablename__
+    if not isinstance(row, dict):
+        return f"{where} is {shown_value(row)}, not a JSON object of {table} columns"
+    columns = cls.__table__.columns
+    for key, value in row.items():
+        col = columns.get(key)
+        if col is None:
+            return f"{where}.{key}: {table} has no such column"
+        said, accepted = next(((said, ok) for types, ok, said in _TAKES if isinstance(col.type, types)), ("", ()))
+        if value is None:
+            if not (col.nullable or col.primary_key or col.foreign_keys):
+                return f"{where}.{key} is null; {table}.{key} takes {said}"
+            continue
+        if accepted and (not isinstance(value, accepted) or (isinstance(value, bool) and bool not in accepted)):
+            return f"{where}.{key} is {shown_value(value)}; {table}.{key} takes {said}"
+        if isinstance(col.type, UTCDateTime) and isinstance(value, str):
+            try:
+                datetime.fromisoformat(value)
+            except ValueError:
+                return f"{where}.{key} is {shown_value(value)}; {table}.{key} takes {said}"
+    missing = [
+        c.name
+        for c in columns
+        if not (c.nullable or c.primary_key or c.foreign_keys or c.default is not None or c.server_default is not None)
+        and c.name not in row
+    ]
+    return f"{where} has no {', '.join(missing)}" if missing else None
+
+
 def save_run(engine: Engine, result: dict[str, Any], run_id: int | None = None) -> int:
     """Write one finished job (run row plus its steps, stages, ops, artifacts) in one transaction.
 
@@ -1124,13 +1183,7 @@ def save_run(engine: Engine, result: dict[str, Any], run_id: int | None = None) 
     row that already holds a final status is never overwritten, the result is added beside it.
     """
     result = dict(result)
-    children = {
-        "steps": (Step, result.pop("steps", []) or []),
-        "stages": (Stage, result.pop("stages", []) or []),
-        "kernels": (Kernel, result.pop("kernels", []) or []),
-        "ops": (Op, result.pop("ops", []) or []),
-        "artifacts": (Artifact, result.pop("artifacts", []) or []),
-    }
+    children = {attr: (cls, result.pop(attr, []) or []) for attr, cls in RUN_CHILDREN.items()}
     columns = set(Run.__table__.columns.keys())
     unknown = set(result) - columns
     if unknown:

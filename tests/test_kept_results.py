@@ -348,6 +348,50 @@ def test_import_refuses_what_is_not_a_result(tmp_path: Path, capsys: pytest.Capt
     assert [r["run_uid"] for r in rows(tmp_path / "r.db", "SELECT run_uid FROM runs ORDER BY run_uid")] == ["u1", "u3"]
 
 
+WRONGLY_TYPED = {
+    # field edited in a result.json -> what the one line says (field, value, what the column takes)
+    "status": (5, "run.status is 5 (a number); runs.status takes text"),
+    "config_json": (
+        '{"amp": false}',
+        """run.config_json is '{"amp": false}' (text); runs.config_json takes a JSON object""",
+    ),
+    "run_uid": ("  ", "run.run_uid is empty"),
+    "batch": (True, "run.batch is True (true/false); runs.batch takes a whole number"),
+    "amp": ("yes", "run.amp is 'yes' (text); runs.amp takes true or false"),
+    "tokens_per_s": ("fast", "run.tokens_per_s is 'fast' (text); runs.tokens_per_s takes a number"),
+    "finished_at": ("yesterday", "run.finished_at is 'yesterday' (text); runs.finished_at takes an ISO 8601 time"),
+    "model_name": (None, "run.model_name is null; runs.model_name takes text"),
+    "steps": ("none", "run.steps is 'none' (text), not a list of steps rows"),
+    "stages": ([{"stage": "forward"}], "run.stages[0] has no cpu_time_ms, device_time_source, calls"),
+}
+
+
+def test_import_names_a_field_of_the_wrong_type_and_stores_nothing_of_that_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+):
+    """A result.json edited by hand or by another tool: ``status: 5`` or ``config_json`` as text
+    was stored, and the sweep's report failed later; a type the driver refused was blamed on the
+    database ("the database refused the write"). Each is now one line naming the file, the field,
+    its value and what the column takes, before the database is opened; the good file is stored."""
+    sweep = {"sweep_dir": str(tmp_path / "s"), "name": "s"}
+    for field, (value, _) in WRONGLY_TYPED.items():
+        importer.write_result_file(
+            (tmp_path / field).with_suffix(".json"), sweep, run_row(0, run_uid=f"bad-{field}") | {field: value}
+        )
+    importer.write_result_file(tmp_path / "good.json", sweep, run_row(0, run_uid="good"))
+    files = [str((tmp_path / f).with_suffix(".json")) for f in [*WRONGLY_TYPED, "good"]]
+    db = tmp_path / "r.db"
+    assert importer.main([*files, "--db", str(db)]) == 1
+    out, err = capsys.readouterr()
+    said = err.strip().splitlines()
+    assert said == [
+        f"perfsweep import: {(tmp_path / field).with_suffix('.json')}: not a perfsweep result as written ({line})"
+        for field, (_, line) in WRONGLY_TYPED.items()
+    ]
+    assert f"{len(files)} result files: {len(WRONGLY_TYPED)} unreadable, 1 imported" in out, out
+    assert [r["run_uid"] for r in rows(db, "SELECT run_uid FROM runs")] == ["good"]
+
+
 def test_a_job_starting_while_the_database_is_down_runs_and_keeps_its_result(tmp_path: Path):
     """The server went away between two jobs of a sweep: the next job still trains, and its
     result waits in its folder for perfsweep import (it was an exception before any training:
