@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shlex
 import signal
 import socket
 import sys
@@ -20,7 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from perfsweep import interrupts, preflight
+from perfsweep import interrupts, preflight, store
 from perfsweep.config import MAX_BATCH, ConfigError, register_configs, to_run_config
 from perfsweep.names import EXIT_0_STATUSES, NOT_OVERRIDES, STACKS_ENV, SWEEP_MARKER
 
@@ -74,7 +73,7 @@ def hydra_main(cfg: DictConfig) -> str:
     multirun = hc.mode == RunMode.MULTIRUN
     launch_dir = Path(hc.runtime.cwd)
     sweep_dir = str(Path(hc.sweep.dir if multirun else hc.run.dir).resolve())
-    command = shlex.join(["perfsweep", *sys.argv[1:]])
+    command = store.typed_command()
     claimed = False
     sweep_id = None
     try:

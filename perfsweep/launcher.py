@@ -98,6 +98,14 @@ def config_hash(config: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()
 
 
+def stored_config(config: dict[str, Any]) -> dict[str, Any]:
+    """``runs.config_json``: the config with its db.url's password as ``***``, as ``overrides`` and
+    ``sweeps.command`` store it. Nothing connects from a stored config (resume takes its --db), and
+    every reader of the results could read the password there."""
+    url = config.get("db", {}).get("url")
+    return {**config, "db": {**config["db"], "url": store.hide_password(url)}} if url else config
+
+
 class ProgressLine:
     """Shows job k/n, its overrides, the step it is on and the time left, for people watching."""
 
@@ -673,11 +681,11 @@ def run_job(
     row.update(
         sweep_id=sweep_id,
         job_num=spec.job_num,
-        overrides=" ".join(spec.overrides),
+        overrides=store.hide_password(" ".join(spec.overrides)),
         amp_dtype=config["amp_dtype"],
         model_name=cfg.model.model_name[:100],  # the columns' length: a long _target_ path is cut, not refused
         data_name=cfg.data.data_name[:100],
-        config_json=config,
+        config_json=stored_config(config),
         config_hash=config_hash(config),
         started_at=started,
         job_dir=str(spec.job_dir.resolve()),

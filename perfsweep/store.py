@@ -15,7 +15,9 @@ import logging
 import math
 import os
 import re
+import shlex
 import socket
+import sys
 import threading
 import time
 import weakref
@@ -604,6 +606,14 @@ def hide_password(db: str) -> str:
     URL with a port that is no number (a traceback where the line said the URL was wrong)."""
     hidden = re.sub(r"(://[^/\s:@]*:)[^\s/]*@", r"\1***@", db)  # the last '@' before the host: u:p@ss@host
     return re.sub(r"(?i)([?&]password=)[^&\s]*", r"\1***", hidden)
+
+
+def typed_command() -> str:
+    """``sweeps.command``: this process's command line as a user would type it again, a db.url's
+    password as ``***`` (:func:`hide_password`). ``perfsweep resume`` takes the database from its
+    own ``--db``, so the stored command needs no password, and a results database is no place to
+    keep the password to itself: every reader of the results could read it there."""
+    return hide_password(shlex.join(["perfsweep", *sys.argv[1:]]))
 
 
 def existing_url(db: str) -> str:

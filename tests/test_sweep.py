@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from perfsweep import metrics
+from perfsweep import metrics, store
 from perfsweep.names import STACKS_ENV, interrupted_tail
 from tests.util import TINY, finish, run_perfsweep, start_as_in_a_terminal, wait_for
 from tests.util import sqlite_rows as rows
@@ -238,12 +238,18 @@ def test_single_run_without_multirun(tmp_path: Path):
 
 
 def test_sweep_into_postgresql(tmp_path: Path, pg_url: str):
-    """A sweep that spans machines writes to one PostgreSQL server; here, a real local one."""
+    """A sweep that spans machines writes to one PostgreSQL server; here, a real local one.
+
+    The URL's password (the test server trusts local users, so any is accepted) is stored nowhere:
+    it was kept, as typed, in sweeps.command, runs.overrides and runs.config_json, for every reader
+    of the results to see. perfsweep resume still finishes the sweep, taking the database from --db."""
     import sqlalchemy as sa
 
+    from perfsweep import resume
     from tests.pg import new_database
 
-    url = new_database(pg_url)
+    url = new_database(pg_url).replace("://postgres@", "://postgres:s3cretPW@")
+    assert "s3cretPW" in url
     res = run_perfsweep(["-m", "amp=true,false", f"db.url={url}", *TINY], tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     assert not (tmp_path / "results.db").exists()
@@ -251,10 +257,20 @@ def test_sweep_into_postgresql(tmp_path: Path, pg_url: str):
     with engine.connect() as conn:
         got = conn.execute(sa.text("SELECT amp, status, tokens_per_s FROM runs ORDER BY job_num")).all()
         n_steps = conn.execute(sa.text("SELECT count(*) FROM steps")).scalar_one()
+        command = conn.execute(sa.text("SELECT command FROM sweeps")).scalar_one()
+        kept = conn.execute(sa.text("SELECT overrides, config_json::text FROM runs")).all()
+    with sa.orm.Session(engine) as s:
+        sweep = s.scalars(sa.select(store.Sweep)).one()  # as resume reads it
     engine.dispose()
     assert [(amp, status) for amp, status, _ in got] == [(True, "ok"), (False, "ok")]
     assert all(tps > 0 for *_, tps in got) and n_steps > 0
     assert "(2 runs, 2 ok)" in res.stdout
+    hidden = url.replace("s3cretPW", "***")
+    assert "s3cretPW" not in command + str(kept) and f"db.url={hidden}" in command, command
+    # overrides as Hydra escapes them (db.url=postgresql+psycopg2\\://postgres\\:***@...)
+    assert all(":***@" in overrides and f'"url": "{hidden}"' in config for overrides, config in kept), kept
+    again = resume.command_for(sweep, db_url=url)  # what `perfsweep resume 1 --db URL` runs
+    assert f"db.url={resume._quoted(url)}" in again and not any("***" in word for word in again), again
 
 
 def test_unreachable_database_stops_the_sweep_before_any_job(tmp_path: Path):

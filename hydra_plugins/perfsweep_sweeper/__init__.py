@@ -16,7 +16,6 @@
 
 # No `from __future__ import annotations` here: Hydra's plugin scan executes this module
 # before it is in sys.modules, and dataclasses cannot resolve string annotations then.
-import shlex
 import socket
 import sys
 import time
@@ -141,7 +140,7 @@ class PerfsweepSweeper(BasicSweeper):
                 url,
                 str(sweep_dir),
                 first.name or self.config.hydra.job.config_name or "perfsweep",
-                command=shlex.join(["perfsweep", *sys.argv[1:]]),
+                command=store.typed_command(),
                 n_jobs=len(order),
                 hostname=socket.gethostname(),
                 launch_dir=str(launch_dir),
