@@ -72,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     url, db = None, store.hide_password(args.db)
     try:
         url = store.existing_url(args.db)
+        if why := store.unreadable(url):  # SQLite's "unable to open database file" says neither
+            raise UserError(f"--db {db}: {why}")
         probe = store.connect_read_only(url)
         try:  # an empty or foreign file is not given a schema only to be told it holds no sweep, nor
             # is a database upgraded, or its dead runs marked, for a sweep it does not hold

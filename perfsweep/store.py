@@ -883,13 +883,13 @@ def unreadable(url: str) -> str | None:
     if (path := sqlite_file(url)) is None or not path.is_file():
         return None
     if not os.access(path, os.R_OK):
-        return f"this user may not read {path} (its permissions); read it as its owner, or a copy"
+        return f"this user may not read {path} (its permissions); use it as its owner, or a copy"
     wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
     if wal.exists() and not shm.exists() and not os.access(path.parent, os.W_OK):
         return (
             f"it has a write-ahead log ({wal.name}) but no index ({shm.name}), which SQLite must create to "
             f"read it and cannot in the read-only folder {path.parent}; copy the file with its {wal.name} to a "
-            "writable folder and read the copy"
+            "writable folder and use the copy"
         )
     return None
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from perfsweep import store
+from perfsweep import importer, store
 from perfsweep.query import QueryError, main, read_only_engine, run_query
 from tests.util import read_only, run_row
 
@@ -463,10 +463,20 @@ def test_a_log_without_its_index_on_read_only_media_is_named_not_called_damaged(
     writer.close()
     exe = str(Path(sys.executable).with_name("perfsweep"))
     db = str(archive / "live.db")
+    (tmp_path / "job").mkdir()
+    importer.write_result_file(
+        tmp_path / "job" / "result.json", {"sweep_dir": "/s", "name": "s"}, run_row(0, run_uid="u")
+    )
     with read_only(archive):
         runs = [
             subprocess.run([exe, *args, "--db", db], capture_output=True, text=True, timeout=120)
-            for args in (["query", "select batch from runs"], ["report", "--out", str(tmp_path / "r")], ["upgrade"])
+            for args in (
+                ["query", "select batch from runs"],
+                ["report", "--out", str(tmp_path / "r")],
+                ["upgrade"],
+                ["resume", "1"],
+                ["import", str(tmp_path / "job")],
+            )
         ]
     for r in runs:
         err = r.stderr.strip()
