@@ -194,6 +194,12 @@ def test_batch_seq_sweep_adds_scaling_and_heatmap(report_sweeps: ReportSweeps) -
     merged = heat.merge(stored, on=["batch", "seq_len"], suffixes=("_chart", "_db"))
     assert len(merged) == 4
     np.testing.assert_allclose(merged["throughput_per_s"], merged["tokens_per_s"])
+    # its colour scale starts at the lowest value, not 0: both ends carry their value (the darkest had none)
+    bar = rep.charts["heatmap"].figure.axes[-1]
+    ticks = bar.get_yticks()
+    assert ticks[0] == pytest.approx(stored["tokens_per_s"].min()) and ticks[-1] == pytest.approx(
+        stored["tokens_per_s"].max()
+    )
 
 
 @pytest.mark.slow

@@ -212,7 +212,7 @@ def draw(spec: ChartSpec, frame: pd.DataFrame, note: str = "") -> Figure:
                 if p.kind == "lines" and (p is panels[-1] or spec.side_by_side):
                     ax.set_xlabel(_log_note(ax, p.xlabel or AXIS_TEXT.get(facet, str(facet))))
             if image is not None:
-                fig.colorbar(image, ax=grid.ravel().tolist(), shrink=0.9, format=EngFormatter(sep=""), label=label)
+                _colour_scale(fig.colorbar(image, ax=grid.ravel().tolist(), shrink=0.9, label=label))
         for ax in grid.flat[len(panels) * (1 if spec.side_by_side else len(facets)) :]:
             ax.set_visible(False)
         fig.suptitle(_wrap(spec.title + (f" ({note})" if note else ""), 7 * width))
@@ -748,6 +748,16 @@ def scatter(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale, max_labels: int = 8)
         x, edge = (bad[p.x] / div).dropna(), blended_transform_factory(ax.transData, ax.transAxes)
         # out of the layout: with no mark it sat at the figure's origin and pushed the axes up (a legend entry alone)
         ax.plot(x, np.full(len(x), 0.03), transform=edge, color=BAD, **CROSS, label=what, in_layout=False)
+
+
+def _colour_scale(bar: Any) -> None:
+    """Ticks at both ends of a heatmap's colour bar and round values between: its scale runs from
+    the lowest value shown, not 0, and with round ticks alone the darkest colour had no value."""
+    lo, hi = bar.mappable.get_clim()
+    gap = 0.1 * (hi - lo)  # an inner tick this near an end would print over the end's value
+    inner = [t for t in bar.get_ticks() if lo + gap < t < hi - gap]
+    bar.set_ticks([lo, *inner, hi] if hi > lo else [lo])
+    bar.ax.yaxis.set_major_formatter(EngFormatter(sep=""))
 
 
 def heatmap(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale) -> Any:
