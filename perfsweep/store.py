@@ -652,6 +652,8 @@ def open_existing(db: str) -> Engine:
         engine.dispose()
         if revision is None:
             raise UserError(f"--db {db}: not a perfsweep results database (no schema version)")
+        if why := unknown_revision(revision):
+            raise UserError(f"--db {db}: {why}")
         raise UserError(
             f"--db {db}: schema revision {revision} is older than this perfsweep's {head}; "
             f"upgrade it first with: perfsweep upgrade --db {db}"
@@ -753,6 +755,25 @@ def head_revision() -> str:
     head = ScriptDirectory.from_config(_alembic_config()).get_current_head()
     assert head is not None
     return head
+
+
+def unknown_revision(revision: str) -> str | None:
+    """Why a database at schema ``revision`` is one this perfsweep cannot upgrade, in words: an
+    ``alembic_version`` of another application's (an MLflow file given as --db), or a newer
+    perfsweep's; None for one of perfsweep's own revisions up to its head. Both were answered as
+    "older than this perfsweep's; upgrade it first", and the upgrade as "No such revision"."""
+    head = head_revision()
+    if not re.fullmatch(r"\d{4}", revision):  # perfsweep's revisions are numbered 0001, 0002, ...
+        return (
+            f"not a perfsweep results database: its schema version {revision!r} is another application's "
+            "(its alembic_version table); give a new file or a perfsweep database"
+        )
+    if revision > head:
+        return (
+            f"its schema revision {revision} is newer than this perfsweep's {head}: it was written by a newer "
+            "perfsweep; read and write it with that version"
+        )
+    return None
 
 
 _opened_files: weakref.WeakKeyDictionary[Engine, tuple[str, tuple[int, int]]] = weakref.WeakKeyDictionary()
@@ -871,8 +892,10 @@ class ForeignDatabase(DamagedDatabase):
     """A database without perfsweep's schema version that already has a table of one of
     perfsweep's names: someone else's ``runs``. Creating the schema there failed as "already
     exists", which :func:`upgrade` took for another job's migration and retried for 5 s, saying
-    that it waited for a lock nobody held. Unrelated tables beside ours (a shared PostgreSQL
-    database) are fine."""
+    that it waited for a lock nobody held. Also a SQLite file holding only another application's
+    tables (perfsweep's were added beside them, in a file that is that application's to keep),
+    and a schema version that is not perfsweep's (:func:`unknown_revision`). Unrelated tables
+    beside ours in a shared PostgreSQL database are fine."""
 
 
 def unreadable(url: str) -> str | None:
@@ -943,11 +966,21 @@ def upgrade(engine: Engine) -> None:
                     conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7210400501)")
                 cfg.attributes["connection"] = conn
                 before = MigrationContext.configure(conn).get_current_revision()
-                if before is None and (clash := sorted(set(inspect(conn).get_table_names()) & OUR_TABLES)):
+                if before is not None and (why := unknown_revision(before)):
+                    raise ForeignDatabase(why)
+                tables = set(inspect(conn).get_table_names()) if before is None else set()
+                if clash := sorted(tables & OUR_TABLES):
                     raise ForeignDatabase(
                         f"not a perfsweep results database: it holds table{'s' if len(clash) > 1 else ''} "
                         f"{', '.join(clash)} but no perfsweep schema version; give a new file or a perfsweep "
                         "database (db.url=, --db)"
+                    )
+                if tables and conn.dialect.name == "sqlite":  # a server's database is shared by design
+                    shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+                    raise ForeignDatabase(
+                        f"not a perfsweep results database: this SQLite file holds another application's tables "
+                        f"({shown}); perfsweep keeps a file of its own: give a new file or a perfsweep database "
+                        "(db.url=, --db)"
                     )
                 command.upgrade(cfg, "head")
                 migrated = MigrationContext.configure(conn).get_current_revision() != before

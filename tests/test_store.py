@@ -375,8 +375,9 @@ def test_connect_again_is_a_noop_and_keeps_rows(db_url, engines):
 def test_a_foreign_table_of_our_name_is_refused_at_once_and_unrelated_tables_are_kept(db_url, engines, capsys):
     """Someone else's ``runs`` table: creating the schema failed as "already exists", which the
     upgrade took for another job's migration and retried for 5 s (saying it waited for a lock
-    nobody held). Now one line at once, nothing added. A database holding unrelated tables (a
-    shared PostgreSQL database) still gets perfsweep's beside them."""
+    nobody held). Now one line at once, nothing added. A PostgreSQL database holding unrelated
+    tables (shared by design) still gets perfsweep's beside them; a SQLite file holding another
+    application's tables is that application's, and is left as it is."""
     from perfsweep.upgrade import main as upgrade_main
 
     raw = engines(db_url, migrate=False)
@@ -398,8 +399,48 @@ def test_a_foreign_table_of_our_name_is_refused_at_once_and_unrelated_tables_are
         conn.execute(text("DROP TABLE runs"))
         conn.execute(text("CREATE TABLE their_notes (id INTEGER PRIMARY KEY)"))
         conn.commit()
+    if raw.dialect.name == "sqlite":
+        with pytest.raises(store.ForeignDatabase, match=r"holds another application's tables \(their_notes\)"):
+            store.connect(db_url)
+        assert upgrade_main(["--db", db_url]) == 2
+        assert "perfsweep keeps a file of its own" in capsys.readouterr().err
+        assert set(inspect(raw).get_table_names()) == {"their_notes"}
+        return
     ours = engines(db_url)
     assert set(inspect(ours).get_table_names()) == TABLES | {"alembic_version", "their_notes"}
+
+
+@pytest.mark.parametrize(
+    ("version", "said"),
+    [
+        ("bd07f7e963c5", "its schema version 'bd07f7e963c5' is another application's (its alembic_version table)"),
+        ("9999", "its schema revision 9999 is newer than this perfsweep's"),
+    ],
+)
+def test_a_schema_version_that_is_not_perfsweep_s_is_named_not_upgraded(version, said, db_url, engines, capsys):
+    """An MLflow file (its own Alembic ``alembic_version``) given as --db: the report said "schema
+    revision bd07f7e963c5 is older than this perfsweep's; upgrade it first", and the upgrade
+    failed as "No such revision". A newer perfsweep's database read the same. Each is one line
+    naming what it is, from every command, and the database is left as it was."""
+    from perfsweep.query import main as query_main
+    from perfsweep.report.__main__ import main as report_main
+    from perfsweep.upgrade import main as upgrade_main
+
+    raw = engines(db_url, migrate=False)
+    if raw.dialect.name == "sqlite":
+        Path(raw.url.database).parent.mkdir(parents=True, exist_ok=True)
+    with raw.begin() as conn:
+        conn.execute(text("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)"))
+        conn.execute(text("INSERT INTO alembic_version VALUES (:v)"), {"v": version})
+    with pytest.raises(store.ForeignDatabase, match=re.escape(said)):
+        store.connect(db_url)
+    for command, argv in ((upgrade_main, ["--db", db_url]), (report_main, ["--db", db_url])):
+        assert command(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert said in err and "\n" not in err and "older" not in err, err
+    assert query_main(["select version_num from alembic_version", "--db", db_url]) == 0  # plain SQL still reads it
+    assert version in capsys.readouterr().out
+    assert set(inspect(raw).get_table_names()) == {"alembic_version"}
 
 
 def test_interrupted_migration_leaves_no_partial_schema(db_url, engines):
