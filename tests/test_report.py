@@ -27,7 +27,7 @@ from perfsweep.metrics import StepRecord, summarize
 from perfsweep.names import NOISY_RULE, STAGES
 from perfsweep.report import charts, frames
 from perfsweep.report.__main__ import main
-from perfsweep.report.build import BREAKDOWN, INTERVALS, build_report, make_report, results_table
+from perfsweep.report.build import BREAKDOWN, INTERVALS, TOP_BARS, build_report, make_report, results_table
 from perfsweep.report.compare import COMPARE, build_compare, compare_frame
 from perfsweep.results import load_child, load_runs
 
@@ -1184,8 +1184,9 @@ def test_default_out_dir(engine: Any, tmp_path: Path, monkeypatch: pytest.Monkey
 
 
 def test_filtered_report_keeps_the_full_one(engine: Any, tmp_path: Path) -> None:
-    """A --where or --baseline report without --out gets a folder of its own next to report/
-    (which every sweep writes at its end), one per filter, and names its filter; so does compare."""
+    """A --where, --baseline or --top report without --out gets a folder of its own next to report/
+    (which every sweep writes at its end), one per filter, and names its filter; so does compare.
+    A --top report had replaced the full one with its top few."""
     sid, ref = new_sweep(engine, tmp_path / "sw"), new_sweep(engine, tmp_path / "ref")
     for s in (sid, ref):
         store.save_run(engine, run_row(s, 0))
@@ -1196,7 +1197,9 @@ def test_filtered_report_keeps_the_full_one(engine: Any, tmp_path: Path) -> None
     amp_only = build_report(engine, [sid], where="amp = true")
     fp32_base = build_report(engine, [sid], baseline={"amp": True})
     again = build_report(engine, [sid], where="amp = true")
-    assert len({full, amp_only, fp32_base}) == 3 and again == amp_only
+    top_one = build_report(engine, [sid], top=1)
+    assert build_report(engine, [sid], top=TOP_BARS) == full  # the default is the full report
+    assert len({full, amp_only, fp32_base, top_one}) == 4 and again == amp_only
     assert amp_only.parent == full.parent and amp_only.name.startswith("report_")
     assert (full / "report.md").read_text() == before
     assert "- Filter (`--where`): `amp = true`" in (amp_only / "report.md").read_text()

@@ -570,13 +570,17 @@ def build_report(engine: Engine, sweep_ids: list[int], out_dir: Path | None = No
     """
     ids = list(sweep_ids)
     report = make_report(engine, ids, **options)
-    variant = {k: options[k] for k in ("where", "baseline") if options.get(k) is not None} or None
+    # what makes this report other than the one a sweep writes at its end: a --top one replaced that
+    # full report with its top few, though the README promised a filtered report a folder of its own
+    variant = {k: options[k] for k in ("where", "baseline") if options.get(k) is not None}
+    if options.get("top", TOP_BARS) != TOP_BARS:
+        variant["top"] = options["top"]
     default = default_out_dir(
         report.sweeps,
         ids[0] if len(ids) == 1 else None,
         "report",
         f"report_{'_'.join(map(str, ids))}",
-        variant=variant,
+        variant=variant or None,
     )
     return write_report(report, Path(out_dir) if out_dir is not None else default)
 
