@@ -253,6 +253,17 @@ def _refuse_cfg_with_multirun(argv: list[str]) -> None:
         sys.exit(2)
 
 
+def _refuse_unclear_overrides(argv: list[str]) -> None:
+    """The overrides Hydra would run as something other than what was typed
+    (:func:`perfsweep.preflight.override_problem`), refused before anything starts."""
+    from hydra._internal.utils import get_args_parser
+
+    args, _ = get_args_parser().parse_known_args(argv)
+    if problem := preflight.override_problem(args.overrides):
+        print(f"perfsweep: {problem}; {preflight.NO_JOB}", file=sys.stderr)
+        sys.exit(2)
+
+
 RUN_JOB = ("hydra.core.utils", "run_job")
 """Where Hydra makes a job's folder and writes its files there, before calling the task function."""
 
@@ -311,6 +322,7 @@ def main() -> None:
         )
         sys.exit(2)
     _refuse_cfg_with_multirun(sys.argv[1:])
+    _refuse_unclear_overrides(sys.argv[1:])
     if os.getcwd() not in sys.path and "" not in sys.path:
         # `python -m perfsweep` imports from the launch directory; the `perfsweep` console script
         # must too, so a model._target_ next to the user's config resolves either way (jobs inherit it)

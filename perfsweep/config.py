@@ -803,7 +803,12 @@ def _added_keys(cfg: Any, schema: Any, prefix: str = "") -> list[str]:
 
 def config_keys() -> list[str]:
     """Every settable key, dotted (``batch``, ``model.n_layers``, ``profile.active``...)."""
-    out: list[str] = []
+    return list(config_types())
+
+
+def config_types() -> dict[str, str]:
+    """Every settable key, dotted, and its declared type as written (``bool``, ``int | None``...)."""
+    out: dict[str, str] = {}
 
     def walk(cls: type, prefix: str) -> None:
         hints = typing.get_type_hints(cls)
@@ -814,7 +819,7 @@ def config_keys() -> list[str]:
             elif dataclasses.is_dataclass(hints[f.name]):  # steps, profile, db
                 walk(hints[f.name], f"{prefix}{f.name}.")
             elif f.name != "args":
-                out.append(prefix + f.name)
+                out.setdefault(prefix + f.name, str(f.type))
 
     walk(PerfsweepConfig, "")
     return out

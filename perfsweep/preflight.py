@@ -38,6 +38,7 @@ from perfsweep.config import (
     PerfsweepConfig,
     Timing,
     config_keys,
+    config_types,
     to_plain_dict,
 )
 from perfsweep.names import MULTI_HOST_LAUNCHERS, NETWORK_FILESYSTEMS, SEARCH_ANSWERED, SWEEP_MARKER
@@ -180,6 +181,65 @@ def data_keys_read(points: list[tuple[list[str], PerfsweepConfig]]) -> list[str]
     return notes
 
 
+def override_problem(overrides: list[str]) -> str | None:
+    """What in the command line's overrides Hydra would run as something other than what was typed,
+    in one line (None when nothing): it takes the last of two overrides of one key, which drops a
+    grid given as one of them (``-m batch=8,16 batch=4`` ran one job, batch=4, and said nothing of
+    the grid; two single values, ``steps.measure=3 ... steps.measure=100``, are the usual "the last
+    one wins" of a command line, and stay so); it reads ``yes``,
+    ``on`` and any number as true for a true/false key (``-m compile=1,2`` ran the same config
+    twice, each a cold compile); and ``amp=true, false`` (a space after the comma) got a page of
+    its grammar that named neither the override nor the cause."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    try:
+        parsed = parser.parse_overrides(overrides)
+    except HydraException:  # Hydra says what is wrong with the text itself as it composes, but not this
+        for text, after in zip(overrides, [*overrides[1:], "..."], strict=True):
+            if text.endswith(",") and _unparsable(parser, text):
+                return (
+                    f"{text!r} ends in a comma: a space after it made the rest another argument; write the "
+                    f"values without spaces ({text}{after}) or quote them"
+                )
+        return None
+    seen: dict[tuple[str, str | None], Any] = {}
+    types = config_types()
+    for o in parsed:
+        key = (o.key_or_group, o.package)
+        if (first := seen.get(key)) is not None and (first.is_sweep_override() or o.is_sweep_override()):
+            values = ",".join(line.partition("=")[2] for line in (first.input_line, o.input_line))
+            return (
+                f"{o.key_or_group} is given twice ({first.input_line} and {o.input_line}), and Hydra keeps the last "
+                f"alone; give each key once, its values as one list ({o.key_or_group}={values})"
+            )
+        seen[key] = o
+        declared = types.get(o.key_or_group, "")
+        if declared.removesuffix(" | None") != "bool" or o.is_delete():
+            continue
+        try:
+            values = list(o.sweep_iterator()) if o.is_sweep_override() else [o.value()]
+        except Exception:  # noqa: BLE001 - a sweep form Hydra itself refuses later, in its own words
+            continue
+        allowed = (bool, type(None)) if declared.endswith(" | None") else (bool,)
+        if loose := [v for v in values if not isinstance(v, allowed)]:
+            typed = o.input_line.partition("=")[2]
+            shown = typed if not o.is_sweep_override() else "null" if loose[0] is None else loose[0]
+            optional = " or null" if declared.endswith(" | None") else ""
+            listed = re.fullmatch(r"\[(.*)\]", typed) if isinstance(loose[0], list) else None
+            sweep = f" (one job per value is a sweep: -m {o.key_or_group}={listed.group(1)})" if listed else ""
+            return f"{o.key_or_group}={shown}: must be {ALLOWED_VALUES['bool']}{optional}{sweep}"
+    return None
+
+
+def _unparsable(parser: Any, text: str) -> bool:
+    try:
+        parser.parse_overrides([text])
+    except HydraException:
+        return True
+    return False
+
+
 def error_line(exc: BaseException) -> str:
     """One line for a composition or validation error: key, value and what is allowed.
 
@@ -216,11 +276,15 @@ def error_line(exc: BaseException) -> str:
         close = difflib.get_close_matches(key, config_keys(), n=1)
         hint = f"did you mean {close[0]}? " if close else ""
         return f"{as_typed}: no such key; {hint}python -m perfsweep --help lists them"
-    wrong_type = r"override ([\w.]+)=(.*?)\W+Value '.*' (?:is not a valid (bool)|.* converted to (Integer|Float))"
+    # \s+, not \W+: amp=[true,false] was echoed as amp=[true,false
+    wrong_type = r"override ([\w.]+)=(.*?)\s+Value '.*' (?:is not a valid (bool)|.* converted to (Integer|Float))"
     if (bad := re.search(wrong_type, f"{exc} {exc.__cause__}")) is not None:  # one line: key, value, allowed
         kind = bad.group(3) or bad.group(4)
         allowed = ALLOWED_VALUES[{"bool": "bool", "Integer": "int", "Float": "float"}[kind]]
-        return f"{bad.group(1)}={bad.group(2)}: must be {allowed}"
+        key, value = bad.group(1), bad.group(2)
+        listed = re.fullmatch(r"\[(.*)\]", value)  # a list where a sweep was meant
+        sweep = f" (one job per value is a sweep: -m {key}={listed.group(1).replace(' ', '')})" if listed else ""
+        return f"{key}={value}: must be {allowed}{sweep}"
     parts = [str(exc)]
     if exc.__cause__ is not None:
         parts.append(str(exc.__cause__))

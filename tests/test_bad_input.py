@@ -65,6 +65,14 @@ CASES = {
     "model_preset_typo": (["model=tinny"], "model=tinny"),
     "data_preset_typo": (["data=synthetc"], "data=synthetc"),
     "not_a_bool": (["amp=maybe"], "amp=maybe"),
+    # Hydra read these as true: -m compile=1,2 ran one config twice, each a cold compile
+    "bool_spelled_yes": (["amp=yes"], "amp=yes"),
+    "bool_as_a_number": (["compile=1"], "compile=1"),
+    "bool_list_for_a_sweep": (["amp=[true,false]"], "amp=[true,false]"),  # was echoed as amp=[true,false
+    # Hydra took the last: -m batch=8,16 batch=4 ran batch=4 alone, and said nothing of the grid
+    "key_given_twice": (["batch=8,16", "batch=4"], "batch is given twice (batch=8,16 and batch=4)"),
+    # a space after the comma: Hydra's grammar error named neither the override nor the cause
+    "space_after_a_comma": (["amp=true,", "false"], "'amp=true,' ends in a comma"),
     "db_url_unparsable": (["db.url=bogus"], "db.url='bogus'"),
     "db_file_read_only": (["db.url=sqlite:///{tmp}/results.db"], "db.url='sqlite:///{tmp}/results.db'"),
     "db_folder_read_only": (["db.url=sqlite:///{tmp}/ro/results.db"], "db.url='sqlite:///{tmp}/ro/results.db'"),
@@ -94,6 +102,11 @@ HINTS = {  # what is allowed or what to do, beyond naming key and value
     "data_preset_typo": "did you mean data=synthetic?",
     "data_shorter_than_a_batch": "fewer than one batch",
     "not_a_bool": "must be true or false",
+    "bool_spelled_yes": "must be true or false",
+    "bool_as_a_number": "must be true or false",
+    "bool_list_for_a_sweep": "one job per value is a sweep: -m amp=true,false",
+    "key_given_twice": "give each key once, its values as one list (batch=8,16,4)",
+    "space_after_a_comma": "(amp=true,false)",
     "db_file_read_only": "readonly",
     "db_folder_read_only": "writable",
     "key_typo": "did you mean batch?",
@@ -122,8 +135,9 @@ def test_mistake_is_one_line_exit_2_and_writes_nothing(case: str, mode: str, tmp
     shutil.copy(seeded_db, tmp_path / "ro" / "results.db")
     overrides = [o.format(tmp=tmp_path) for o in CASES[case][0]]
     needle = CASES[case][1].format(tmp=tmp_path)
-    base = [o for o in TINY if not any(o.startswith(k.split("=")[0] + "=") for k in overrides)]
-    args = [*base, *overrides] if mode == "run" else ["-m", "steps.measure=2,3", *base, *overrides]
+    grid = [] if mode == "run" else ["steps.measure=2,3"]
+    base = [o for o in TINY if not any(o.startswith(k.split("=")[0] + "=") for k in [*overrides, *grid])]
+    args = [*base, *overrides] if mode == "run" else ["-m", *grid, *base, *overrides]
     guard: contextlib.AbstractContextManager = contextlib.nullcontext()
     if case == "db_file_read_only":
         guard = read_only(seeded_db)
@@ -198,14 +212,14 @@ def test_a_sweep_folder_that_cannot_be_made_is_one_line(tmp_path: Path):
     """A launch directory nobody may write to (a full disk says the same): it was a traceback."""
     (tmp_path / "ro").mkdir()
     with read_only(tmp_path / "ro"):
-        res = run_perfsweep(["-m", "steps.measure=2,3", *TINY, f"db.url=sqlite:///{tmp_path}/r.db"], tmp_path / "ro")
+        res = run_perfsweep(["-m", "amp=true,false", *TINY, f"db.url=sqlite:///{tmp_path}/r.db"], tmp_path / "ro")
     assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr[-2000:]
     assert res.stderr.startswith(f"perfsweep: hydra.sweep.dir={tmp_path / 'ro'}/multirun/")
     assert ": cannot create the sweep's folder (" in res.stderr and "no job was started" in res.stderr
     # a file where the folder, or one above it, would be: it was a traceback (NotADirectoryError)
     (tmp_path / "afile").write_text("")
     for where in (tmp_path / "afile", tmp_path / "afile" / "sub"):
-        res = run_perfsweep(["-m", "steps.measure=2,3", *TINY, f"hydra.sweep.dir={where}"], tmp_path)
+        res = run_perfsweep(["-m", "amp=true,false", *TINY, f"hydra.sweep.dir={where}"], tmp_path)
         assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr[-2000:]
         assert res.stderr.startswith(f"perfsweep: hydra.sweep.dir={where}: cannot create the sweep's folder (")
         assert "a file stands where the folder, or one above it, would be" in res.stderr
