@@ -26,7 +26,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Boolean, ColumnElement, Table, and_, not_, or_
+from sqlalchemy import Boolean, ColumnElement, Float, Integer, String, Table, Text, TypeDecorator, and_, not_, or_
 
 _TOKEN = re.compile(
     r"""\s*(?:
@@ -149,6 +149,10 @@ class _Parser:
         if not self.peek("word"):
             raise WhereError(f"expected a runs column but found {self.found()}")
         name = self.take("word")
+        if name.lower() == "select":
+            raise WhereError(
+                "a subquery (SELECT) is not allowed; compare runs columns, or use perfsweep query for full SQL"
+            )
         if self.peek("punct", "("):  # lower(name), abs(x): the filter compares columns as stored
             raise WhereError(
                 f"function calls are not allowed ({name}(...)); compare a runs column as stored, "
@@ -180,6 +184,16 @@ class _Parser:
             if v not in (0, 1):
                 raise WhereError(f"{col.name} is true/false (or 1/0), not {v!r}")
             v = bool(v)
+        kind = col.type.impl if isinstance(col.type, TypeDecorator) else col.type
+        # SQL compares a number with a text without a word: seq_len <= 'abc' held for every run (SQLite
+        # orders every number before every text), model_name = 5 for none
+        if isinstance(kind, (Integer, Float)) and isinstance(v, str):
+            try:  # '128' is 128, as SQLite's column affinity and PostgreSQL's cast read it
+                v = int(v) if re.fullmatch(r"\s*[-+]?\d+\s*", v) else float(v)
+            except ValueError:
+                raise WhereError(f"{col.name} is a number, not the text {v!r}") from None
+        if isinstance(kind, (String, Text)) and not isinstance(v, str):
+            raise WhereError(f"{col.name} is text, not {v!r}; quote it: {col.name} = '{v}'")
         return v
 
     def comparison(self) -> ColumnElement:

@@ -72,6 +72,7 @@ def test_injection_is_refused_and_changes_nothing(two_sweeps, where):
         ("model_name = 'it''s'", [4, 8]),
         ("model_name LIKE 'it%' AND status IS NOT NULL", [4, 8]),
         ("error IS NULL AND seq_len <= 512.0", [4, 8]),
+        ("batch > '4'", [8]),  # a number in quotes is that number, as SQLite and PostgreSQL read it
     ],
 )
 def test_filters_stay_inside_the_sweep(two_sweeps, where, batches):
@@ -97,6 +98,10 @@ def test_a_filter_nested_100_deep_is_read():
         ("config_json = '{}'", "column 'config_json' cannot be filtered here; filter on a setting's own column"),
         ("batch >", "expected a number, 'text', true or false after batch but found the end"),
         ("amp = 2", "amp is true/false (or 1/0), not 2"),
+        # SQL compares a number with a text without a word: this held for every run
+        ("seq_len <= 'abc'", "seq_len is a number, not the text 'abc'"),
+        ("model_name = 5", "model_name is text, not 5; quote it: model_name = '5'"),
+        ("(select 1) = 1", "a subquery (SELECT) is not allowed"),  # was "unknown column 'select'"
         ("batch 4", "expected a comparison"),
         ("batch > 4 AND", "expected a runs column but found the end"),
         ("(batch > 4", "expected ) but found the end"),
