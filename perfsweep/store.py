@@ -692,8 +692,19 @@ def make_engine(url: str) -> Engine:
         event.listen(engine, "connect", _sqlite_pragmas)
         event.listen(engine, "begin", _sqlite_begin)
     else:
-        engine = create_engine(url, pool_pre_ping=True)
+        engine = create_engine(installed_driver(url), pool_pre_ping=True)
     return engine
+
+
+def installed_driver(url: str) -> str:
+    """``url`` with the PostgreSQL driver that is installed where it names none: SQLAlchemy 2.1
+    takes a plain ``postgresql://`` for psycopg 3, and perfsweep's ``[postgres]`` extra installs
+    psycopg2, so the form perfsweep's own messages suggest failed as "No module named 'psycopg'"."""
+    import importlib.util
+
+    if not url.startswith("postgresql://") or importlib.util.find_spec("psycopg") is not None:
+        return url
+    return "postgresql+psycopg2://" + url.removeprefix("postgresql://") if importlib.util.find_spec("psycopg2") else url
 
 
 def connect_read_only(url: str) -> Engine:
@@ -711,7 +722,7 @@ def connect_read_only(url: str) -> Engine:
         # standard strings: a server set to read a backslash in '...' as an escape would quote text
         # that perfsweep.query's check reads as unquoted
         options = "-c default_transaction_read_only=on -c standard_conforming_strings=on"
-        return create_engine(url, connect_args={"options": options})
+        return create_engine(installed_driver(url), connect_args={"options": options})
     return create_engine(url)
 
 

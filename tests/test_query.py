@@ -594,3 +594,23 @@ def test_sigterm_ends_a_long_query_at_once(tmp_path: Path):
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=30)
     assert time.monotonic() - start < 2 and proc.returncode == -signal.SIGTERM
+
+
+def test_a_plain_postgresql_url_uses_the_driver_that_is_installed(pg_url: str, tmp_path: Path, capsys):
+    """``postgresql://`` (no +driver), the form perfsweep's own messages suggest: SQLAlchemy 2.1
+    takes it for psycopg 3, which the ``[postgres]`` extra does not install, and every command
+    failed as "No module named 'psycopg'"."""
+    from perfsweep import importer
+    from perfsweep.report.__main__ import main as report_main
+    from tests.pg import new_database
+
+    plain = new_database(pg_url).replace("postgresql+psycopg2://", "postgresql://")
+    assert plain.startswith("postgresql://")
+    importer.write_result_file(
+        tmp_path / "result.json", {"sweep_dir": str(tmp_path), "name": "s"}, run_row(0, run_uid="u")
+    )
+    assert importer.main([str(tmp_path / "result.json"), "--db", plain]) == 0
+    assert main(["select count(*) as n from runs", "--db", plain, "--format", "csv"]) == 0
+    assert capsys.readouterr().out.splitlines()[-2:] == ["n", "1"]
+    assert report_main(["--db", plain, "--out", str(tmp_path / "rep")]) == 0
+    assert (tmp_path / "rep" / "report.md").is_file()
