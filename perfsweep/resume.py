@@ -187,6 +187,8 @@ def _close(url: str, sweep: store.Sweep) -> int:
     )
     redraw = bool(sweep.sweep_dir) and os.path.isfile(os.path.join(sweep.sweep_dir, "report", "report.md"))
     summary.show_sweep(url, sweep.sweep_dir, make_report=redraw)
+    if not redraw:  # none was drawn (report=false, or the sweep stopped first): said, not left to guess
+        print(f"Report:  none drawn; draw it with: {summary.report_command(url, sweep.id)}")
     return 0
 
 

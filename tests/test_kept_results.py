@@ -148,6 +148,10 @@ def test_a_sweep_whose_end_the_database_refused_exits_1_and_resume_closes_it(mod
     counts = "2 runs: 1 ok, 1 failed" if mode == "multirun" else "1 run: 1 failed"
     assert f"perfsweep resume: sweep 1 ({counts}): its end and closing figures are stored; no job was run" in res.stderr
     assert f"({n_runs} run{'s' if n_runs > 1 else ''}, {n_runs - 1} ok)" in res.stdout, res.stdout
+    # report=false: none to redraw, and the line says how to draw one (it said nothing of the report)
+    assert res.stdout.strip().splitlines()[-1].startswith("Report:  none drawn; draw it with: perfsweep report"), (
+        res.stdout
+    )
     (sweep,) = rows(db, "SELECT status, finished_at FROM sweeps")
     end = rows(db, "SELECT max(finished_at) AS t FROM runs")[0]["t"]
     assert sweep == {"status": "done", "finished_at": end}  # the end is the last run's, not the resume's
