@@ -101,6 +101,8 @@ def text_files(path: str, pattern: str) -> list[Path]:
         if files:
             return files
         raise FileNotFoundError(f"data.path={path!r}: no files match data.glob={pattern!r} in that folder")
+    if p.exists():  # /dev/null, a pipe: "no such file" sent a user looking for a typo
+        raise FileNotFoundError(f"data.path={path!r}: not a regular file or a folder")
     raise FileNotFoundError(f"data.path={path!r}: no such file or folder")
 
 

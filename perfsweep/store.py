@@ -620,7 +620,10 @@ def existing_url(db: str) -> str:
     """:func:`url_from_arg` of ``db``; a missing SQLite file is an error, not a new empty file."""
     url = url_from_arg(db)
     if (path := sqlite_file(url)) is not None and str(path) != ":memory:" and not path.is_file():
-        raise UserError(f"--db {hide_password(db)}: database file not found ({path})")
+        what = (
+            "is a folder, not a database file" if path.is_dir() else "is not a regular file" if path.exists() else None
+        )
+        raise UserError(f"--db {hide_password(db)}: {what or f'database file not found ({path})'}")
     return url
 
 

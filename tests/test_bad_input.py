@@ -58,6 +58,7 @@ CASES = {
     "lr_not_number": (["lr=fast"], "lr=fast"),
     "dropout_not_number": (["model.dropout=high"], "model.dropout='high'"),  # a preset's free-form args
     "data_path_missing": (["data=textfile", "data.path={tmp}/no/such/file.txt"], "data.path='{tmp}/no/such/file.txt'"),
+    "data_path_not_a_file": (["data=textfile", "data.path=/dev/null"], "data.path='/dev/null'"),  # was "no such file"
     "data_path_empty_file": (["data=textfile", "data.path={tmp}/empty.txt"], "data.path='{tmp}/empty.txt'"),
     "data_path_empty_folder": (["data=textfile", "data.path={tmp}/nodocs"], "data.path='{tmp}/nodocs'"),
     "data_shorter_than_a_batch": (["data=textfile", "data.path={tmp}/short.txt"], "data.path='{tmp}/short.txt'"),
@@ -101,6 +102,7 @@ HINTS = {  # what is allowed or what to do, beyond naming key and value
     "model_preset_typo": "did you mean model=tiny?",
     "data_preset_typo": "did you mean data=synthetic?",
     "data_shorter_than_a_batch": "fewer than one batch",
+    "data_path_not_a_file": "not a regular file or a folder",
     "not_a_bool": "must be true or false",
     "bool_spelled_yes": "must be true or false",
     "bool_as_a_number": "must be true or false",

@@ -1313,6 +1313,8 @@ def test_cli_compare_by_name(engine: Any, tmp_path: Path, capsys: pytest.Capture
     ("args", "message"),
     [
         (["--db", "{tmp}/missing.db"], "--db {tmp}/missing.db: database file not found"),
+        (["--db", "{tmp}"], "--db {tmp}: is a folder, not a database file"),  # was "database file not found"
+        (["--db", "/dev/null"], "--db /dev/null: is not a regular file"),
         (["--sweep", "99"], "--sweep 99: no sweep with id 99"),
         (["--sweep", "nosuchname"], "--sweep nosuchname: no sweep with that id or name"),
         (
