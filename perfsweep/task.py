@@ -361,7 +361,8 @@ def _counted_step(model: nn.Module, batch: Batch, loss_fn: LossFn, target: str, 
         if is_oom(exc):
             raise  # too large for the device: the run's status is oom, not a bad config
         if not strict and _meta_limit(exc):
-            log.info("model._target_=%s: not runnable on the meta device (%s)", target, exc)
+            # debug: the usual fallback (a check on real tensors follows), which read as an alarm, twice per sweep
+            log.debug("model._target_=%s: not runnable on the meta device (%s)", target, exc)
             return None
         raise ContractError(
             f"invalid config: model._target_={target!r}: a training step on the first batch "
