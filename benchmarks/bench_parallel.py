@@ -34,7 +34,9 @@ def sweep(work: Path, parallel: int, overrides: list[str]) -> tuple[float, dict[
     db = work / f"p{parallel}.db"
     t0 = time.perf_counter()
     cmd = [sys.executable, "-m", "perfsweep", "-m", f"launcher.parallel={parallel}", f"db.url=sqlite:///{db}"]
-    _bench.run_sweep([*cmd, "report=false", *GRID, *overrides], work)
+    given = {o.partition("=")[0] for o in overrides}  # a key given here replaces the grid's (perfsweep refuses both)
+    grid = [g for g in GRID if g.partition("=")[0] not in given]
+    _bench.run_sweep([*cmd, "report=false", *grid, *overrides], work)
     wall = time.perf_counter() - t0
     con = sqlite3.connect(db)
     sweep_id = con.execute("SELECT max(id) FROM sweeps").fetchone()[0]
