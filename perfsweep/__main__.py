@@ -182,7 +182,7 @@ def hydra_main(cfg: DictConfig) -> str:
             if kept
             else "could not be kept on disk either (see above)"
         )
-        print(f"perfsweep: the result could not be written to {url} and {where}", file=sys.stderr)
+        print(f"perfsweep: the result could not be written to {store.hide_password(url)} and {where}", file=sys.stderr)
     if not closed:
         print(summary.unclosed_line(url, sweep_id, after_import=bool(kept)), file=sys.stderr)
     if run_id is None or not_ok or not closed:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -49,6 +50,26 @@ def first_line(what: BaseException | str | None, width: int | None = None) -> st
     return line if width is None or len(line) <= width else line[: width - 3] + "..."
 
 
+def hide_password(db: str) -> str:
+    """``db`` (a ``--db`` or ``db.url``, or any text holding one, a sweep's command) as messages show
+    it: every URL's password as ``***``, so that a line does not put it in a terminal's scrollback
+    or a CI log; its ``password=`` option too. Textual, not SQLAlchemy's parse, which raised for a
+    URL with a port that is no number (a traceback where the line said the URL was wrong)."""
+    if re.match(r"[\w+]+://", db):  # a URL alone: its password may hold a space
+        return hide_password_in_word(db)
+    # up to the last '@' of the word: u:p@ss@host, and a '/' of a generated password (Top/Secret9),
+    # which SQLAlchemy takes as part of it, was left shown
+    hidden = re.sub(r"(://[^/\s:@]*:)\S*@", r"\1***@", db)
+    return re.sub(r"(?i)([?&]password=)[^&\s]*", r"\1***", hidden)
+
+
+def hide_password_in_word(word: str) -> str:
+    """:func:`hide_password` for one command-line word (an override, a URL), whose password may
+    hold a space too: everything between ``user:`` and the word's last ``@`` is the password."""
+    hidden = re.sub(r"(://[^/\s:@]*:).*@", r"\1***@", word, flags=re.DOTALL)
+    return re.sub(r"(?i)([?&]password=)[^&]*", r"\1***", hidden)
+
+
 @contextmanager
 def waiting_for_database(url: str, after_s: float = SLOW_DATABASE_S) -> Iterator[None]:
     """Say once on stderr that the database at ``url`` is still being waited for, when opening or
@@ -59,7 +80,7 @@ def waiting_for_database(url: str, after_s: float = SLOW_DATABASE_S) -> Iterator
     with the driver's retries, before its first job; a person could not tell that from a hang.
     """
     said = (
-        f"perfsweep: still waiting for the database {url} after {after_s:.0f} s: another process may hold its lock "
+        f"perfsweep: still waiting for the database {hide_password(url)} after {after_s:.0f} s: another process may hold its lock "
         "(a sweep or import writing, a schema upgrade, a sqlite3 shell left inside a transaction); this goes on "
         "once it is free"
     )

@@ -103,7 +103,7 @@ def stored_config(config: dict[str, Any]) -> dict[str, Any]:
     ``sweeps.command`` store it. Nothing connects from a stored config (resume takes its --db), and
     every reader of the results could read the password there."""
     url = config.get("db", {}).get("url")
-    return {**config, "db": {**config["db"], "url": store.hide_password(url)}} if url else config
+    return {**config, "db": {**config["db"], "url": store.hide_password_in_word(url)}} if url else config
 
 
 class ProgressLine:
@@ -121,8 +121,8 @@ class ProgressLine:
 
     def header(self) -> None:
         s = self.spec
-        typed = re.sub(r"\\(.)", r"\1", " ".join(s.overrides))  # Hydra escapes ':' in values: db.url=sqlite\:///
-        shown = store.hide_password(typed)  # db.url's password is not for the terminal
+        # Hydra escapes ':' in values (db.url=sqlite\:///); db.url's password is not for the terminal
+        shown = " ".join(store.hide_password_in_word(re.sub(r"\\(.)", r"\1", o)) for o in s.overrides)
         print(f"[{s.job_num + 1}/{s.cfg.sweep.n_jobs}] {shown or '(defaults)'}", file=sys.stderr, flush=True)
 
     def update(self, phase: str, step: int, total: int, ms: float, loss: float) -> None:
@@ -666,7 +666,11 @@ def run_job(
     try:
         engine = store.connect(url)
     except Exception as exc:  # noqa: BLE001 - the database went away mid-sweep: the job still runs
-        log.warning("cannot open %s (%s); the job runs and keeps its result in its folder", url, first_line(exc))
+        log.warning(
+            "cannot open %s (%s); the job runs and keeps its result in its folder",
+            store.hide_password(url),
+            first_line(exc),
+        )
         engine = store.make_engine(url)  # connects only when used: every write fails over to result.json
     fields_of_sweep = sweep_fields(spec)
     sweep_id = cfg.sweep.id  # reserved by the sweeper; a single run finds or creates its row
@@ -681,7 +685,7 @@ def run_job(
     row.update(
         sweep_id=sweep_id,
         job_num=spec.job_num,
-        overrides=store.hide_password(" ".join(spec.overrides)),
+        overrides=" ".join(map(store.hide_password_in_word, spec.overrides)),
         amp_dtype=config["amp_dtype"],
         model_name=cfg.model.model_name[:100],  # the columns' length: a long _target_ path is cut, not refused
         data_name=cfg.data.data_name[:100],

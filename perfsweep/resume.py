@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"perfsweep resume: {exc}", file=sys.stderr)
         return 2
-    shown = store.hide_password(" ".join(cmd[2:]))
+    shown = " ".join(map(store.hide_password_in_word, cmd[2:]))
     print(f"perfsweep resume: sweep {sweep.id} in {launch_dir}: {shown}", file=sys.stderr)
     proc = subprocess.Popen(cmd, cwd=launch_dir)
     signal.signal(signal.SIGTERM, lambda signum, _frame: proc.send_signal(signum))  # stop the sweep, not orphan it

@@ -257,7 +257,7 @@ def point_label(overrides: list[str]) -> str:
 
 
 def begin(engine: Any, sweep_id: int, grid_index: int, overrides: list[str], cfg: PerfsweepConfig) -> int:
-    shown = store.hide_password(point_label(overrides))
+    shown = point_label([store.hide_password_in_word(o) for o in overrides])
     with store.session(engine) as s:
         row = store.BatchSearch(
             sweep_id=sweep_id, grid_index=grid_index, overrides=shown, seq_len=cfg.seq_len, status="running"

@@ -51,7 +51,7 @@ from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
 
-from perfsweep.cli import UserError, first_line
+from perfsweep.cli import UserError, first_line, hide_password, hide_password_in_word
 from perfsweep.names import FINAL_STATUSES, HEARTBEAT_STALE_S, RERUN_HINTS, is_multirun
 
 log = logging.getLogger(__name__)
@@ -599,21 +599,12 @@ def in_memory(url: str) -> bool:
     return parsed.get_backend_name() == "sqlite" and not parsed.database
 
 
-def hide_password(db: str) -> str:
-    """``db`` (a ``--db`` or ``db.url``, or any text holding one, a sweep's command) as messages show
-    it: every URL's password as ``***``, so that a line does not put it in a terminal's scrollback
-    or a CI log; its ``password=`` option too. Textual, not SQLAlchemy's parse, which raised for a
-    URL with a port that is no number (a traceback where the line said the URL was wrong)."""
-    hidden = re.sub(r"(://[^/\s:@]*:)[^\s/]*@", r"\1***@", db)  # the last '@' before the host: u:p@ss@host
-    return re.sub(r"(?i)([?&]password=)[^&\s]*", r"\1***", hidden)
-
-
 def typed_command() -> str:
     """``sweeps.command``: this process's command line as a user would type it again, a db.url's
     password as ``***`` (:func:`hide_password`). ``perfsweep resume`` takes the database from its
     own ``--db``, so the stored command needs no password, and a results database is no place to
     keep the password to itself: every reader of the results could read it there."""
-    return hide_password(shlex.join(["perfsweep", *sys.argv[1:]]))
+    return shlex.join(["perfsweep", *map(hide_password_in_word, sys.argv[1:])])
 
 
 def existing_url(db: str) -> str:

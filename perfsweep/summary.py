@@ -395,7 +395,10 @@ def close_sweep(url: str, sweep_dir: str, status: str, late: bool = False) -> bo
             finally:
                 engine.dispose()
         except Exception as exc:  # noqa: BLE001
-            print(f"perfsweep: could not mark the sweep {status} in {url}: {first_line(exc)}", file=sys.stderr)
+            print(
+                f"perfsweep: could not mark the sweep {status} in {store.hide_password(url)}: {first_line(exc)}",
+                file=sys.stderr,
+            )
             return False
     return True
 
@@ -416,7 +419,10 @@ def close_late(url: str, sweep_dir: str) -> tuple[int | str, bool] | None:
         finally:
             engine.dispose()
     except Exception as exc:  # noqa: BLE001 - said; the caller's last line says what to run again
-        print(f"perfsweep: could not read the sweep {sweep_dir} in {url}: {first_line(exc)}", file=sys.stderr)
+        print(
+            f"perfsweep: could not read the sweep {sweep_dir} in {store.hide_password(url)}: {first_line(exc)}",
+            file=sys.stderr,
+        )
         return "ID", False
     if row is None or row.status == "done":
         return None
@@ -506,7 +512,7 @@ def show_sweep(
         sweep_id = sweep_id_for(engine, sweep_dir)
         if sweep_id is None:  # its row went with the file: the results are kept (the last line says so)
             print(
-                f"perfsweep: no summary: the sweep {sweep_dir} is not in {url} ({store.gone_cause(url)})",
+                f"perfsweep: no summary: the sweep {sweep_dir} is not in {store.hide_password(url)} ({store.gone_cause(url)})",
                 file=sys.stderr,
             )
             return

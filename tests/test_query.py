@@ -571,6 +571,12 @@ def test_passwords_are_hidden_in_any_text_that_holds_a_url():
             "perfsweep -m amp=true db.url=postgresql+psycopg2://me:***@h:5432/x"
         ),
         "postgresql://me@host/db": "postgresql://me@host/db",
+        # SQLAlchemy takes a '/' and a space as part of a password: a generated one (Top/Secret9) was shown
+        "postgresql://u:Top/Secret9@host/db": "postgresql://u:***@host/db",
+        "postgresql://u:Top Secret/9@host/db": "postgresql://u:***@host/db",
+        "could not mark the sweep done in postgresql://u:Top/Secret9@h/db: gone": (
+            "could not mark the sweep done in postgresql://u:***@h/db: gone"
+        ),
         "/data/my results.db": "/data/my results.db",
     }
     assert {k: store.hide_password(k) for k in cases} == cases

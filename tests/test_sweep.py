@@ -248,8 +248,10 @@ def test_sweep_into_postgresql(tmp_path: Path, pg_url: str):
     from perfsweep import resume
     from tests.pg import new_database
 
-    url = new_database(pg_url).replace("://postgres@", "://postgres:s3cretPW@")
-    assert "s3cretPW" in url
+    url = new_database(pg_url).replace(
+        "://postgres@", "://postgres:s3cret/PW x@"
+    )  # a '/' and a space: both were left shown
+    assert "s3cret/PW x" in url
     res = run_perfsweep(["-m", "amp=true,false", f"db.url={url}", *TINY], tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     assert not (tmp_path / "results.db").exists()
@@ -265,8 +267,8 @@ def test_sweep_into_postgresql(tmp_path: Path, pg_url: str):
     assert [(amp, status) for amp, status, _ in got] == [(True, "ok"), (False, "ok")]
     assert all(tps > 0 for *_, tps in got) and n_steps > 0
     assert "(2 runs, 2 ok)" in res.stdout
-    hidden = url.replace("s3cretPW", "***")
-    assert "s3cretPW" not in command + str(kept) and f"db.url={hidden}" in command, command
+    hidden = url.replace("s3cret/PW x", "***")
+    assert "s3cret" not in command + str(kept) + res.stdout + res.stderr and f"db.url={hidden}" in command, command
     # overrides as Hydra escapes them (db.url=postgresql+psycopg2\\://postgres\\:***@...)
     assert all(":***@" in overrides and f'"url": "{hidden}"' in config for overrides, config in kept), kept
     again = resume.command_for(sweep, db_url=url)  # what `perfsweep resume 1 --db URL` runs

@@ -242,7 +242,7 @@ class PerfsweepSweeper(BasicSweeper):
                         kept = importer.kept_runs(importer.pending_files(url, str(sweep_dir)))
                         summary.show_sweep(url, str(sweep_dir), first.report, kept, swept=_swept_keys(jobs))
             except Exception as exc:  # noqa: BLE001 - never hide the jobs' own outcome
-                print(f"perfsweep: could not print the summary from {url}: {exc}", file=sys.stderr)
+                print(f"perfsweep: could not print the summary from {store.hide_password(url)}: {exc}", file=sys.stderr)
         statuses = [_status(r) for batch in returns for r in batch] + search_statuses
         statuses += _stored_statuses(url, sweep_id, lost)
         # what went wrong, then what to type: the jobs that did not finish ok, the import, the close
@@ -256,7 +256,7 @@ class PerfsweepSweeper(BasicSweeper):
         if unsaved:
             print(
                 f"perfsweep: {len(unsaved)} result{'s' if len(unsaved) != 1 else ''} could not be written to "
-                f"{url} and {'are' if len(unsaved) != 1 else 'is'} kept as result.json; "
+                f"{store.hide_password(url)} and {'are' if len(unsaved) != 1 else 'is'} kept as result.json; "
                 f"import with: {importer.import_command(url, sweep_dir, unsaved)}",
                 file=sys.stderr,
             )
