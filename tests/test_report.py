@@ -705,7 +705,7 @@ def test_scaling_lines_are_the_stored_runs(engine: Any, tmp_path: Path) -> None:
     assert lines["seq_len=128 workers=0"] == ([4, 8], [5120.0, 10240.0])  # batch 16 ran out of memory
     assert line_data(ax_mem)["seq_len=128 workers=0"] == ([4, 8], [8.0, 16.0])  # MiB
     assert "peak memory (MiB)" in ax_mem.get_ylabel()
-    words = {t.get_text() for t in ax_tps.texts}
+    words = {w for t in ax_tps.texts for w in t.get_text().split("/")}
     assert {"OOM", "FAILED"} <= words  # the runs that did not finish are marked, not dropped
     frame = chart.frame[chart.frame["axis"] == "batch"].set_index("id")
     assert set(frame["status"]) == {"ok", "oom", "failed"}
@@ -721,9 +721,9 @@ def test_scaling_lines_are_the_stored_runs(engine: Any, tmp_path: Path) -> None:
 def test_scaling_says_each_reason_once_where_lines_fail_at_the_same_x(engine: Any, tmp_path: Path) -> None:
     """Three lines end at batch 16, two out of memory and one failed: "OOM" was written twice on
     top of itself and "FAILED" over both, and the three x marks covered each other at 3% of the
-    axes' height, among real values. Now they lie side by side in a band under 0, in their lines'
-    colours, grouped by reason, and each reason is written once under its own marks ("FAILED/OOM"
-    under all three did not say which line failed)."""
+    axes' height, among real values. Now they lie side by side, centred on their x, in a band under
+    0, in their lines' colours, each reason written once under them; the marks' shapes say which
+    line failed and which ran out of memory (the same x for all three did not)."""
     sid = new_sweep(engine, tmp_path / "sw")
     job = itertools.count()
     for seq, batch in itertools.product((64, 128, 256), (4, 8, 16)):
@@ -734,24 +734,26 @@ def test_scaling_says_each_reason_once_where_lines_fail_at_the_same_x(engine: An
     charts.save(chart.figure, tmp_path / "scaling.png")
     ax = chart.figure.axes[0]
     assert ax.get_title("left").startswith("vs batch")
-    reasons = {t.get_text(): t for t in ax.texts if t.get_text() in ("OOM", "FAILED")}
-    assert sorted(reasons) == ["FAILED", "OOM"] and all(t.xy[1] < 0 for t in reasons.values())
+    (reasons,) = [t for t in ax.texts if "OOM" in t.get_text() or "FAILED" in t.get_text()]
+    assert reasons.get_text() == "OOM/FAILED" and reasons.xy[1] < 0
     renderer = chart.figure.canvas.get_renderer()
     marks = [line for line in ax.lines if line.get_gid() == charts.FAILED_MARK]
-    legend = [h for h in ax.lines if h.get_label() == charts.FAILED_LABEL]
-    assert len(legend) == 1 and legend[0].get_color() == charts.BASE  # no line's colour in the legend
+    legend = {h.get_label(): h for h in ax.lines if h.get_label().startswith(charts.FAILED_LABEL)}
+    assert sorted(legend) == [f"{charts.FAILED_LABEL} failed", f"{charts.FAILED_LABEL} oom"]
+    assert all(h.get_color() == charts.BASE for h in legend.values())  # no line's colour in the legend
+    assert {legend[f"{charts.FAILED_LABEL} {s}"].get_marker() for s in ("oom", "failed")} == {"v", "X"}
     boxes = [m.get_window_extent(renderer) for m in marks]
     assert len(marks) == 3 and len({m.get_color() for m in marks}) == 3
     assert not any(a.overlaps(b) for a, b in itertools.combinations(boxes, 2))  # side by side
-    words = {w: t.get_window_extent(renderer) for w, t in reasons.items()}
-    assert not words["OOM"].overlaps(words["FAILED"])
+    x16 = ax.transData.transform((16, 0))[0]
+    centres = [(b.x0 + b.x1) / 2 for b in boxes]
+    assert abs(np.mean(centres) - x16) < 1 and max(abs(c - x16) for c in centres) < 30  # on their x, not beside it
     colour_of = {label: color for label, color in ((ln.get_label(), ln.get_color()) for ln in ax.lines)}
-    failed_colour = colour_of["seq_len=256"]
-    for mark, box in zip(marks, boxes, strict=True):  # each mark over its own reason, no other
-        under = [w for w, b in words.items() if b.x0 <= (box.x0 + box.x1) / 2 <= b.x1]
-        assert under == ["FAILED" if mark.get_color() == failed_colour else "OOM"], (mark.get_color(), under)
+    shape_of = {m.get_color(): m.get_marker() for m in marks}  # the shape says which line failed, and why
+    assert shape_of[colour_of["seq_len=256"]] == "X"
+    assert shape_of[colour_of["seq_len=64"]] == shape_of[colour_of["seq_len=128"]] == "v"
     zero = ax.transData.transform((16, 0))[1]
-    assert all(b.y1 < zero for b in [*boxes, *words.values()])  # under 0, apart from data
+    assert all(b.y1 < zero for b in [*boxes, reasons.get_window_extent(renderer)])  # under 0, apart from data
     ticks = np.asarray(ax.get_yticks())
     assert ax.get_ylim()[0] < 0 and min(ticks[ticks >= ax.get_ylim()[0]]) == 0  # no tick value in the band
 

@@ -314,8 +314,8 @@ SCALING = ChartSpec(
     facet="axis",
     facet_title="vs {}",
     caption="Throughput (top) and peak memory (bottom) against {axes}, one line per combination of the other "
-    "differing axes, in order of their values; an x in the shaded band under 0 = a run that did not finish, in "
-    "its line's colour, the reason (OOM, FAILED) under it.",
+    "differing axes, in order of their values; a mark in the shaded band under 0 = a run that did not finish, in "
+    "its line's colour, its shape the reason (legend; OOM, FAILED written under them).",
 )
 HEATMAP = ChartSpec(
     "heatmap",

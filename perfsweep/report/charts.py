@@ -72,9 +72,12 @@ MARKERS, DASHES = "osD^vPh*p", ("-", "--", "-.", ":")
 """Each line's marker and line style, by its place among its panel's lines: colour alone left a line
 that ran exactly under another (amp on and off at the same tokens/s) looking like part of it."""
 CROSS = {"marker": "x", "ms": 9, "mew": 2.5, "ls": "none", "clip_on": False, "scaley": False}
-FAILED_LABEL = "did not finish (x in the band under 0, in its line's colour)"
+FAILED_LABEL = "did not finish:"
+"""The legend's words for a run that did not finish, before its reason (one entry per reason)."""
 FAILED_MARK = "failed-mark"
-"""gid of a run's x in the band of runs that did not finish."""
+"""gid of a run's mark in the band of runs that did not finish."""
+REASON_MARKS = {"oom": "v", "failed": "X", "timeout": "D", "interrupted": "s", "skipped": "o"}
+"""A failed run's mark in scaling.png, by its status: the shape says why, the colour which line."""
 
 
 @dataclass(frozen=True)
@@ -651,38 +654,40 @@ FAILED_BAND = 0.16
 
 
 def _failures(ax: Axes, failed: dict[Any, list[tuple[str, str]]]) -> None:
-    """The runs that did not finish, by x: an x per run in its line's colour, side by side, in a
-    band under the axis's 0, grouped by reason, each reason written once under its own group.
-    Drawn at 3% of the axes' height before, they sat among real low values (226 tokens/s beside
-    24k), a line ran through them, several at one x covered each other, and their words lay under
-    other points; joined ("FAILED/OOM") under all the marks, the reasons did not say which line
-    failed and which ran out of memory."""
+    """The runs that did not finish, by x: a mark per run in its line's colour, side by side and
+    centred on their x, in a band under the axis's 0; its shape says why (:data:`REASON_MARKS`,
+    in the legend) and the reasons are written once under them. Drawn at 3% of the axes' height
+    before, they sat among real low values (226 tokens/s beside 24k), a line ran through them,
+    several at one x covered each other; with one mark and the reasons joined ("FAILED/OOM") under
+    all of them, which line failed and which ran out of memory was not said."""
     lo, hi = ax.get_ylim()
     band = FAILED_BAND * (hi - max(lo, 0.0))
     ax.set_ylim(-band, hi)
     ax.axhspan(-band, 0, color=BAD, alpha=0.08, lw=0, zorder=0)
     ax.axhline(0, color="#888888", lw=0.8, zorder=1)
     ax.yaxis.set_major_locator(_NotBelowZero(ax.yaxis.get_major_locator()))  # the band is no scale
-    apart = CROSS["ms"] * 1.3  # points between the marks of runs failing at one x for one reason
-    size = 7
-    kw = {"textcoords": "offset points", "fontsize": size, "ha": "center", "va": "top", "color": BAD}
+    apart = CROSS["ms"] * 1.3 / 72  # inches between the marks of runs failing at one x
+    order = list(REASON_MARKS)
     for x, runs in failed.items():
-        groups: dict[str, list[str]] = {}  # reason -> its runs' colours, in the lines' order
-        for status, color in runs:
-            groups.setdefault(status.upper(), []).append(color)
-        # each group as wide as its marks or its word (capitals ~0.72 em), so that words never touch
-        widths = [max(len(colours) * apart, len(word) * 0.72 * size + 4) for word, colours in groups.items()]
-        left = -sum(widths) / 2
-        for (word, colours), width in zip(groups.items(), widths, strict=True):
-            middle = left + width / 2
-            for j, color in enumerate(colours):
-                dx = (middle + (j - (len(colours) - 1) / 2) * apart) / 72
-                offset = ScaledTranslation(dx, 0, ax.figure.dpi_scale_trans)
-                ax.plot(x, -0.62 * band, transform=ax.transData + offset, color=color, **CROSS, gid=FAILED_MARK)
-            ax.annotate(word, (x, -0.62 * band), (middle, -8), **kw)
-            left += width
-    # the legend's x in grey: in the last failing line's colour it read as "batch=512 did not finish"
-    ax.plot([], [], color=BASE, **CROSS, label=FAILED_LABEL, in_layout=False)
+        runs = sorted(
+            runs, key=lambda r: order.index(r[0]) if r[0] in order else len(order)
+        )  # a reason's marks together
+        for j, (status, color) in enumerate(runs):
+            offset = ScaledTranslation((j - (len(runs) - 1) / 2) * apart, 0, ax.figure.dpi_scale_trans)
+            ax.plot(x, -0.62 * band, transform=ax.transData + offset, **_reason_mark(status, color), gid=FAILED_MARK)
+        reasons = "/".join(dict.fromkeys(status.upper() for status, _ in runs))
+        kw = {"textcoords": "offset points", "fontsize": 7, "ha": "center", "va": "top", "color": BAD}
+        ax.annotate(reasons, (x, -0.62 * band), (0, -8), **kw)
+    # the legend's marks in grey: in the last failing line's colour one read as "batch=512 did not finish"
+    for status in dict.fromkeys(s for runs in failed.values() for s, _ in sorted(runs)):
+        ax.plot([], [], **_reason_mark(status, BASE), label=f"{FAILED_LABEL} {status}", in_layout=False)
+
+
+def _reason_mark(status: str, color: str) -> dict[str, Any]:
+    shape = REASON_MARKS.get(status, "x")
+    if shape in ("x", "X"):
+        return {**CROSS, "marker": shape, "color": color, **({"mew": 0.8, "mec": "white"} if shape == "X" else {})}
+    return {**CROSS, "marker": shape, "color": color, "ms": 9 if shape == "v" else 7.5, "mew": 0.8, "mec": "white"}
 
 
 def scatter(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale, max_labels: int = 8) -> None:
