@@ -694,6 +694,20 @@ def failing_grid(engine: Any, tmp_path: Path) -> int:
     return sid
 
 
+def test_a_heatmap_of_one_value_has_that_value_alone_on_its_colour_bar(engine: Any, tmp_path: Path) -> None:
+    """One cell ran (12,345.678 tokens/s), the rest ran out of memory: the colour bar's ends read
+    11.1111k and 13.5802k, values no run had (the scale is widened around one value)."""
+    sid = new_sweep(engine, tmp_path / "sw")
+    for job, (seq, batch) in enumerate(itertools.product((64, 128), (4, 8))):
+        ok = (seq, batch) == (64, 4)
+        row = run_row(
+            sid, job, batch=batch, seq_len=seq, status="ok" if ok else "oom", tokens_per_s=12345.678 if ok else None
+        )
+        store.save_run(engine, row)
+    bar = make_report(engine, [sid]).charts["heatmap"].figure.axes[-1]
+    assert list(bar.get_yticks()) == [pytest.approx(12345.678)]
+
+
 def test_scaling_lines_are_the_stored_runs(engine: Any, tmp_path: Path) -> None:
     sid = failing_grid(engine, tmp_path)
     rep = make_report(engine, [sid])

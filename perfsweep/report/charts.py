@@ -756,9 +756,14 @@ def scatter(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale, max_labels: int = 8)
 
 
 def _colour_scale(bar: Any) -> None:
-    """Ticks at both ends of a heatmap's colour bar and round values between: its scale runs from
-    the lowest value shown, not 0, and with round ticks alone the darkest colour had no value."""
-    lo, hi = bar.mappable.get_clim()
+    """Ticks at the lowest and highest values shown and round values between: the bar's scale runs
+    from the lowest value, not 0, and with round ticks alone the darkest colour had no value. The
+    values are the cells', not the bar's ends: a scale widened around one value (all cells equal)
+    has ends no run had."""
+    cells = np.ma.masked_invalid(np.ma.asarray(bar.mappable.get_array(), dtype=float)).compressed()
+    if not len(cells):
+        return
+    lo, hi = float(cells.min()), float(cells.max())
     gap = 0.1 * (hi - lo)  # an inner tick this near an end would print over the end's value
     inner = [t for t in bar.get_ticks() if lo + gap < t < hi - gap]
     bar.set_ticks([lo, *inner, hi] if hi > lo else [lo])
