@@ -227,3 +227,33 @@ def test_a_folder_named_like_a_report_file_stops_the_report_before_it_replaces_a
     assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in out.iterdir() if p.is_file()} == before
     assert (out / "runs.csv" / "mine.txt").read_text() == "a user's file"
     assert not list(out.glob(SCRATCH_PREFIX + "*"))
+
+
+def test_a_file_that_cannot_be_replaced_leaves_the_old_report_whole(tmp_path: Path):
+    """An immutable runs.csv (or another user's, in a sticky shared folder): the files renamed
+    before it were the new report's, those after it the old one's, one old chart was gone, and
+    the error named the deleted scratch path. Now nothing changes, and the line names the file."""
+    import hashlib
+    import subprocess
+
+    from perfsweep.report.build import SCRATCH_PREFIX
+    from tests.util import run_perfsweep
+
+    db = build_h100_db(tmp_path / "results.db").removeprefix("sqlite:///")
+    out = tmp_path / "rep"
+    args = ["report", "--db", db, "--sweep", "1", "--out", str(out)]
+    assert run_perfsweep(args, tmp_path).returncode == 0
+    if subprocess.run(["chattr", "+i", str(out / "runs.csv")], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not permitted here (needs root and a filesystem with the immutable flag)")
+    try:
+        before = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in out.iterdir()}
+        res = run_perfsweep([*args, "--top", "1"], tmp_path)  # another throughput.png
+        after = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in out.iterdir()}
+    finally:
+        subprocess.run(["chattr", "-i", str(out / "runs.csv")], check=True)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip() == (
+        f"perfsweep report: cannot replace {out / 'runs.csv'} (Operation not permitted); the report there is left as it was"
+    )
+    assert after == before
+    assert not list(out.glob(SCRATCH_PREFIX + "*"))

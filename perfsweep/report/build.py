@@ -11,6 +11,7 @@ lists the charts it left out and why, so a missing picture is never a silent fai
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
@@ -459,15 +460,41 @@ def publishing(out_dir: Path, stale: Iterable[str] = ()) -> Iterator[Path]:
                 "give another --out (the report there is left as it was)"
             )
         with interrupts.held("perfsweep: saving the report's files; stopping after that"):
-            for name in stale:
-                if not _is_folder(out_dir / name):
-                    (out_dir / name).unlink(missing_ok=True)
-            for path in new:
-                os.replace(path, out_dir / path.name)
+            _swap(out_dir, new, [n for n in stale if not _is_folder(out_dir / n)], tmp / ".replaced")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         if lock is not None:
             os.close(lock)
+
+
+def _swap(out_dir: Path, new: list[Path], stale: list[str], aside: Path) -> None:
+    """The old files (those ``new`` replaces, and ``stale``) moved ``aside``, then ``new`` moved in;
+    where one cannot be moved (an immutable file, another user's in a sticky folder), what was
+    done is undone and :class:`UserError` names it: renamed one by one, such a file had left the
+    new report's first files beside the old report's others."""
+    aside.mkdir()
+    old = [n for n in [*(p.name for p in new), *stale] if os.path.lexists(out_dir / n)]
+    moved: list[str] = []
+    placed: list[str] = []
+    name = ""
+    try:
+        for name in old:
+            os.replace(out_dir / name, aside / name)
+            moved.append(name)
+        for path in new:
+            name = path.name
+            os.replace(path, out_dir / name)
+            placed.append(name)
+    except OSError as exc:
+        for done in placed:
+            with contextlib.suppress(OSError):
+                os.replace(out_dir / done, aside.parent / done)
+        for done in moved:
+            with contextlib.suppress(OSError):
+                os.replace(aside / done, out_dir / done)
+        raise UserError(
+            f"cannot replace {out_dir / name} ({exc.strerror or exc}); the report there is left as it was"
+        ) from None
 
 
 def _is_folder(path: Path) -> bool:
