@@ -26,7 +26,7 @@ from sqlalchemy.engine import Engine
 
 from perfsweep import metrics, store
 from perfsweep.cli import OneLineParser, UserError, first_line, waiting_for_database
-from perfsweep.names import FINAL_STATUSES, NOISY_RULE_IQR_ONLY
+from perfsweep.names import FINAL_STATUSES, NOISY_RULE_IQR_ONLY, RUN_STATUSES
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,8 @@ def _field_problem(sweep: dict[str, Any], run: dict[str, Any]) -> str | None:
     fields = {k: v for k, v in run.items() if k not in store.RUN_CHILDREN}
     problem = store.field_problem(store.Sweep, {k: sweep[k] for k in SWEEP_FIELDS if k in sweep}, "sweep")
     problem = problem or store.field_problem(store.Run, fields, "run")
+    if problem is None and run.get("status") not in RUN_STATUSES:  # "bogus" was stored, and broke the report
+        problem = f"run.status is {store.shown_value(run.get('status'))}; it is one of {', '.join(RUN_STATUSES)}"
     for attr, cls in store.RUN_CHILDREN.items():
         rows = run.get(attr) or []
         if problem is None and not isinstance(rows, list):

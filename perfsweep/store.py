@@ -1210,6 +1210,13 @@ def field_problem(cls: type[Base], row: Any, where: str) -> str | None:
             continue
         if accepted and (not isinstance(value, accepted) or (isinstance(value, bool) and bool not in accepted)):
             return f"{where}.{key} is {shown_value(value)}; {table}.{key} takes {said}"
+        # what the driver refused later, blamed on the database: 300 characters for a String(16), 10**30
+        if isinstance(col.type, String) and col.type.length and len(value) > col.type.length:
+            return f"{where}.{key} is {len(value)} characters long; {table}.{key} takes at most {col.type.length}"
+        if isinstance(col.type, Integer) and not isinstance(value, bool):
+            bits = 63 if isinstance(col.type, BigInteger) else 31
+            if not -(2**bits) <= value < 2**bits:
+                return f"{where}.{key} is {shown_value(value)}; {table}.{key} takes a whole number under 2**{bits}"
         if isinstance(col.type, UTCDateTime) and isinstance(value, str):
             try:
                 datetime.fromisoformat(value)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from perfsweep import importer, job_entry, store
+from perfsweep.names import RUN_STATUSES
 from tests.util import (
     REFUSE_CLOSE,
     TINY,
@@ -353,20 +354,33 @@ def test_import_refuses_what_is_not_a_result(tmp_path: Path, capsys: pytest.Capt
 
 
 WRONGLY_TYPED = {
-    # field edited in a result.json -> what the one line says (field, value, what the column takes)
-    "status": (5, "run.status is 5 (a number); runs.status takes text"),
+    # file name -> (field edited in a result.json, its value, what the one line says: field, value, what is allowed)
+    "status": ("status", 5, "run.status is 5 (a number); runs.status takes text"),
     "config_json": (
+        "config_json",
         '{"amp": false}',
         """run.config_json is '{"amp": false}' (text); runs.config_json takes a JSON object""",
     ),
-    "run_uid": ("  ", "run.run_uid is empty"),
-    "batch": (True, "run.batch is True (true/false); runs.batch takes a whole number"),
-    "amp": ("yes", "run.amp is 'yes' (text); runs.amp takes true or false"),
-    "tokens_per_s": ("fast", "run.tokens_per_s is 'fast' (text); runs.tokens_per_s takes a number"),
-    "finished_at": ("yesterday", "run.finished_at is 'yesterday' (text); runs.finished_at takes an ISO 8601 time"),
-    "model_name": (None, "run.model_name is null; runs.model_name takes text"),
-    "steps": ("none", "run.steps is 'none' (text), not a list of steps rows"),
-    "stages": ([{"stage": "forward"}], "run.stages[0] has no cpu_time_ms, device_time_source, calls"),
+    "run_uid": ("run_uid", "  ", "run.run_uid is empty"),
+    "batch": ("batch", True, "run.batch is True (true/false); runs.batch takes a whole number"),
+    "amp": ("amp", "yes", "run.amp is 'yes' (text); runs.amp takes true or false"),
+    "tokens_per_s": ("tokens_per_s", "fast", "run.tokens_per_s is 'fast' (text); runs.tokens_per_s takes a number"),
+    "finished_at": (
+        "finished_at",
+        "yesterday",
+        "run.finished_at is 'yesterday' (text); runs.finished_at takes an ISO 8601 time",
+    ),
+    "model_name": ("model_name", None, "run.model_name is null; runs.model_name takes text"),
+    "steps": ("steps", "none", "run.steps is 'none' (text), not a list of steps rows"),
+    "stages": ("stages", [{"stage": "forward"}], "run.stages[0] has no cpu_time_ms, device_time_source, calls"),
+    # the report failed later ("tuple.index(x): x not in tuple"), or the driver's refusal was blamed on the database
+    "status_unknown": ("status", "bogus", "run.status is 'bogus' (text); it is one of " + ", ".join(RUN_STATUSES)),
+    "job_num_huge": (
+        "job_num",
+        10**30,
+        f"run.job_num is {10**30} (a number); runs.job_num takes a whole number under 2**31",
+    ),
+    "amp_dtype_long": ("amp_dtype", "x" * 300, "run.amp_dtype is 300 characters long; runs.amp_dtype takes at most 8"),
 }
 
 
@@ -378,9 +392,9 @@ def test_import_names_a_field_of_the_wrong_type_and_stores_nothing_of_that_file(
     database ("the database refused the write"). Each is now one line naming the file, the field,
     its value and what the column takes, before the database is opened; the good file is stored."""
     sweep = {"sweep_dir": str(tmp_path / "s"), "name": "s"}
-    for field, (value, _) in WRONGLY_TYPED.items():
+    for name, (field, value, _) in WRONGLY_TYPED.items():
         importer.write_result_file(
-            (tmp_path / field).with_suffix(".json"), sweep, run_row(0, run_uid=f"bad-{field}") | {field: value}
+            (tmp_path / name).with_suffix(".json"), sweep, run_row(0, run_uid=f"bad-{name}") | {field: value}
         )
     importer.write_result_file(tmp_path / "good.json", sweep, run_row(0, run_uid="good"))
     files = [str((tmp_path / f).with_suffix(".json")) for f in [*WRONGLY_TYPED, "good"]]
@@ -389,8 +403,8 @@ def test_import_names_a_field_of_the_wrong_type_and_stores_nothing_of_that_file(
     out, err = capsys.readouterr()
     said = err.strip().splitlines()
     assert said == [
-        f"perfsweep import: {(tmp_path / field).with_suffix('.json')}: not a perfsweep result as written ({line})"
-        for field, (_, line) in WRONGLY_TYPED.items()
+        f"perfsweep import: {(tmp_path / name).with_suffix('.json')}: not a perfsweep result as written ({line})"
+        for name, (_, _, line) in WRONGLY_TYPED.items()
     ]
     assert f"{len(files)} result files: {len(WRONGLY_TYPED)} unreadable, 1 imported" in out, out
     assert [r["run_uid"] for r in rows(db, "SELECT run_uid FROM runs")] == ["good"]
