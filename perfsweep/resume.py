@@ -77,8 +77,10 @@ def main(argv: list[str] | None = None) -> int:
         probe = store.connect_read_only(url)
         try:  # an empty or foreign file is not given a schema only to be told it holds no sweep, nor
             # is a database upgraded, or its dead runs marked, for a sweep it does not hold
-            if store.schema_revision(probe) is None:
+            if (revision := store.schema_revision(probe)) is None:
                 raise UserError(f"--db {db}: not a perfsweep results database (no schema version)")
+            if why := store.unknown_revision(revision):  # a newer perfsweep's: its tables are not read as ours
+                raise UserError(f"--db {db}: {why}")
             try:
                 sweep_id = resolve_sweep(probe, args.sweep, "SWEEP")
             except UserError as exc:

@@ -434,7 +434,13 @@ def test_a_schema_version_that_is_not_perfsweep_s_is_named_not_upgraded(version,
         conn.execute(text("INSERT INTO alembic_version VALUES (:v)"), {"v": version})
     with pytest.raises(store.ForeignDatabase, match=re.escape(said)):
         store.connect(db_url)
-    for command, argv in ((upgrade_main, ["--db", db_url]), (report_main, ["--db", db_url])):
+    from perfsweep.resume import main as resume_main
+
+    for command, argv in (
+        (upgrade_main, ["--db", db_url]),
+        (report_main, ["--db", db_url]),
+        (resume_main, ["1", "--db", db_url]),  # it said "the database has no sweeps yet"
+    ):
         assert command(argv) == 2
         err = capsys.readouterr().err.strip()
         assert said in err and "\n" not in err and "older" not in err, err
