@@ -215,7 +215,13 @@ def override_problem(overrides: list[str]) -> str | None:
             )
         seen[key] = o
         declared = types.get(o.key_or_group, "")
-        if declared.removesuffix(" | None") != "bool" or o.is_delete():
+        # model.* and data.* are typed after composition, by the preset's own schema (a factory's
+        # `bias` may be a number), and refuse a value of another type there (config._check_types)
+        if (
+            declared.removesuffix(" | None") != "bool"
+            or o.is_delete()
+            or o.key_or_group.partition(".")[0] in NODE_SCHEMAS
+        ):
             continue
         try:
             values = list(o.sweep_iterator()) if o.is_sweep_override() else [o.value()]
