@@ -50,24 +50,28 @@ def first_line(what: BaseException | str | None, width: int | None = None) -> st
     return line if width is None or len(line) <= width else line[: width - 3] + "..."
 
 
+DATABASE_URL = r"\b(?:(?:postgres(?:ql)?|mysql|mariadb|sqlite|oracle|mssql|cockroachdb)(?:\+\w+)?|[a-z]+\+\w+)://"
+"""The start of a database URL (SQLAlchemy's dialect, maybe with its driver): the only URLs whose
+``user:password@`` part is hidden. A model's ``http://hub.local:8080/org/model@v2`` reads the same
+way, and hidden, it was stored as ``hub.local:***@v2`` and rerun so by perfsweep resume."""
+
+
 def hide_password(db: str) -> str:
     """``db`` (a ``--db`` or ``db.url``, or any text holding one, a sweep's command) as messages show
-    it: every URL's password as ``***``, so that a line does not put it in a terminal's scrollback
-    or a CI log; its ``password=`` option too. Textual, not SQLAlchemy's parse, which raised for a
-    URL with a port that is no number (a traceback where the line said the URL was wrong)."""
-    if re.match(r"[\w+]+://", db):  # a URL alone: its password may hold a space
-        return hide_password_in_word(db)
-    # up to the last '@' of the word: u:p@ss@host, and a '/' of a generated password (Top/Secret9),
-    # which SQLAlchemy takes as part of it, was left shown
-    hidden = re.sub(r"(://[^/\s:@]*:)\S*@", r"\1***@", db)
-    return re.sub(r"(?i)([?&]password=)[^&\s]*", r"\1***", hidden)
+    it: every database URL's password as ``***``, so that a line does not put it in a terminal's
+    scrollback or a CI log; a ``password=`` option too. The password runs to the first ``@``, as
+    SQLAlchemy reads it ('/' and spaces included: a generated Top/Secret9 was shown; an '@' in a
+    password is written %40). Textual, not SQLAlchemy's parse, which raised for a URL with a port
+    that is no number (a traceback where the line said the URL was wrong)."""
+    hidden = re.sub(f"({DATABASE_URL}[^/\\s:@]*:)[^@]*@", r"\1***@", db)
+    option = r"[^&]*" if re.match(DATABASE_URL, db) else r"[^&\s]*"  # a URL alone: to its end
+    return re.sub(f"(?i)([?&]password=){option}", r"\1***", hidden)
 
 
 def hide_password_in_word(word: str) -> str:
-    """:func:`hide_password` for one command-line word (an override, a URL), whose password may
-    hold a space too: everything between ``user:`` and the word's last ``@`` is the password."""
-    hidden = re.sub(r"(://[^/\s:@]*:).*@", r"\1***@", word, flags=re.DOTALL)
-    return re.sub(r"(?i)([?&]password=)[^&]*", r"\1***", hidden)
+    """:func:`hide_password` for one command-line word (an override, a URL): its ``password=``
+    option may hold a space too."""
+    return re.sub(r"(?i)([?&]password=)[^&]*", r"\1***", hide_password(word))
 
 
 @contextmanager

@@ -733,7 +733,7 @@ def display_url(engine: Engine) -> str:
     url = engine.url
     if url.get_backend_name() == "sqlite" and (url.database or "").startswith("file:") and url.query.get("uri"):
         return sqlite_url(unquote(url.database.removeprefix("file:")))
-    return url.render_as_string(hide_password=True)
+    return hide_password(url.render_as_string(hide_password=True))  # a ?password= option too
 
 
 def schema_revision(engine: Engine) -> str | None:

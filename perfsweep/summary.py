@@ -547,7 +547,7 @@ def _print_summary(
         print(text)
     if text := concurrency_note(engine, sweep_id):
         print(f"Note: {text}")
-    where = engine.url.render_as_string(hide_password=True)
+    where = store.hide_password(engine.url.render_as_string(hide_password=True))  # ?password= too
     print(f"\nResults: {where} (sweep_id={sweep_id})")
     if engine.url.get_backend_name() == "sqlite":
         print(f"Query:   {query_hint(df, swept, str(engine.url.database), sweep_id)}")
@@ -594,7 +594,7 @@ def db_arg(url: str) -> str:
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite" and parsed.database:
         return shlex.quote(parsed.database)
-    return shlex.quote(parsed.render_as_string(hide_password=True))
+    return shlex.quote(store.hide_password(parsed.render_as_string(hide_password=True)))
 
 
 def report_command(url: str, sweep: int | str | Path) -> str:

@@ -565,7 +565,10 @@ def test_passwords_are_hidden_in_any_text_that_holds_a_url():
     parse (a port that is no number: a ValueError traceback) still is."""
     cases = {
         "postgresql://u:s3cret@host:notaport/db": "postgresql://u:***@host:notaport/db",
-        "postgresql://u:p@ss@host/db": "postgresql://u:***@host/db",
+        "postgresql://u:p@ss@host/db": "postgresql://u:***@ss@host/db",  # SQLAlchemy's reading: p, host ss@host
+        # only a database URL: a model's hub URL was stored as hub.local:***@v2, and resume reran that
+        "+model.uri=http://hub.local:8080/org/model@v2": "+model.uri=http://hub.local:8080/org/model@v2",
+        "db.url=postgresql://u:pw@h/db?application_name=me@box": "db.url=postgresql://u:***@h/db?application_name=me@box",
         "postgresql://u@host/db?password=s3cret&sslmode=require": "postgresql://u@host/db?password=***&sslmode=require",
         "perfsweep -m amp=true db.url=postgresql+psycopg2://me:s3cret@h:5432/x": (
             "perfsweep -m amp=true db.url=postgresql+psycopg2://me:***@h:5432/x"
@@ -580,6 +583,13 @@ def test_passwords_are_hidden_in_any_text_that_holds_a_url():
         "/data/my results.db": "/data/my results.db",
     }
     assert {k: store.hide_password(k) for k in cases} == cases
+    # SQLAlchemy's own hiding (the summary's Results: line, the --db of every hint) left a ?password= option
+    from sqlalchemy import create_engine
+
+    from perfsweep.summary import db_arg
+
+    option = "postgresql+psycopg2://u@h/db?password=Pq7Zz"
+    assert "Pq7Zz" not in db_arg(option) + store.display_url(create_engine(option))
     assert all(store.in_memory(u) for u in ("sqlite://", "sqlite+pysqlite://", "sqlite://?cache=shared"))
     assert not any(store.in_memory(u) for u in ("sqlite:///results.db", "results.db", "postgresql://u@h/db"))
 
