@@ -208,7 +208,9 @@ def override_problem(overrides: list[str]) -> str | None:
     for o in parsed:
         key = (o.key_or_group, o.package)
         if (first := seen.get(key)) is not None and (first.is_sweep_override() or o.is_sweep_override()):
-            values = ",".join(line.partition("=")[2] for line in (first.input_line, o.input_line))
+            values = ",".join(
+                dict.fromkeys(v for line in (first.input_line, o.input_line) for v in line.partition("=")[2].split(","))
+            )
             return (
                 f"{o.key_or_group} is given twice ({first.input_line} and {o.input_line}), and Hydra keeps the last "
                 f"alone; give each key once, its values as one list ({o.key_or_group}={values})"
@@ -227,15 +229,24 @@ def override_problem(overrides: list[str]) -> str | None:
             values = list(o.sweep_iterator()) if o.is_sweep_override() else [o.value()]
         except Exception:  # noqa: BLE001 - a sweep form Hydra itself refuses later, in its own words
             continue
-        allowed = (bool, type(None)) if declared.endswith(" | None") else (bool,)
-        if loose := [v for v in values if not isinstance(v, allowed)]:
+        optional = declared.endswith(" | None")
+        if loose := [v for v in values if not _plain_bool(v, optional)]:
             typed = o.input_line.partition("=")[2]
             shown = typed if not o.is_sweep_override() else "null" if loose[0] is None else loose[0]
-            optional = " or null" if declared.endswith(" | None") else ""
             listed = re.fullmatch(r"\[(.*)\]", typed) if isinstance(loose[0], list) else None
             sweep = f" (one job per value is a sweep: -m {o.key_or_group}={listed.group(1)})" if listed else ""
-            return f"{o.key_or_group}={shown}: must be {ALLOWED_VALUES['bool']}{optional}{sweep}"
+            return f"{o.key_or_group}={shown}: must be {ALLOWED_VALUES['bool']}{' or null' if optional else ''}{sweep}"
     return None
+
+
+def _plain_bool(value: Any, optional: bool) -> bool:
+    """Whether Hydra reads ``value`` (an override's, or one of its sweep's) as what it says for a
+    true/false key: true, false, 'true' in quotes, null where the key takes it, or an
+    interpolation (``${oc.env:USE_AMP,false}``), resolved and checked when the config is."""
+    text = getattr(value, "text", value)  # a quoted value of a sweep: QuotedString
+    if isinstance(text, bool) or (text is None and optional):
+        return True
+    return isinstance(text, str) and ("${" in text or text.strip().lower() in ("true", "false"))
 
 
 def _unparsable(parser: Any, text: str) -> bool:

@@ -363,3 +363,27 @@ def test_an_import_of_files_that_are_no_results_creates_no_database(tmp_path: Pa
     out, err = capsys.readouterr()
     assert "1 unreadable; nothing written" in out and "not a perfsweep result" in err
     assert not (tmp_path / "new.db").exists()
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["report=${profile.enabled}"],  # an interpolation: resolved, and checked, with the config
+        ["amp=${oc.env:USE_AMP,false}"],
+        ["amp='false'"],  # quoted: OmegaConf reads it as false
+        ["amp=true,${ckpt}"],
+        ["compile='true','false'"],
+        ["amp=TRUE,false"],
+        ["steps.measure=3", "steps.measure=100"],  # two single values: the last one wins, as on any command line
+        ["amp=choice(true,false)", "+hydra.job.env_set.X=1"],
+        ["model.bias=1"],  # a preset's key: typed by its schema after composition
+        ["db.url=postgresql://u:p,w@h/db"],
+        ["~compile"],
+    ],
+)
+def test_overrides_hydra_reads_as_typed_pass_the_check(overrides: list[str]):
+    """The refusals above must not catch what Hydra runs as typed (interpolations and quoted
+    true/false were refused once: ``report=${profile.enabled}`` had run)."""
+    from perfsweep.preflight import override_problem
+
+    assert override_problem(overrides) is None
