@@ -24,9 +24,24 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Boolean, ColumnElement, Float, Integer, String, Table, Text, TypeDecorator, and_, not_, or_
+from sqlalchemy import (
+    Boolean,
+    ColumnElement,
+    DateTime,
+    Float,
+    Integer,
+    String,
+    Table,
+    Text,
+    TypeDecorator,
+    and_,
+    cast,
+    not_,
+    or_,
+)
 
 _TOKEN = re.compile(
     r"""\s*(?:
@@ -169,7 +184,7 @@ class _Parser:
             raise WhereError(f"unknown column {name!r}; {hint}")
         return self.table.c[name]
 
-    def value(self, col: Any) -> Any:
+    def value(self, col: Any, like: bool = False) -> Any:
         if self.peek("num"):
             text = self.take("num")
             v: Any = float(text) if any(ch in text for ch in ".eE") else int(text)
@@ -185,6 +200,15 @@ class _Parser:
                 raise WhereError(f"{col.name} is true/false (or 1/0), not {v!r}")
             v = bool(v)
         kind = col.type.impl if isinstance(col.type, TypeDecorator) else col.type
+        if like:  # a pattern, on any column (batch LIKE '4%' matched before)
+            return v
+        if isinstance(kind, DateTime) and isinstance(v, str):  # was "'str' object has no attribute 'tzinfo'"
+            try:
+                return datetime.fromisoformat(v)
+            except ValueError:
+                raise WhereError(
+                    f"{col.name} is a time: write it as '2026-11-27' or '2026-11-27 09:30', not {v!r}"
+                ) from None
         # SQL compares a number with a text without a word: seq_len <= 'abc' held for every run (SQLite
         # orders every number before every text), model_name = 5 for none
         if isinstance(kind, (Integer, Float)) and isinstance(v, str):
@@ -213,7 +237,8 @@ class _Parser:
         elif self.accept("kw", "like"):
             if not self.peek("str"):
                 raise WhereError(f"LIKE needs a quoted pattern after {col.name}")
-            expr = col.like(self.value(col))
+            pattern = self.value(col, like=True)  # a number column as its text: PostgreSQL has no integer LIKE
+            expr = (col if isinstance(col.type, (String, Text)) else cast(col, String)).like(pattern)
         elif self.accept("kw", "between"):
             lo = self.value(col)
             self.take("kw", "and")

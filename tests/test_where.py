@@ -6,6 +6,7 @@ found when perfsweep was tried with bad input on purpose.
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,8 @@ def two_sweeps(request: pytest.FixtureRequest, tmp_path: Path):
         sid = store.get_or_create_sweep(engine, f"/sweeps/{name}", name)
         ids.append(sid)
         for amp, batch in ((True, 4), (False, 8)):
-            store.save_run(engine, run_row(sid, amp=amp, batch=batch, model_name="it's"))
+            started = datetime(2026, 11, batch, 9, 30, tzinfo=timezone.utc)  # 4th and 8th of November
+            store.save_run(engine, run_row(sid, amp=amp, batch=batch, model_name="it's", started_at=started))
     yield engine, ids[0], ids[1]
     engine.dispose()
 
@@ -73,6 +75,9 @@ def test_injection_is_refused_and_changes_nothing(two_sweeps, where):
         ("model_name LIKE 'it%' AND status IS NOT NULL", [4, 8]),
         ("error IS NULL AND seq_len <= 512.0", [4, 8]),
         ("batch > '4'", [8]),  # a number in quotes is that number, as SQLite and PostgreSQL read it
+        ("batch LIKE '4%'", [4]),  # a pattern on a number column: refused once by the number check
+        ("started_at > '2026-11-05'", [8]),  # was "'str' object has no attribute 'tzinfo'"
+        ("started_at BETWEEN '2026-11-04' AND '2026-11-04 10:00'", [4]),
     ],
 )
 def test_filters_stay_inside_the_sweep(two_sweeps, where, batches):
@@ -102,6 +107,7 @@ def test_a_filter_nested_100_deep_is_read():
         ("seq_len <= 'abc'", "seq_len is a number, not the text 'abc'"),
         ("model_name = 5", "model_name is text, not 5; quote it: model_name = '5'"),
         ("(select 1) = 1", "a subquery (SELECT) is not allowed"),  # was "unknown column 'select'"
+        ("started_at > 'yesterday'", "started_at is a time: write it as '2026-11-27' or '2026-11-27 09:30'"),
         ("batch 4", "expected a comparison"),
         ("batch > 4 AND", "expected a runs column but found the end"),
         ("(batch > 4", "expected ) but found the end"),
