@@ -50,10 +50,11 @@ def first_line(what: BaseException | str | None, width: int | None = None) -> st
     return line if width is None or len(line) <= width else line[: width - 3] + "..."
 
 
-DATABASE_URL = r"\b(?:(?:postgres(?:ql)?|mysql|mariadb|sqlite|oracle|mssql|cockroachdb)(?:\+\w+)?|[a-z]+\+\w+)://"
+DATABASE_URL = r"\b(?:(?:postgres(?:ql)?|mysql|mariadb|sqlite|oracle|mssql|cockroachdb)(?:\+\w+)?|[a-z]+\+\w+)\\?://"
 """The start of a database URL (SQLAlchemy's dialect, maybe with its driver): the only URLs whose
 ``user:password@`` part is hidden. A model's ``http://hub.local:8080/org/model@v2`` reads the same
-way, and hidden, it was stored as ``hub.local:***@v2`` and rerun so by perfsweep resume."""
+way, and hidden, it was stored as ``hub.local:***@v2`` and rerun so by perfsweep resume. The
+``\\`` before ``://``: as Hydra escapes it in an override (``runs.overrides``)."""
 
 
 def hide_password(db: str) -> str:

@@ -569,6 +569,8 @@ def test_passwords_are_hidden_in_any_text_that_holds_a_url():
         # only a database URL: a model's hub URL was stored as hub.local:***@v2, and resume reran that
         "+model.uri=http://hub.local:8080/org/model@v2": "+model.uri=http://hub.local:8080/org/model@v2",
         "db.url=postgresql://u:pw@h/db?application_name=me@box": "db.url=postgresql://u:***@h/db?application_name=me@box",
+        # as Hydra escapes an override (runs.overrides): the scheme's check missed it, and stored it
+        "db.url=postgresql+psycopg2\\://me\\:s3/cret\\ x@h\\:5432/x": "db.url=postgresql+psycopg2\\://me\\:***@h\\:5432/x",
         "postgresql://u@host/db?password=s3cret&sslmode=require": "postgresql://u@host/db?password=***&sslmode=require",
         "perfsweep -m amp=true db.url=postgresql+psycopg2://me:s3cret@h:5432/x": (
             "perfsweep -m amp=true db.url=postgresql+psycopg2://me:***@h:5432/x"
