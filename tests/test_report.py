@@ -919,7 +919,34 @@ def test_pareto_points_and_front_are_the_stored_runs(engine: Any, tmp_path: Path
     # every ok run is drawn once: the front plus the rest
     rest = next(c for c in ax.collections if c.get_label() == "config")
     assert len(front.get_offsets()) + len(rest.get_offsets()) == len(ok) == 5
-    assert "did not finish: 1 oom, 1 failed" in [t.get_text() for t in chart.figure.legends[0].get_texts()]
+    legend = [t.get_text() for t in chart.figure.legends[0].get_texts()]
+    assert {"did not finish: 1 oom", "did not finish: 1 failed"} <= set(legend), legend
+
+
+def test_pareto_marks_runs_that_did_not_finish_by_reason_side_by_side(engine: Any, tmp_path: Path) -> None:
+    """Two runs out of memory at the same memory figure were one x (the other hidden under it), and
+    no mark said why a run stopped; now they lie side by side, shaped by reason as in scaling.png,
+    with a legend entry per reason (a run with no memory figure counted in its entry)."""
+    sid = new_sweep(engine, tmp_path / "sw")
+    for job, batch in enumerate((2, 4, 8)):  # a chart needs three that finished
+        store.save_run(
+            engine, run_row(sid, job, batch=batch, tokens_per_s=1000.0 * batch, peak_mem_bytes=2**20 * 10 * batch)
+        )
+    for job, (batch, status, mem) in enumerate(((16, "oom", 2**27), (32, "oom", 2**27), (64, "failed", None)), 3):
+        store.save_run(engine, run_row(sid, job, batch=batch, status=status, tokens_per_s=None, peak_mem_bytes=mem))
+    chart = make_report(engine, [sid]).charts["pareto"]
+    charts.save(chart.figure, tmp_path / "pareto.png")
+    ax = chart.figure.axes[0]
+    marks = [line for line in ax.lines if line.get_gid() == charts.FAILED_MARK]
+    assert [m.get_marker() for m in marks] == ["v", "v"]
+    renderer = chart.figure.canvas.get_renderer()
+    a, b = (m.get_window_extent(renderer) for m in marks)
+    assert not a.overlaps(b)
+    assert all(
+        ax.get_window_extent(renderer).x0 < box.x0 and box.x1 < ax.get_window_extent(renderer).x1 for box in (a, b)
+    )
+    legend = {t.get_text() for t in chart.figure.legends[0].get_texts()}
+    assert {"did not finish: 2 oom", "did not finish: 1 failed (not drawn: no memory figure)"} <= legend, legend
 
 
 def test_pareto_names_never_cover_each_other(engine: Any, tmp_path: Path) -> None:

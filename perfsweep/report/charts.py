@@ -746,13 +746,33 @@ def scatter(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale, max_labels: int = 8)
             **kw,
         )
         name.arrow_patch.set_visible(False)  # shown where the name had to go nearer another point (_place_labels)
-    if len(bad):  # an x on the bottom edge at the memory it had reached; one with no memory figure has no place
-        what = "did not finish: " + ", ".join(f"{c} {status}" for status, c in bad["status"].value_counts().items())
-        if unplaced := int(bad[p.x].isna().sum()):
-            what += f" ({'' if unplaced == len(bad) else f'{unplaced} '}not drawn: no memory figure)"
-        x, edge = (bad[p.x] / div).dropna(), blended_transform_factory(ax.transData, ax.transAxes)
-        # out of the layout: with no mark it sat at the figure's origin and pushed the axes up (a legend entry alone)
-        ax.plot(x, np.full(len(x), 0.03), transform=edge, color=BAD, **CROSS, label=what, in_layout=False)
+    if len(bad):
+        _unfinished_on_edge(ax, bad[p.x] / div, bad["status"])
+
+
+def _unfinished_on_edge(ax: Axes, x: pd.Series, status: pd.Series) -> None:
+    """Runs that did not finish as marks on the bottom edge at the memory they had reached, shaped
+    by reason as in scaling.png (:data:`REASON_MARKS`), side by side where they reached the same
+    memory (one x covered the others), a legend entry per reason; one with no memory figure has no
+    place on this axis and is counted in its entry. Out of the layout: a legend entry with no mark
+    sat at the figure's origin and pushed the axes up."""
+    edge = blended_transform_factory(ax.transData, ax.transAxes)
+    apart = CROSS["ms"] * 1.3 / 72
+    at = x.dropna().value_counts().to_dict()  # runs at each memory figure
+    if at:  # in the axis's range: marks shifted apart are not autoscaled by
+        ax.update_datalim(np.c_[list(at), np.ones(len(at))], updatey=False)
+        ax.autoscale_view(scaley=False)
+    seen: dict[float, int] = {}
+    for reason, xs in x.groupby(status, sort=False):
+        unplaced = int(xs.isna().sum())
+        label = f"{FAILED_LABEL} {len(xs)} {reason}"
+        label += f" ({'' if unplaced == len(xs) else f'{unplaced} '}not drawn: no memory figure)" if unplaced else ""
+        ax.plot([], [], **_reason_mark(str(reason), BAD), label=label, in_layout=False)
+        for v in xs.dropna():
+            j, seen[v] = seen.get(v, 0), seen.get(v, 0) + 1
+            offset = ScaledTranslation((j - (at[v] - 1) / 2) * apart, 0, ax.figure.dpi_scale_trans)
+            mark = _reason_mark(str(reason), BAD)
+            ax.plot([v], [0.03], transform=edge + offset, **mark, in_layout=False, gid=FAILED_MARK)
 
 
 def _colour_scale(bar: Any) -> None:
