@@ -266,8 +266,8 @@ PARETO = ChartSpec(
     frames.pareto,
     lambda f, note, r: {"front": fmt.listing(f[f["on_front"]].sort_values("peak_mem_bytes")["label"], 4, "; ")},
     caption="Every finished config as tokens/s against peak memory; the orange staircase is the Pareto front (no "
-    "other config is both faster and leaner). A config that did not finish is an x on the bottom edge at the memory "
-    "it had reached; the legend counts those with no memory figure. Either axis is logarithmic where its values "
+    "other config is both faster and leaner). A config that did not finish is a mark on the bottom edge at the memory "
+    "it had reached, its shape the reason; the legend counts those with no memory figure. Either axis is logarithmic where its values "
     "span more than 20x. On the front, leanest first: {front}.",
 )
 BREAKDOWN = ChartSpec(
