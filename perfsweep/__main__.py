@@ -130,7 +130,7 @@ def hydra_main(cfg: DictConfig) -> str:
         if not multirun and (claimed or not (Path(sweep_dir) / SWEEP_MARKER).exists()):
             (Path(sweep_dir) / SWEEP_MARKER).unlink(missing_ok=True)
             preflight.remove_refused_run_folder(Path(sweep_dir))  # only Hydra's own files: no trace left
-        print(f"perfsweep: {exc}; {preflight.NO_JOB}", file=sys.stderr)
+        print(f"perfsweep: {store.hide_password(str(exc))}; {preflight.NO_JOB}", file=sys.stderr)
         sys.exit(2)
     spec = launcher.JobSpec(
         cfg=run_cfg,
@@ -260,7 +260,7 @@ def _refuse_unclear_overrides(argv: list[str]) -> None:
 
     args, _ = get_args_parser().parse_known_args(argv)
     if problem := preflight.override_problem(args.overrides):
-        print(f"perfsweep: {problem}; {preflight.NO_JOB}", file=sys.stderr)
+        print(f"perfsweep: {store.hide_password(problem)}; {preflight.NO_JOB}", file=sys.stderr)  # echoes overrides
         sys.exit(2)
 
 
@@ -340,12 +340,13 @@ def main() -> None:
     except preflight.COMPOSE_ERRORS as exc:
         if full_error:
             raise
-        print(f"perfsweep: {preflight.error_line(exc)}; {preflight.NO_JOB}", file=sys.stderr)
+        # Hydra's errors echo the override as typed: db.ur=postgresql://u:pw@h/db, a '#' in a password
+        print(f"perfsweep: {store.hide_password(preflight.error_line(exc))}; {preflight.NO_JOB}", file=sys.stderr)
         sys.exit(2)
     except (OSError, ValueError) as exc:  # ValueError: logging's, when it cannot open the run's log file
         if full_error or (line := unwritable_run_folder(exc)) is None:
             raise
-        print(f"perfsweep: {line}; {preflight.NO_JOB}", file=sys.stderr)
+        print(f"perfsweep: {store.hide_password(line)}; {preflight.NO_JOB}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt as exc:
         # Everything is stored by now (a Ctrl-C during the bookkeeping was held until it was done):

@@ -51,10 +51,11 @@ def first_line(what: BaseException | str | None, width: int | None = None) -> st
 
 
 DATABASE_URL = r"\b(?:(?:postgres(?:ql)?|mysql|mariadb|sqlite|oracle|mssql|cockroachdb)(?:\+\w+)?|[a-z]+\+\w+)\\?://"
-"""The start of a database URL (SQLAlchemy's dialect, maybe with its driver): the only URLs whose
-``user:password@`` part is hidden. A model's ``http://hub.local:8080/org/model@v2`` reads the same
-way, and hidden, it was stored as ``hub.local:***@v2`` and rerun so by perfsweep resume. The
-``\\`` before ``://``: as Hydra escapes it in an override (``runs.overrides``)."""
+"""The start of a database URL (SQLAlchemy's dialect, maybe with its driver), whose password may
+hold a '/' (:func:`hide_password`). Another scheme's ``user:password@`` is hidden only where no
+'/' comes before the '@': a model's ``http://hub.local:8080/org/model@v2`` reads like one, and
+hidden, it was stored as ``hub.local:***@v2`` and rerun so by perfsweep resume. The ``\\`` before
+``://``: as Hydra escapes it in an override (``runs.overrides``)."""
 
 
 def hide_password(db: str) -> str:
@@ -64,15 +65,25 @@ def hide_password(db: str) -> str:
     SQLAlchemy reads it ('/' and spaces included: a generated Top/Secret9 was shown; an '@' in a
     password is written %40). Textual, not SQLAlchemy's parse, which raised for a URL with a port
     that is no number (a traceback where the line said the URL was wrong)."""
-    hidden = re.sub(f"({DATABASE_URL}[^/\\s:@]*:)[^@]*@", r"\1***@", db)
-    option = r"[^&]*" if re.match(DATABASE_URL, db) else r"[^&\s]*"  # a URL alone: to its end
-    return re.sub(f"(?i)([?&]password=){option}", r"\1***", hidden)
+    return _hidden(db, alone=re.match(DATABASE_URL, db) is not None)  # a URL alone: its password may hold a space
 
 
 def hide_password_in_word(word: str) -> str:
-    """:func:`hide_password` for one command-line word (an override, a URL): its ``password=``
-    option may hold a space too."""
-    return re.sub(r"(?i)([?&]password=)[^&]*", r"\1***", hide_password(word))
+    """:func:`hide_password` for one command-line word (an override, a URL), whose password may
+    hold a space."""
+    return _hidden(word, alone=True)
+
+
+def _hidden(db: str, alone: bool) -> str:
+    # in a longer text a password ends at a space: a URL with no user (h:5432/db?user=me) took
+    # everything up to a later word's '@' for its password
+    password = r"[^@]*" if alone else r"(?:\\\s|[^@\s])*"  # Hydra's escaped space (\ ) is no end
+    hidden = re.sub(f"({DATABASE_URL}[^/\\s:@]*:){password}@", r"\1***@", db)
+    # any other scheme's user:password@ too (a mistyped postgresq1://), where no '/' comes before the
+    # '@': http://hub.local:8080/org/model@v2 is a host, a port and a path
+    hidden = re.sub(r"(\b[a-z][\w+.-]*\\?://[^/\s:@]*:)[^@/\s]*@", r"\1***@", hidden)
+    option = r"[^&]*" if alone else r"[^&\s]*"
+    return re.sub(f"(?i)([?&]password=){option}", r"\1***", hidden)
 
 
 @contextmanager

@@ -72,8 +72,12 @@ class JobSpec:
 
     @property
     def label(self) -> str:
-        """File-name-safe name of the job from its overrides, e.g. ``amp=true,ckpt=false``."""
-        text = ",".join(self.overrides) or "default"
+        """File-name-safe name of the job from what it measures, e.g. ``amp=true,ckpt=false``: the
+        overrides of where results go and how the sweep runs (NOT_MEASURED) are left out, as from
+        the job's folder name: a db.url's password was in every trace's and profile's file name,
+        and so in the ``artifacts`` table."""
+        measured = [o for o in self.overrides if o.lstrip("+~").partition("=")[0].split(".")[0] not in NOT_MEASURED]
+        text = ",".join(measured) or "default"
         return short_dirname("".join(c if c.isalnum() or c in "=,._-" else "_" for c in text))
 
 

@@ -79,6 +79,8 @@ CASES = {
     "db_folder_read_only": (["db.url=sqlite:///{tmp}/ro/results.db"], "db.url='sqlite:///{tmp}/ro/results.db'"),
     "db_in_memory": (["db.url=sqlite:///"], "db.url='sqlite:///'"),
     "key_typo": (["bach=4"], "bach"),
+    # Hydra's error echoes the override as typed: the password was printed in full
+    "key_typo_holding_a_password": (["db.ur=postgresql://me:s3cretPW@h/db"], "db.ur=postgresql://me:***@h/db"),
     # a preset's keys: Hydra's own answer was "use +model.n_layer=2", which only moved the mistake
     "model_key_typo": (["model.n_layer=2"], "model.n_layer=2"),
     "data_key_typo": (["data.vocab_limt=100"], "data.vocab_limt=100"),
@@ -112,6 +114,7 @@ HINTS = {  # what is allowed or what to do, beyond naming key and value
     "db_file_read_only": "readonly",
     "db_folder_read_only": "writable",
     "key_typo": "did you mean batch?",
+    "key_typo_holding_a_password": "did you mean db.url?",
     "db_url_unparsable": "db.url=sqlite:///",  # a path (--db's form) is shown as the URL it would be
     "model_key_typo": "did you mean model.n_layers?",
     "data_key_typo": "did you mean data.vocab_limit?",

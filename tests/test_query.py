@@ -569,6 +569,12 @@ def test_passwords_are_hidden_in_any_text_that_holds_a_url():
         # only a database URL: a model's hub URL was stored as hub.local:***@v2, and resume reran that
         "+model.uri=http://hub.local:8080/org/model@v2": "+model.uri=http://hub.local:8080/org/model@v2",
         "db.url=postgresql://u:pw@h/db?application_name=me@box": "db.url=postgresql://u:***@h/db?application_name=me@box",
+        # a URL with no user took everything up to a later word's '@' for its password (report.md lost the rest)
+        "perfsweep 'db.url=postgresql://127.0.0.1:5432/m3?user=me' +model.uri=http://hub:8080/x@v2 device=cpu": (
+            "perfsweep 'db.url=postgresql://127.0.0.1:5432/m3?user=me' +model.uri=http://hub:8080/x@v2 device=cpu"
+        ),
+        "cannot open db.url='postgresq1://me:SEKRIT@h/db'": "cannot open db.url='postgresq1://me:***@h/db'",  # a typo
+        "http://me:pw@proxy:3128/x": "http://me:***@proxy:3128/x",
         # as Hydra escapes an override (runs.overrides): the scheme's check missed it, and stored it
         "db.url=postgresql+psycopg2\\://me\\:s3/cret\\ x@h\\:5432/x": "db.url=postgresql+psycopg2\\://me\\:***@h\\:5432/x",
         "postgresql://u@host/db?password=s3cret&sslmode=require": "postgresql://u@host/db?password=***&sslmode=require",
@@ -585,6 +591,8 @@ def test_passwords_are_hidden_in_any_text_that_holds_a_url():
         "/data/my results.db": "/data/my results.db",
     }
     assert {k: store.hide_password(k) for k in cases} == cases
+    word = "db.url=postgresql+psycopg2://u:pa ss/x@h/db"  # one word of a command line: its password may hold a space
+    assert store.hide_password_in_word(word) == "db.url=postgresql+psycopg2://u:***@h/db"
     # SQLAlchemy's own hiding (the summary's Results: line, the --db of every hint) left a ?password= option
     from sqlalchemy import create_engine
 

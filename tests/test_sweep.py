@@ -261,12 +261,16 @@ def test_sweep_into_postgresql(tmp_path: Path, pg_url: str):
         n_steps = conn.execute(sa.text("SELECT count(*) FROM steps")).scalar_one()
         command = conn.execute(sa.text("SELECT command FROM sweeps")).scalar_one()
         kept = conn.execute(sa.text("SELECT overrides, config_json::text FROM runs")).all()
+        paths = conn.execute(sa.text("SELECT path FROM artifacts")).scalars().all()
     with sa.orm.Session(engine) as s:
         sweep = s.scalars(sa.select(store.Sweep)).one()  # as resume reads it
     engine.dispose()
     assert [(amp, status) for amp, status, _ in got] == [(True, "ok"), (False, "ok")]
     assert all(tps > 0 for *_, tps in got) and n_steps > 0
     assert "(2 runs, 2 ok)" in res.stdout
+    # the trace's and profile's file names were made of every override, db.url's password included
+    files = [str(p) for p in tmp_path.rglob("*") if ".hydra" not in p.parts and p.name != "multirun.yaml"]
+    assert paths and not [p for p in [*paths, *files] if "s3cret" in p], paths
     hidden = url.replace("s3cret/PW x", "***")
     assert "s3cret" not in command + str(kept) + res.stdout + res.stderr and f"db.url={hidden}" in command, command
     # overrides as Hydra escapes them (db.url=postgresql+psycopg2\\://postgres\\:***@...)
