@@ -21,6 +21,7 @@ Grammar (keywords in any case)::
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import re
 from collections.abc import Callable
@@ -195,20 +196,18 @@ class _Parser:
             v = self.take("kw") == "true"
         else:
             raise WhereError(f"expected a number, 'text', true or false after {col.name} but found {self.found()}")
+        if like:  # a pattern, on any column (batch LIKE '4%' matched before; amp LIKE '1' met the true/false check)
+            return v
         if isinstance(col.type, Boolean) and not isinstance(v, bool):
             if v not in (0, 1):
                 raise WhereError(f"{col.name} is true/false (or 1/0), not {v!r}")
             v = bool(v)
         kind = col.type.impl if isinstance(col.type, TypeDecorator) else col.type
-        if like:  # a pattern, on any column (batch LIKE '4%' matched before)
-            return v
-        if isinstance(kind, DateTime) and isinstance(v, str):  # was "'str' object has no attribute 'tzinfo'"
-            try:
-                return datetime.fromisoformat(v)
-            except ValueError:
-                raise WhereError(
-                    f"{col.name} is a time: write it as '2026-11-27' or '2026-11-27 09:30', not {v!r}"
-                ) from None
+        if isinstance(kind, DateTime):  # was "'str' object has no attribute 'tzinfo'" (or 'int', 'bool')
+            with contextlib.suppress(ValueError):
+                if isinstance(v, str):
+                    return datetime.fromisoformat(v)
+            raise WhereError(f"{col.name} is a time: write it as '2026-11-27' or '2026-11-27 09:30', not {v!r}")
         # SQL compares a number with a text without a word: seq_len <= 'abc' held for every run (SQLite
         # orders every number before every text), model_name = 5 for none
         if isinstance(kind, (Integer, Float)) and isinstance(v, str):

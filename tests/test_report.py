@@ -754,7 +754,11 @@ def test_scaling_says_each_reason_once_where_lines_fail_at_the_same_x(engine: An
     marks = [line for line in ax.lines if line.get_gid() == charts.FAILED_MARK]
     legend = {h.get_label(): h for h in ax.lines if h.get_label().startswith(charts.FAILED_LABEL)}
     assert sorted(legend) == [f"{charts.FAILED_LABEL} failed", f"{charts.FAILED_LABEL} oom"]
-    assert all(h.get_color() == charts.BASE for h in legend.values())  # no line's colour in the legend
+    lines = {
+        ln.get_color() for ln in ax.lines if ln.get_gid() != charts.FAILED_MARK and not ln.get_label().startswith("did")
+    }
+    assert all(h.get_color() == "black" and h.get_color() not in lines for h in legend.values())  # no line's colour
+    assert not set(charts.MARKERS) & set(charts.REASON_MARKS.values())  # a line's marker never reads as a reason
     assert {legend[f"{charts.FAILED_LABEL} {s}"].get_marker() for s in ("oom", "failed")} == {"v", "X"}
     boxes = [m.get_window_extent(renderer) for m in marks]
     assert len(marks) == 3 and len({m.get_color() for m in marks}) == 3
@@ -904,6 +908,11 @@ def test_heatmap_cells_are_the_stored_tokens_per_s(engine: Any, tmp_path: Path) 
         assert (np.isnan(cells[r, c]) and expected is None) or cells[r, c] == pytest.approx(expected)
     assert "OOM" in {t.get_text() for t in panels["workers=0"].texts}
     assert "FAILED" in {t.get_text() for t in panels["workers=2"].texts}
+    # one colour bar for both panels: its ends are the lowest and highest cells of either (the last
+    # panel's alone, here none, left the darkest colour without a value)
+    ticks = chart.figure.axes[-1].get_yticks()
+    values = [t for t in stored.values() if t is not None]
+    assert (ticks[0], ticks[-1]) == (pytest.approx(min(values)), pytest.approx(max(values)))
 
 
 def test_pareto_points_and_front_are_the_stored_runs(engine: Any, tmp_path: Path) -> None:

@@ -76,6 +76,7 @@ def test_injection_is_refused_and_changes_nothing(two_sweeps, where):
         ("error IS NULL AND seq_len <= 512.0", [4, 8]),
         ("batch > '4'", [8]),  # a number in quotes is that number, as SQLite and PostgreSQL read it
         ("batch LIKE '4%'", [4]),  # a pattern on a number column: refused once by the number check
+        ("amp LIKE '1' OR amp LIKE 'true'", [4]),  # SQLite writes true as 1, PostgreSQL as true
         ("started_at > '2026-11-05'", [8]),  # was "'str' object has no attribute 'tzinfo'"
         ("started_at BETWEEN '2026-11-04' AND '2026-11-04 10:00'", [4]),
     ],
@@ -108,6 +109,8 @@ def test_a_filter_nested_100_deep_is_read():
         ("model_name = 5", "model_name is text, not 5; quote it: model_name = '5'"),
         ("(select 1) = 1", "a subquery (SELECT) is not allowed"),  # was "unknown column 'select'"
         ("started_at > 'yesterday'", "started_at is a time: write it as '2026-11-27' or '2026-11-27 09:30'"),
+        ("started_at > 2026", "started_at is a time: write it as '2026-11-27'"),  # was an AttributeError on 'int'
+        ("finished_at > true", "finished_at is a time"),
         ("batch 4", "expected a comparison"),
         ("batch > 4 AND", "expected a runs column but found the end"),
         ("(batch > 4", "expected ) but found the end"),

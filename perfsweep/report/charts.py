@@ -68,7 +68,7 @@ POINT_LABEL = "point-label"
 """gid of a scatter point's name: :func:`_place_labels` moves it, :func:`_fit_texts` leaves it."""
 VALUE_LABEL = "value-label"
 """gid of a line's value written at its point: :func:`_place_labels` puts it beside the point or hides it."""
-MARKERS, DASHES = "osD^vPh*p", ("-", "--", "-.", ":")
+MARKERS, DASHES = "o^Ph*p<>8", ("-", "--", "-.", ":")  # none of REASON_MARKS': a line's v read as "oom"
 """Each line's marker and line style, by its place among its panel's lines: colour alone left a line
 that ran exactly under another (amp on and off at the same tokens/s) looking like part of it."""
 CROSS = {"marker": "x", "ms": 9, "mew": 2.5, "ls": "none", "clip_on": False, "scaley": False}
@@ -76,7 +76,7 @@ FAILED_LABEL = "did not finish:"
 """The legend's words for a run that did not finish, before its reason (one entry per reason)."""
 FAILED_MARK = "failed-mark"
 """gid of a run's mark in the band of runs that did not finish."""
-REASON_MARKS = {"oom": "v", "failed": "X", "timeout": "D", "interrupted": "s", "skipped": "o"}
+REASON_MARKS = {"oom": "v", "failed": "X", "timeout": "D", "interrupted": "s", "skipped": "_"}
 """A failed run's mark in scaling.png, by its status: the shape says why, the colour which line."""
 
 
@@ -215,7 +215,8 @@ def draw(spec: ChartSpec, frame: pd.DataFrame, note: str = "") -> Figure:
                 if p.kind == "lines" and (p is panels[-1] or spec.side_by_side):
                     ax.set_xlabel(_log_note(ax, p.xlabel or AXIS_TEXT.get(facet, str(facet))))
             if image is not None:
-                _colour_scale(fig.colorbar(image, ax=grid.ravel().tolist(), shrink=0.9, label=label))
+                bar = fig.colorbar(image, ax=grid.ravel().tolist(), shrink=0.9, label=label)
+                _colour_scale(bar, [im.get_array() for ax in grid.flat for im in ax.images])
         for ax in grid.flat[len(panels) * (1 if spec.side_by_side else len(facets)) :]:
             ax.set_visible(False)
         fig.suptitle(_wrap(spec.title + (f" ({note})" if note else ""), 7 * width))
@@ -678,15 +679,18 @@ def _failures(ax: Axes, failed: dict[Any, list[tuple[str, str]]]) -> None:
         reasons = "/".join(dict.fromkeys(status.upper() for status, _ in runs))
         kw = {"textcoords": "offset points", "fontsize": 7, "ha": "center", "va": "top", "color": BAD}
         ax.annotate(reasons, (x, -0.62 * band), (0, -8), **kw)
-    # the legend's marks in grey: in the last failing line's colour one read as "batch=512 did not finish"
+    # the legend's marks in black: in the last failing line's colour one read as "batch=512 did not
+    # finish"; in grey, as the eighth line's
     for status in dict.fromkeys(s for runs in failed.values() for s, _ in sorted(runs)):
-        ax.plot([], [], **_reason_mark(status, BASE), label=f"{FAILED_LABEL} {status}", in_layout=False)
+        ax.plot([], [], **_reason_mark(status, "black"), label=f"{FAILED_LABEL} {status}", in_layout=False)
 
 
 def _reason_mark(status: str, color: str) -> dict[str, Any]:
     shape = REASON_MARKS.get(status, "x")
-    if shape in ("x", "X"):
-        return {**CROSS, "marker": shape, "color": color, **({"mew": 0.8, "mec": "white"} if shape == "X" else {})}
+    if shape in ("x", "_"):  # drawn by its edge alone
+        return {**CROSS, "marker": shape, "color": color}
+    if shape == "X":
+        return {**CROSS, "marker": shape, "color": color, "mew": 0.8, "mec": "white"}
     return {**CROSS, "marker": shape, "color": color, "ms": 9 if shape == "v" else 7.5, "mew": 0.8, "mec": "white"}
 
 
@@ -775,19 +779,20 @@ def _unfinished_on_edge(ax: Axes, x: pd.Series, status: pd.Series) -> None:
             ax.plot([v], [0.03], transform=edge + offset, **mark, in_layout=False, gid=FAILED_MARK)
 
 
-def _colour_scale(bar: Any) -> None:
+def _colour_scale(bar: Any, panels: list[Any]) -> None:
     """Ticks at the lowest and highest values shown and round values between: the bar's scale runs
     from the lowest value, not 0, and with round ticks alone the darkest colour had no value. The
     values are the cells', not the bar's ends: a scale widened around one value (all cells equal)
-    has ends no run had."""
-    cells = np.ma.masked_invalid(np.ma.asarray(bar.mappable.get_array(), dtype=float)).compressed()
+    has ends no run had. Every panel's cells (``panels``): the bar is theirs, and with the last one's
+    alone the darkest colour, in another panel, had no value again."""
+    cells = np.concatenate([np.ma.masked_invalid(np.ma.asarray(a, dtype=float)).compressed() for a in panels])
     if not len(cells):
         return
     lo, hi = float(cells.min()), float(cells.max())
     gap = 0.1 * (hi - lo)  # an inner tick this near an end would print over the end's value
     inner = [t for t in bar.get_ticks() if lo + gap < t < hi - gap]
     bar.set_ticks([lo, *inner, hi] if hi > lo else [lo])
-    bar.ax.yaxis.set_major_formatter(EngFormatter(sep=""))
+    bar.ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt.si(v)))  # as the cells write them: 38k
 
 
 def heatmap(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale) -> Any:
