@@ -547,8 +547,7 @@ def _print_summary(
         print(text)
     if text := concurrency_note(engine, sweep_id):
         print(f"Note: {text}")
-    where = store.hide_password(engine.url.render_as_string(hide_password=True))  # ?password= too
-    print(f"\nResults: {where} (sweep_id={sweep_id})")
+    print(f"\nResults: {store.display_url(engine)} (sweep_id={sweep_id})")
     if engine.url.get_backend_name() == "sqlite":
         print(f"Query:   {query_hint(df, swept, str(engine.url.database), sweep_id)}")
     if make_report:

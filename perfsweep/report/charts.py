@@ -595,8 +595,8 @@ def stacked(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale) -> None:
 def lines(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale) -> None:
     """One line per ``group``, the first widest and each with its own marker and dashes
     (:data:`MARKERS`) so that lines on top of each other still show; runs that did not finish are
-    an x in their line's colour in a band under the axis's 0, side by side where several fail at one
-    x, with the reasons under them (:func:`_failures`). With few points, each value is written at
+    a mark in their line's colour in a band under the axis's 0, shaped by reason, side by side where
+    several fail at one x, with the reasons under them (:func:`_failures`). With few points, each value is written at
     its point, once per value and place; :func:`_place_labels` moves it clear when saved."""
     y, ok = p.y[0], df["ok"] if "ok" in df else df[p.y[0]].notna()
     groups, written, failed = list(dict.fromkeys(df[p.group])), set(), {}
@@ -667,15 +667,12 @@ def _failures(ax: Axes, failed: dict[Any, list[tuple[str, str]]]) -> None:
     ax.axhspan(-band, 0, color=BAD, alpha=0.08, lw=0, zorder=0)
     ax.axhline(0, color="#888888", lw=0.8, zorder=1)
     ax.yaxis.set_major_locator(_NotBelowZero(ax.yaxis.get_major_locator()))  # the band is no scale
-    apart = CROSS["ms"] * 1.3 / 72  # inches between the marks of runs failing at one x
     order = list(REASON_MARKS)
     for x, runs in failed.items():
-        runs = sorted(
-            runs, key=lambda r: order.index(r[0]) if r[0] in order else len(order)
-        )  # a reason's marks together
+        runs = sorted(runs, key=lambda r: order.index(r[0]) if r[0] in order else len(order))  # a reason's together
         for j, (status, color) in enumerate(runs):
-            offset = ScaledTranslation((j - (len(runs) - 1) / 2) * apart, 0, ax.figure.dpi_scale_trans)
-            ax.plot(x, -0.62 * band, transform=ax.transData + offset, **_reason_mark(status, color), gid=FAILED_MARK)
+            beside = ax.transData + _beside(ax, j, len(runs))
+            ax.plot(x, -0.62 * band, transform=beside, **_reason_mark(status, color), gid=FAILED_MARK)
         reasons = "/".join(dict.fromkeys(status.upper() for status, _ in runs))
         kw = {"textcoords": "offset points", "fontsize": 7, "ha": "center", "va": "top", "color": BAD}
         ax.annotate(reasons, (x, -0.62 * band), (0, -8), **kw)
@@ -683,6 +680,12 @@ def _failures(ax: Axes, failed: dict[Any, list[tuple[str, str]]]) -> None:
     # finish"; in grey, as the eighth line's
     for status in dict.fromkeys(s for runs in failed.values() for s, _ in sorted(runs)):
         ax.plot([], [], **_reason_mark(status, "black"), label=f"{FAILED_LABEL} {status}", in_layout=False)
+
+
+def _beside(ax: Axes, j: int, n: int) -> ScaledTranslation:
+    """The shift of the ``j``-th of ``n`` marks at one x, side by side and centred on it (one mark
+    had covered the others)."""
+    return ScaledTranslation((j - (n - 1) / 2) * CROSS["ms"] * 1.3 / 72, 0, ax.figure.dpi_scale_trans)
 
 
 def _reason_mark(status: str, color: str) -> dict[str, Any]:
@@ -761,7 +764,6 @@ def _unfinished_on_edge(ax: Axes, x: pd.Series, status: pd.Series) -> None:
     place on this axis and is counted in its entry. Out of the layout: a legend entry with no mark
     sat at the figure's origin and pushed the axes up."""
     edge = blended_transform_factory(ax.transData, ax.transAxes)
-    apart = CROSS["ms"] * 1.3 / 72
     at = x.dropna().value_counts().to_dict()  # runs at each memory figure
     if at:  # in the axis's range: marks shifted apart are not autoscaled by
         ax.update_datalim(np.c_[list(at), np.ones(len(at))], updatey=False)
@@ -774,9 +776,8 @@ def _unfinished_on_edge(ax: Axes, x: pd.Series, status: pd.Series) -> None:
         ax.plot([], [], **_reason_mark(str(reason), BAD), label=label, in_layout=False)
         for v in xs.dropna():
             j, seen[v] = seen.get(v, 0), seen.get(v, 0) + 1
-            offset = ScaledTranslation((j - (at[v] - 1) / 2) * apart, 0, ax.figure.dpi_scale_trans)
             mark = _reason_mark(str(reason), BAD)
-            ax.plot([v], [0.03], transform=edge + offset, **mark, in_layout=False, gid=FAILED_MARK)
+            ax.plot([v], [0.03], transform=edge + _beside(ax, j, at[v]), **mark, in_layout=False, gid=FAILED_MARK)
 
 
 def _colour_scale(bar: Any, panels: list[Any]) -> None:
