@@ -17,6 +17,23 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+TINY = [
+    "model=tiny",
+    "data=synthetic",
+    "batch=4",
+    "seq_len=32",
+    "steps.warmup=1",
+    "steps.stable_window=0",
+    "steps.measure=3",
+    "profile.wait=0",
+    "profile.warmup=0",
+    "profile.active=1",
+    "report=false",
+    "device=cpu",
+]
+"""A CPU sweep's tiny settings, for benchmarks of perfsweep's own cost: a step takes a few ms, so
+what is measured is the processes, imports and bookkeeping around it."""
+
 
 def run_sweep(cmd: list[str], cwd: Path | str, show: bool = False, env: dict[str, str] | None = None) -> None:
     """Run ``cmd`` (``[sys.executable, "-m", "perfsweep", ...]``) in ``cwd`` (with ``env``, else

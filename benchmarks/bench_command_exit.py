@@ -22,20 +22,7 @@ from pathlib import Path
 
 import _bench  # benchmarks/_bench.py, beside this script
 
-TINY = [
-    "model=tiny",
-    "data=synthetic",
-    "batch=4",
-    "seq_len=32",
-    "steps.warmup=1",
-    "steps.stable_window=0",
-    "steps.measure=3",
-    "profile.wait=0",
-    "profile.warmup=0",
-    "profile.active=1",
-    "report=false",
-    "device=cpu",
-]
+TINY = _bench.TINY
 
 WAYS = {
     "teardown": [

@@ -28,20 +28,7 @@ from pathlib import Path
 import _bench  # benchmarks/_bench.py, beside this script
 
 ROOT = Path(__file__).resolve().parent.parent
-TINY = [
-    "model=tiny",
-    "data=synthetic",
-    "batch=4",
-    "seq_len=32",
-    "steps.warmup=1",
-    "steps.stable_window=0",
-    "steps.measure=3",
-    "profile.wait=0",
-    "profile.warmup=0",
-    "profile.active=1",
-    "report=false",
-    "device=cpu",
-]
+TINY = _bench.TINY
 GRIDS = {1: [], 2: ["amp=true,false"], 4: ["amp=true,false", "ckpt=true,false"]}
 
 
