@@ -268,9 +268,13 @@ def test_sweep_into_postgresql(tmp_path: Path, pg_url: str):
     assert [(amp, status) for amp, status, _ in got] == [(True, "ok"), (False, "ok")]
     assert all(tps > 0 for *_, tps in got) and n_steps > 0
     assert "(2 runs, 2 ok)" in res.stdout
-    # the trace's and profile's file names were made of every override, db.url's password included
-    files = [str(p) for p in tmp_path.rglob("*") if ".hydra" not in p.parts and p.name != "multirun.yaml"]
-    assert paths and not [p for p in [*paths, *files] if "s3cret" in p], paths
+    # the trace's and profile's file names were made of every override, db.url's password included;
+    # Hydra's files (.hydra/*.yaml in each job's folder, the sweep's multirun.yaml) held it in clear
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert paths and not [p for p in [*paths, *map(str, files)] if "s3cret" in p], paths
+    assert not [p for p in files if b"s3cret" in p.read_bytes()], [p for p in files if b"s3cret" in p.read_bytes()]
+    hydra_files = [p for p in files if p.parent.name == ".hydra" or p.name == "multirun.yaml"]
+    assert len(hydra_files) == 7 and all(":***@" in p.read_text() for p in hydra_files), hydra_files
     hidden = url.replace("s3cret/PW x", "***")
     assert "s3cret" not in command + str(kept) + res.stdout + res.stderr and f"db.url={hidden}" in command, command
     # overrides as Hydra escapes them (db.url=postgresql+psycopg2\\://postgres\\:***@...)
