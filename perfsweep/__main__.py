@@ -20,7 +20,6 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from perfsweep import interrupts, preflight, store
-from perfsweep.cli import hide_passwords_in_files
 from perfsweep.config import MAX_BATCH, ConfigError, register_configs, to_run_config
 from perfsweep.names import EXIT_0_STATUSES, NOT_OVERRIDES, STACKS_ENV, SWEEP_MARKER
 
@@ -73,7 +72,9 @@ def hydra_main(cfg: DictConfig) -> str:
     hc = HydraConfig.get()
     if hc.output_subdir is not None:  # Hydra has written the job's settings there, a password in clear
         hydra_files = Path(hc.runtime.output_dir, hc.output_subdir)
-        hide_passwords_in_files(*(hydra_files / name for name in ("config.yaml", "hydra.yaml", "overrides.yaml")))
+        preflight.hide_passwords_in_files(
+            *(hydra_files / name for name in ("config.yaml", "hydra.yaml", "overrides.yaml"))
+        )
     multirun = hc.mode == RunMode.MULTIRUN
     launch_dir = Path(hc.runtime.cwd)
     sweep_dir = str(Path(hc.sweep.dir if multirun else hc.run.dir).resolve())

@@ -8,7 +8,6 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import NoReturn
 
 SLOW_DATABASE_S = 3.0
@@ -85,42 +84,6 @@ def _hidden(db: str, alone: bool) -> str:
     hidden = re.sub(r"(\b[a-z][\w+.-]*\\?://[^/\s:@]*:)[^@/\s]*@", r"\1***@", hidden)
     option = r"[^&]*" if alone else r"[^&\s]*"
     return re.sub(f"(?i)([?&]password=){option}", r"\1***", hidden)
-
-
-def hide_passwords_in_files(*paths: Path) -> None:
-    """Rewrite each YAML file of ``paths`` that holds a database password with the password as
-    ``***`` (:func:`hide_password_in_word` on every string in it); a file without one, or not
-    there, is left as it is.
-
-    Hydra writes every job's settings to its folder (``.hydra/config.yaml``, ``hydra.yaml`` with
-    the overrides and the folder name made of them, ``overrides.yaml``) and perfsweep the sweep's
-    to ``multirun.yaml``: a ``db.url=postgresql://me:secret@host/db`` typed on the command line was
-    kept there in clear, in every job folder, where the database and every message hide it. The
-    strings are read as YAML, not as lines: a long value can be folded onto the next line."""
-    from omegaconf import OmegaConf
-
-    for path in paths:
-        if not path.is_file():
-            continue
-        text = path.read_text(encoding="utf-8")
-        if "@" not in text and "password=" not in text.lower():  # no password to hide: not read as YAML
-            continue
-        before = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-        after = _hide_in_strings(before)
-        if after != before:
-            tmp = path.with_name(f".{path.name}.hiding")
-            OmegaConf.save(OmegaConf.create(after), tmp)
-            tmp.replace(path)
-
-
-def _hide_in_strings(value: object) -> object:
-    if isinstance(value, str):
-        return hide_password_in_word(value)
-    if isinstance(value, dict):
-        return {k: _hide_in_strings(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_hide_in_strings(v) for v in value]
-    return value
 
 
 @contextmanager

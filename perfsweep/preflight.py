@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from hydra.errors import HydraException, MissingConfigException
+from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from perfsweep.cli import first_line, waiting_for_database
+from perfsweep.cli import first_line, hide_password_in_word, waiting_for_database
 from perfsweep.config import (
     ALLOWED_VALUES,
     DATA_KEY_READERS,
@@ -784,6 +785,40 @@ def note_launch_dir() -> None:
     cwd = Path.cwd()
     with contextlib.suppress(OSError):
         _BEFORE_HYDRA = (cwd, set(os.listdir(cwd)))
+
+
+def hide_passwords_in_files(*paths: Path) -> None:
+    """Rewrite each YAML file of ``paths`` that holds a database password with the password as
+    ``***`` (:func:`hide_password_in_word` on every string in it); a file without one, or not
+    there, is left as it is.
+
+    Hydra writes every job's settings to its folder (``.hydra/config.yaml``, ``hydra.yaml`` with
+    the overrides and the folder name made of them, ``overrides.yaml``) and perfsweep the sweep's
+    to ``multirun.yaml``: a ``db.url=postgresql://me:secret@host/db`` typed on the command line was
+    kept there in clear, in every job folder, where the database and every message hide it. The
+    strings are read as YAML, not as lines: a long value can be folded onto the next line."""
+    for path in paths:
+        if not path.is_file():
+            continue
+        text = path.read_text(encoding="utf-8")
+        if "@" not in text and "password=" not in text.lower():  # no password to hide: not read as YAML
+            continue
+        before = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        after = _hide_in_strings(before)
+        if after != before:
+            tmp = path.with_name(f".{path.name}.hiding")
+            OmegaConf.save(OmegaConf.create(after), tmp)
+            tmp.replace(path)
+
+
+def _hide_in_strings(value: object) -> object:
+    if isinstance(value, str):
+        return hide_password_in_word(value)
+    if isinstance(value, dict):
+        return {k: _hide_in_strings(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_hide_in_strings(v) for v in value]
+    return value
 
 
 def remove_refused_run_folder(folder: Path) -> None:

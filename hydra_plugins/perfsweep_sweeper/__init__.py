@@ -63,7 +63,7 @@ class PerfsweepSweeper(BasicSweeper):
             env_set = OmegaConf.to_container(self.config.hydra.job.env_set, resolve=False)  # per job: ${hydra:job.num}
             job_start.start_early(run_cfgs, {str(k): str(v) for k, v in env_set.items()})  # imports while we do
         from perfsweep import importer, interrupts, launcher, schedule, search, store, summary  # torch, once composed
-        from perfsweep.cli import first_line, hide_passwords_in_files
+        from perfsweep.cli import first_line
         from perfsweep.names import EXIT_0_STATUSES, MULTI_HOST_LAUNCHERS
 
         first = run_cfgs[0]
@@ -163,7 +163,7 @@ class PerfsweepSweeper(BasicSweeper):
         searches = [p for p in todo if search.is_search(run_cfgs[order[p][0]])]
         print(f"perfsweep: {_plan(len(todo), len(searches))}{at_once}; job folders under {sweep_dir}", file=sys.stderr)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
-        hide_passwords_in_files(sweep_dir / "multirun.yaml")  # as Hydra's files in each job's folder
+        preflight.hide_passwords_in_files(sweep_dir / "multirun.yaml")  # as Hydra's files in each job's folder
         returns: list[Any] = []
         search_statuses: list[str] = []
         next_num = [len(order)]  # a search's first try keeps its place in the plan; later tries come after
