@@ -55,8 +55,29 @@ class _SaidByPerfsweep(logging.Filter):
         return record.levelno > logging.INFO
 
 
+class _PasswordsHidden(logging.Filter):
+    """Hydra's joblib and submitit launchers log each job's overrides ("#0 : ... db.url=...") as
+    typed: a database password went to the terminal in clear, where perfsweep's own lines hide it
+    (perfsweep.cli.hide_password)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        said = record.getMessage()
+        if (hidden := store.hide_password(said)) != said:
+            record.msg, record.args = hidden, None
+        return True
+
+
+LAUNCHER_LOGGERS = (
+    "hydra._internal.core_plugins.basic_launcher",
+    "hydra_plugins.hydra_joblib_launcher._core",
+    "hydra_plugins.hydra_submitit_launcher.submitit_launcher",
+)
+"""The loggers of the Hydra launchers perfsweep runs on, named as their modules are."""
+
 register()
-logging.getLogger("hydra._internal.core_plugins.basic_launcher").addFilter(_SaidByPerfsweep())
+logging.getLogger(LAUNCHER_LOGGERS[0]).addFilter(_SaidByPerfsweep())
+for _name in LAUNCHER_LOGGERS:
+    logging.getLogger(_name).addFilter(_PasswordsHidden())
 log = logging.getLogger("perfsweep")
 
 

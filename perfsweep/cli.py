@@ -82,7 +82,9 @@ def _hidden(db: str, alone: bool) -> str:
     # any other scheme's user:password@ too (a mistyped postgresq1://), where no '/' comes before the
     # '@': http://hub.local:8080/org/model@v2 is a host, a port and a path
     hidden = re.sub(r"(\b[a-z][\w+.-]*\\?://[^/\s:@]*:)[^@/\s]*@", r"\1***@", hidden)
-    option = r"[^&]*" if alone else r"[^&\s]*"
+    # the option runs to the next option, the word's end (a space, in a longer text), or a quote that
+    # closes the word: db.url='...?password=x' lost its closing quote, and Hydra could not parse it
+    option = r"[^&]*?(?=['\"]?$|&)" if alone else r"[^&\s]*?(?=['\"]?(?:\s|$)|&)"
     return re.sub(f"(?i)([?&]password=){option}", r"\1***", hidden)
 
 

@@ -593,6 +593,11 @@ def test_passwords_are_hidden_in_any_text_that_holds_a_url():
     assert {k: store.hide_password(k) for k in cases} == cases
     word = "db.url=postgresql+psycopg2://u:pa ss/x@h/db"  # one word of a command line: its password may hold a space
     assert store.hide_password_in_word(word) == "db.url=postgresql+psycopg2://u:***@h/db"
+    # a quoted override keeps its closing quote (Hydra's files hold it, and parse it again)
+    quoted = "db.url='postgresql://u@h/db?password=Qpw77'"
+    assert store.hide_password_in_word(quoted) == "db.url='postgresql://u@h/db?password=***'"
+    assert store.hide_password(f"run {quoted} now") == "run db.url='postgresql://u@h/db?password=***' now"
+    assert store.hide_password_in_word("postgresql://u@h/db?password=a'b&x=1") == "postgresql://u@h/db?password=***&x=1"
     # SQLAlchemy's own hiding (the summary's Results: line, the --db of every hint) left a ?password= option
     from sqlalchemy import create_engine
 

@@ -9,6 +9,7 @@ Skipped, saying why, where the SLURM or PostgreSQL binaries are missing or the t
 from __future__ import annotations
 
 import math
+import shlex
 import subprocess
 import sys
 import time
@@ -39,7 +40,7 @@ def _rows(url: str, sql: str) -> list[dict]:
 
 @pytest.mark.slow
 def test_slurm_sweep_into_postgres_with_a_job_cancelled(slurm_cluster, pg_url, tmp_path: Path):
-    url = new_database(pg_url)
+    url = new_database(pg_url).replace("://postgres@", "://postgres:s3cret@")  # the server trusts local users
     tiny = [o for o in TINY if not o.startswith(("steps.measure", "report="))]
     args = ["-m", "hydra/launcher=submitit_slurm", "hydra.launcher.cpus_per_task=1", f"db.url={url}"]
     args += ["device=cpu", "timeout_s=60", "report=true", f"steps.measure=3,4,{LONG.split('=')[1]}", *tiny]
@@ -84,7 +85,10 @@ def test_slurm_sweep_into_postgres_with_a_job_cancelled(slurm_cluster, pg_url, t
         assert r["cpus_allotted"] == 1 and r["torch_threads"] == 1  # SLURM's one CPU, not the node's
         assert r["tokens_per_s"] > 0 and r["hostname"] == slurm_cluster.node
     (sweep,) = _rows(url, "SELECT * FROM sweeps")
-    assert sweep["command"] == "perfsweep " + " ".join(args)  # the user's command, not submitit's entry point
+    # the user's command, not submitit's entry point; the password hidden
+    assert sweep["command"] == shlex.join(["perfsweep", *(a.replace("s3cret", "***") for a in args)])
+    # submitit's launcher logged each job's overrides in clear; its pickles must hold the password: said
+    assert "s3cret" not in out + err and "db.url's password goes into submitit's job files under " in err, err
     assert sweep["hydra_launcher"] == "SlurmLauncher" and sweep["status"] == "done"
     # SLURM's time limit derived from timeout_s: perfsweep's own timeout ends a slow job first
     assert limit.get("TimeLimit") == f"00:{math.ceil((2 * 60 + SCHEDULER_TIME_MARGIN_S) / 60):02d}:00", limit
@@ -92,6 +96,22 @@ def test_slurm_sweep_into_postgres_with_a_job_cancelled(slurm_cluster, pg_url, t
     assert "(3 runs, 2 ok)" in out and "Report:" in out, out[-2000:]
     report = Path(out.split("Report:")[1].split()[0])
     assert report.is_file() and (report.parent / "throughput.png").is_file()
+
+
+def test_the_launchers_log_each_jobs_overrides_with_the_password_hidden(caplog: pytest.LogCaptureFixture):
+    """Hydra's joblib and submitit launchers log "#0 : <overrides>" as typed, through their own
+    loggers: perfsweep filters those, as it hides the password in its own lines."""
+    import logging
+
+    from hydra_plugins.hydra_joblib_launcher import _core as joblib_core
+    from hydra_plugins.hydra_submitit_launcher import submitit_launcher
+
+    import perfsweep.__main__  # noqa: F401 - the command's module adds the filters
+
+    for log in (joblib_core.log, submitit_launcher.log):
+        with caplog.at_level(logging.INFO, logger=log.name):
+            log.info("\t#%d : %s", 0, "amp=true db.url=postgresql://me:s3cret@h/db")
+    assert [r.getMessage() for r in caplog.records] == ["\t#0 : amp=true db.url=postgresql://me:***@h/db"] * 2
 
 
 def test_sqlite_on_a_network_filesystem_is_refused_for_slurm(tmp_path: Path):

@@ -159,6 +159,14 @@ class PerfsweepSweeper(BasicSweeper):
         jobs = [[*jobs[i], *context, f"sweep.repeat_index={r}", f"sweep.grid_index={i}"] for i, r in order]
         if hasattr(self.launcher, "params") and "timeout_min" in self.launcher.params:  # submitit's launchers
             _fit_time_limit(self.launcher.params, run_cfgs, list(self.config.hydra.overrides.hydra))
+        if hasattr(self.launcher, "params") and store.hide_password(url) != url:
+            # each job is given its config, the URL with it, in submitit's pickles: hidden there, no job could write
+            print(
+                f"perfsweep: db.url's password goes into submitit's job files under "
+                f"{self.launcher.params.get('submitit_folder', 'hydra.launcher.submitit_folder')} (each job needs "
+                "it to store its result); to keep it out of files, give it by ~/.pgpass or PGPASSWORD instead",
+                file=sys.stderr,
+            )
         at_once = f", {len(placements)} at a time" if len(placements) > 1 else ""
         searches = [p for p in todo if search.is_search(run_cfgs[order[p][0]])]
         print(f"perfsweep: {_plan(len(todo), len(searches))}{at_once}; job folders under {sweep_dir}", file=sys.stderr)
