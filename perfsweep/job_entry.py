@@ -70,7 +70,7 @@ def main(job_dir: str, conn: Any, payload: bytes, start_method: str = "spawn", p
         exit_now()
 
 
-def exit_now(code: int = 0) -> None:
+def exit_now(code: int = 0, collect: bool = True) -> None:
     """End the process with ``code`` without the interpreter's finalization, once the job has
     reported (job_main never raises: every outcome has gone back through the pipe); the
     ``perfsweep`` command ends this way too, once it is done (perfsweep.__main__.cli).
@@ -79,18 +79,20 @@ def exit_now(code: int = 0) -> None:
     for a job to exit before it starts the next, so every job paid it. The exit handlers still
     run, as at a normal exit (20 ms): multiprocessing's among them unlinks the semaphores of the
     DataLoader's queues and stops its workers; skipped, the sweep's resource tracker warned of
-    leaked semaphores. Where workers are still alive, a collection first lets a DataLoader
-    iterator caught in a reference cycle shut them down itself. Only there: with torch imported, a
-    collection walks about 300,000 objects (0.13 s on this project's 2-core VM), which every job
-    and every ``perfsweep`` command paid: 4% of the test suite's CPU time (py-spy, 2026-11-27).
+    leaked semaphores. A collection (``collect``) first lets a DataLoader iterator caught in a
+    reference cycle (a Ctrl-C's traceback holds one) shut its workers down itself; without it, a
+    job stopped by Ctrl-C with ``workers=2`` left a leaked semaphore once in CI, though its workers
+    had already exited. In a job forked from the job server the collection walks only what the
+    job made (perfsweep.job_server freezes what the server imported); a process that imported
+    torch itself walks about 300,000 objects (0.13 s on the 2-core VM), which the command skips
+    where it has no child process (``collect=False``).
     """
     import atexit
     import gc
-    import multiprocessing
     import sys
     import threading
 
-    if multiprocessing.active_children():  # a DataLoader's workers, say
+    if collect:
         gc.collect()
     # What a normal exit runs before finalizing, in its order: the wait for non-daemon threads and
     # the threading exit hooks (joblib's loky executor stops its workers there; without it, the
