@@ -82,10 +82,10 @@ def exit_now(code: int = 0, collect: bool = True) -> None:
     leaked semaphores. A collection (``collect``) first lets a DataLoader iterator caught in a
     reference cycle (a Ctrl-C's traceback holds one) shut its workers down itself; skipped where
     no worker was alive, a job stopped by Ctrl-C with ``workers=2`` (the signal reaches the
-    workers too) left a leaked semaphore once in CI. In a job forked from the job server the collection walks only what the
-    job made (perfsweep.job_server freezes what the server imported); a process that imported
-    torch itself walks about 300,000 objects (0.13 s on the 2-core VM), which the command skips
-    where it has no child process (``collect=False``).
+    workers too) left a leaked semaphore once in CI. In a job forked from the job server the
+    collection walks only what the job made (perfsweep.job_server freezes what the server
+    imported); a process that imported torch itself walks about 300,000 objects (0.13 s on the
+    2-core VM), which the command skips where it has no child process (``collect=False``).
     """
     import atexit
     import gc

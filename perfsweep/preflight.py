@@ -800,15 +800,18 @@ def hide_passwords_in_files(*paths: Path) -> None:
     for path in paths:
         if not path.is_file():
             continue
-        text = path.read_text(encoding="utf-8")
-        if "@" not in text and "password=" not in text.lower():  # no password to hide: not read as YAML
-            continue
-        before = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-        after = _hide_in_strings(before)
-        if after != before:
-            tmp = path.with_name(f".{path.name}.hiding")
-            OmegaConf.save(OmegaConf.create(after), tmp)
-            tmp.replace(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+            if "@" not in text and "password=" not in text.lower():  # no password to hide: not read as YAML
+                continue
+            before = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+            after = _hide_in_strings(before)
+            if after != before:
+                tmp = path.with_name(f".{path.name}.hiding")
+                OmegaConf.save(OmegaConf.create(after), tmp)
+                tmp.replace(path)
+        except Exception as exc:  # noqa: BLE001 - a record of the settings must not stop the job that runs them
+            print(f"perfsweep: could not hide the database password in {path}: {first_line(exc)}", file=sys.stderr)
 
 
 def _hide_in_strings(value: object) -> object:
