@@ -22,7 +22,7 @@ import _bench  # benchmarks/_bench.py, beside this script
 import torch
 from hydra import compose, initialize_config_module
 
-from perfsweep import data
+from perfsweep import corpus
 from perfsweep.__main__ import register
 from perfsweep.config import to_run_config
 from perfsweep.memory import MemorySnapshot
@@ -51,7 +51,7 @@ def main() -> int:
     with initialize_config_module(version_base="1.3", config_module="perfsweep.conf"):
         cfg = to_run_config(compose(config_name="config", overrides=[*base, *args.overrides]))
     device = resolve_device(cfg.device)
-    trainer, _ = build(cfg, device, data.prepare(cfg.data))
+    trainer, _ = build(cfg, device, corpus.prepare(cfg.data))
     snap = MemorySnapshot(Path("."), "bench", cfg.profile.memory_snapshot_max_entries)
     for _ in range(10):
         trainer.step()

@@ -1,4 +1,8 @@
-"""Where a number was measured: machine, software and source revision, for the runs table."""
+"""Where a number was measured: machine, software and source revision, for the runs table.
+
+Imports torch only inside the functions that ask it: the sweep's own process reads the cgroup's
+OOM kills and sets job environments from here, and it runs without torch (perfsweep.slots).
+"""
 
 from __future__ import annotations
 
@@ -10,10 +14,12 @@ import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from perfsweep import cgroups, slots
+
+if TYPE_CHECKING:
+    import torch
 
 
 def cpu_name() -> str:
@@ -89,6 +95,8 @@ def environment(device: torch.device, launch_dir: str | Path) -> dict[str, objec
     the user's environment or code is what is recorded): the machine, the GPU and its driver,
     the math modes (TF32, cuDNN autotuning), the allocator setting, the software versions and
     the source revision."""
+    import torch
+
     on_cuda = device.type == "cuda"
     commit, dirty = git_state(launch_dir)
     props = torch.cuda.get_device_properties(device) if on_cuda else None
@@ -103,7 +111,7 @@ def environment(device: torch.device, launch_dir: str | Path) -> dict[str, objec
         "cuda_visible_devices": (os.environ.get("CUDA_VISIBLE_DEVICES") or "")[:255] or None,  # the column's length
         "slurm_job_id": slots.slurm_job_id(),
         "torch_threads": torch.get_num_threads(),
-        "torch_version": torch.__version__,
+        "torch_version": str(torch.__version__),  # a str: torch's TorchVersion would import torch where it is unpickled
         "cuda_version": torch.version.cuda if on_cuda else None,
         "cudnn_version": str(cudnn) if cudnn else None,
         "gpu_driver_version": nvidia_driver_version() if on_cuda else None,
@@ -145,6 +153,8 @@ def compute_dtype(amp: bool, amp_dtype: str) -> str:
     """
     if amp:
         return amp_dtype
+    import torch
+
     tf32 = torch.backends.cuda.matmul.allow_tf32 or os.environ.get("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE") == "1"
     return "tf32" if tf32 else "fp32"
 

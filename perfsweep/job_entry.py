@@ -1,4 +1,5 @@
-"""The first code a job's process runs, spawned or forked from the job server: stdlib only.
+"""The first code a job's process runs, spawned or forked from the job server: stdlib and
+perfsweep.names only.
 
 Its output goes to the job folder's ``job.log`` before anything else, so a Ctrl-C that lands
 while the job starts (a spawned job's imports take a second or two) leaves its traceback there
@@ -16,6 +17,15 @@ import signal
 import sys
 from pathlib import Path
 from typing import Any
+
+from perfsweep.names import JOB_PROCESS_NAME
+
+
+def name_process(name: str) -> None:
+    """What ``ps`` and ``top`` show for this process (Linux's ``/proc/self/comm``, 15 bytes at
+    most); elsewhere it keeps its name."""
+    with contextlib.suppress(OSError):
+        Path("/proc/self/comm").write_text(name[:15])
 
 
 def redirect_output(job_dir: str) -> None:
@@ -44,6 +54,7 @@ def main(job_dir: str, conn: Any, payload: bytes, start_method: str = "spawn", p
     job's failure, reported through ``conn`` like any other: unreported, the sweep could only say
     that the process exited without a result.
     """
+    name_process(JOB_PROCESS_NAME)
     try:
         redirect_output(job_dir)
     except OSError as exc:

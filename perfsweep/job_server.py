@@ -19,21 +19,16 @@ from the server inherits some 300,000 objects it will never free, and its collec
 at its exit included (perfsweep.job_entry.exit_now), then walk only what the job itself made
 (0.4 ms in place of 0.13 s on the 2-core VM); nor do they touch, and so copy, the server's pages.
 
-It creates the file named by PERFSWEEP_JOB_SERVER_READY
-(perfsweep.names.JOB_SERVER_READY_ENV) when the sweep started the server early: the sweep waits
-for it before it times the CPU's matmul peak. The variable goes with it, not to the jobs.
+The sweep forks its own work that needs torch from the server too (the CPU's matmul peak, a
+check of a user's model: perfsweep.job_start.call), so that its own process never imports torch.
 """
 
 from __future__ import annotations
 
 import atexit
-import contextlib
 import gc
 import os
 import signal
-from pathlib import Path
-
-from perfsweep.names import JOB_SERVER_READY_ENV
 
 
 def _exit_now() -> None:
@@ -45,7 +40,3 @@ os.register_at_fork(after_in_child=lambda: atexit.unregister(_exit_now))
 signal.signal(signal.SIGUSR2, signal.SIG_IGN)
 
 gc.freeze()  # after every import of the server's: this module is its last (job_start.FORKSERVER_PRELOAD)
-
-if _ready := os.environ.pop(JOB_SERVER_READY_ENV, None):
-    with contextlib.suppress(OSError):  # an error here would end the server: the sweep's wait times out instead
-        Path(_ready).touch()

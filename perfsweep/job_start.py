@@ -5,7 +5,9 @@ The job server is multiprocessing's forkserver: it imports torch once for the sw
 from itself. Its imports take about 2 s on a 2-core CPU. Started with the first job, every sweep
 waited that long before its first job; :func:`start_early` starts it as soon as a sweep's grid
 is composed, where a core is spare, so its imports run while the sweep imports its own and
-checks the grid (docs/benchmarks.md). Torch-free for that reason.
+checks the grid (docs/benchmarks.md). What the sweep itself needs torch for before its jobs (the
+CPU's matmul peak, a check of a user's model) is forked from the server too (:func:`call`), so
+the sweep's own process never imports torch where its jobs are forked. Torch-free for that reason.
 
 perfsweep.launcher decides each job's start (:func:`start_method`) and starts it.
 """
@@ -19,19 +21,18 @@ import multiprocessing as mp
 import os
 import signal
 import sys
-import tempfile
-import time
-import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing import forkserver
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from perfsweep import interrupts, slots
+from perfsweep import interrupts, job_entry, slots
 from perfsweep.config import Device, PerfsweepConfig, StartMethod
-from perfsweep.names import EARLY_JOB_SERVER_ENV, JOB_SERVER_READY_ENV
+from perfsweep.names import CHECK_PROCESS_NAME, EARLY_JOB_SERVER_ENV
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 FORKSERVER_PRELOAD = ("torch", "torch._dynamo", "perfsweep.runner", "perfsweep.job_server")
 """What the job server imports once for the sweep: torch, its Dynamo (torch.optim imports it with
@@ -46,10 +47,11 @@ _server_env: dict[str, str] | None = None
 """The environment the job server started with; None until it has."""
 _server_failed = False
 """The server could not start a job once: every later job is spawned."""
-_ready_file: Path | None = None
-"""Where an early server says it is ready (removed at exit); None where none was started early."""
-_ready_seen = False
-"""The early server said it was ready: later waits return at once."""
+_will_fork = False
+"""Some job of the sweep will be forked from the server (:func:`start_early`): what the sweep
+needs torch for before its jobs is done in processes forked from it too (:func:`call`)."""
+_stop_registered = False
+"""Whether :func:`_stop_unused` runs at exit."""
 _forked = 0
 """Jobs forked from the server: one started early and never used is stopped at exit."""
 
@@ -183,83 +185,126 @@ def spare_core() -> bool:
 
 
 def start_early(cfgs: list[PerfsweepConfig], job_env: dict[str, str]) -> bool:
-    """Start the job server now if any of ``cfgs`` would be forked (:func:`start_method`, with the
-    jobs' ``hydra.job.env_set`` as ``job_env``, CUDA guessed by :func:`may_use_cuda`) and a core is
-    spare (:func:`spare_core`; EARLY_JOB_SERVER_ENV says otherwise: 1 always, 0 never); True if it
-    was. Call before any job starts, where jobs start in this process (perfsweep's own launcher,
-    not submitit's nor joblib's).
+    """Plan the job server: if any of ``cfgs`` would be forked (:func:`start_method`, with the
+    jobs' ``hydra.job.env_set`` as ``job_env``, CUDA guessed by :func:`may_use_cuda`), what the
+    sweep needs torch for before its jobs is done in processes forked from it (:func:`call`), and
+    it starts now where a core is spare (:func:`spare_core`); True if it was started. Call before
+    any job starts, where jobs start in this process (perfsweep's own launcher, not submitit's nor
+    joblib's). EARLY_JOB_SERVER_ENV decides instead of the load: 1 starts it now; 0 leaves it to
+    the first job, and the sweep then imports torch itself for its checks, as before there was a
+    server (what a benchmark of the first job's start compares against).
 
-    The server starts with Ctrl-C and SIGTERM blocked, as with a job (:func:`signals_blocked`), and
-    creates a file once its imports are done (JOB_SERVER_READY_ENV), which :func:`wait_until_ready`
-    waits for. One no job was forked from (the sweep refused, every job spawned) is stopped at exit:
-    still importing, it held the output of a refused sweep for 2 s after its one line."""
-    global _ready_file
+    The server starts with Ctrl-C and SIGTERM blocked, as with a job (:func:`signals_blocked`).
+    One no job was forked from (the sweep refused, every job spawned) is stopped at exit: still
+    importing, it held the output of a refused sweep for 2 s after its one line."""
+    global _will_fork
     if _server_env is not None or not any(
         start_method(c, job_env, may_use_cuda(c.device)) == "forkserver" for c in cfgs
     ):
         return False
     wanted = os.environ.get(EARLY_JOB_SERVER_ENV, "")
-    if wanted == "0" or (wanted != "1" and not spare_core()):
+    if wanted == "0" or _server_pid() is not None:  # a forkserver of this process's own (a notebook's, a test's)
         return False
-    if _server_pid() is not None:  # this process runs a forkserver already (a notebook's, a test's)
+    _will_fork = True
+    if wanted != "1" and not spare_core():
         return False
-    apply_env_defaults()
-    _ready_file = Path(tempfile.gettempdir()) / f"perfsweep-job-server-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    atexit.register(_stop_unused)  # first: a Ctrl-C held in the start comes as it ends
-    forkserver_context()
     try:
-        with interrupts.held(), signals_blocked():
-            os.environ[JOB_SERVER_READY_ENV] = str(_ready_file)  # the server takes it, and drops it
-            try:
-                forkserver.ensure_running()
-            finally:
-                del os.environ[JOB_SERVER_READY_ENV]
-            server_started()
+        _start_server()
     except OSError as exc:
-        log.debug("could not start the job server early (%s); it starts with the first job", exc)
-        _ready_file = None
+        log.debug("could not start the job server early (%s); it starts when the sweep needs it", exc)
         return False
     return True
 
 
-def wait_until_ready(timeout_s: float = 120.0) -> bool:
-    """Wait for an early server's imports to end, so that what this process times next (the CPU's
-    matmul peak, perfsweep.cpu_peak) does not share the cores with them. Returns at once where no
-    server was started early (or it said so before), once it is ready, gone, or after
-    ``timeout_s``; True if it said it was ready."""
-    global _ready_seen
-    if _ready_file is None or _ready_seen:
-        return _ready_seen
-    deadline = time.monotonic() + timeout_s
-    while not _ready_file.exists() and _server_alive() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    _ready_seen = _ready_file.exists()
-    if not _ready_seen:
-        why = "is gone" if not _server_alive() else f"did not say it was ready in {timeout_s:g} s"
-        log.warning("perfsweep's job server %s; timing the CPU peak anyway", why)
-    return _ready_seen
+def _start_server() -> None:
+    """Start the job server (as a job's start would), its Ctrl-C and SIGTERM blocked."""
+    global _stop_registered
+    apply_env_defaults()
+    if not _stop_registered:
+        atexit.register(_stop_unused)  # first: a Ctrl-C held in the start comes as it ends
+        _stop_registered = True
+    forkserver_context()
+    with interrupts.held(), signals_blocked():
+        forkserver.ensure_running()
+        server_started()
+
+
+def call(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in a process forked from the job server where the sweep's jobs will be forked
+    from it (:func:`start_early`; the server is started here if it has not been), else in this
+    process. What the sweep needs torch for before its jobs start (the CPU's matmul peak, a check
+    of a user's model) is done so: the server imports torch once for the sweep, and importing it in
+    the sweep's process too cost 1 to 2 CPU-seconds of every sweep on a 2-core CPU
+    (docs/benchmarks.md). ``fn`` and ``args`` must pickle (``fn`` by its module's name), as a job's
+    do. What ``fn`` raises is raised here; a process that dies without answering raises
+    RuntimeError; a server that cannot fork leaves ``fn`` to run here, and every job to be spawned."""
+    if not _will_fork or _server_failed:
+        return fn(*args)
+    ctx = forkserver_context()
+    answer, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_answer, args=(send, fn, args), name=f"perfsweep-{getattr(fn, '__name__', 'call')}")
+    try:
+        try:
+            if _server_pid() is None:
+                _start_server()
+            with interrupts.held(), signals_blocked():
+                proc.start()
+        finally:
+            send.close()  # the child holds the only sending end: its death closes the pipe
+    except (OSError, EOFError) as exc:
+        server_failed()
+        log.warning("could not fork from perfsweep's job server (%s); its jobs are spawned", exc)
+        answer.close()
+        return fn(*args)
+    try:
+        kind, value = answer.recv()
+    except EOFError:
+        proc.join()
+        raise RuntimeError(
+            f"{fn.__name__} ended without an answer in a process of perfsweep's job server (exit code {proc.exitcode})"
+        ) from None
+    except BaseException:  # Ctrl-C, SIGTERM: the child cannot take them (blocked, as a job's start)
+        proc.kill()
+        proc.join()
+        raise
+    finally:
+        answer.close()
+    proc.join()
+    if kind == "error":
+        raise value
+    return value
+
+
+def _answer(conn: Any, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    """:func:`call`'s side in the forked process: ("ok", result) or ("error", exception), the
+    exception as a RuntimeError with its text where it would not travel (an unpicklable one, one
+    whose class cannot be rebuilt from its args)."""
+    import pickle
+
+    job_entry.name_process(CHECK_PROCESS_NAME)
+    try:
+        result: tuple[str, Any] = ("ok", fn(*args))
+    except BaseException as exc:  # noqa: BLE001 - the caller raises it
+        result = ("error", exc)
+        try:
+            pickle.loads(pickle.dumps(exc))
+        except Exception:  # noqa: BLE001
+            result = ("error", RuntimeError(f"{type(exc).__name__}: {exc}"))
+    conn.send(result)
+    conn.close()
 
 
 def _server_pid() -> int | None:
     return getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
 
 
-def _server_alive() -> bool:
-    pid = _server_pid()
-    return pid is not None and pid_running(pid)
-
-
 def _stop_unused() -> None:
-    """At exit: a server started early that no job was forked from is killed; then its ready file
-    is removed (after: a server still importing could create it again)."""
+    """At exit: a server started before any job that no job was forked from is killed."""
     pid = _server_pid()
     if not _forked and pid is not None:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-    if _ready_file is not None:
-        with contextlib.suppress(OSError):
-            _ready_file.unlink()
 
 
 def pid_running(pid: int) -> bool:

@@ -29,8 +29,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from perfsweep import data as data_mod
-from perfsweep import importer, interrupts, job_entry, job_start, runner, slots, store
+from perfsweep import corpus, importer, interrupts, job_entry, job_start, slots, store
 from perfsweep.cli import first_line
 from perfsweep.config import PerfsweepConfig, short_dirname, to_plain_dict
 from perfsweep.envinfo import environ_set, oom_kills
@@ -229,7 +228,7 @@ class SweepHeartbeat:
 def _run_in_child(
     spec: JobSpec,
     config: dict[str, Any],
-    token_data: data_mod.TokenData | None,
+    token_data: corpus.TokenData | None,
     progress: ProgressLine,
     beat: Callable[[], None],
     placement: Placement | None = None,
@@ -420,7 +419,7 @@ def _start_job(spec: JobSpec, child_conn: Any, payload: bytes, job_env: dict[str
         return (str(spec.job_dir), child_conn, payload, how, package)
 
     with _SPAWN_LOCK:
-        if job_start.start_method(spec.cfg, job_env, runner.wants_cuda(spec.cfg.device)) == "forkserver":
+        if job_start.start_method(spec.cfg, job_env, slots.wants_cuda(spec.cfg.device)) == "forkserver":
             proc = job_start.forkserver_context().Process(target=job_entry.main, args=args("forkserver"), name=name)
             try:
                 with interrupts.held(), _spawning({}), signals_blocked():
@@ -496,6 +495,8 @@ def killed_by(exit_code: int) -> str:
 
 def _report_free_bytes(cfg_dict: dict[str, Any], conn: Any) -> None:
     try:
+        from perfsweep import runner
+
         conn.send(("ok", runner.job_free_bytes(cfg_dict)))
     except KeyboardInterrupt:  # the sweep got the same Ctrl-C and is stopping: no traceback here
         pass
@@ -714,7 +715,7 @@ def run_job(
     try:
         with scheduler_signals():
             try:
-                token_data = data_mod.prepare(cfg.data, cfg.seed) if cfg.data._target_ is None else None
+                token_data = corpus.prepare(cfg.data, cfg.seed) if cfg.data._target_ is None else None
             except Exception as exc:  # noqa: BLE001 - a data problem is this job's result
                 status, error, fields, finished = (
                     "failed",

@@ -70,13 +70,19 @@ STACKS_ENV = "PERFSWEEP_STACKS_ON_SIGUSR1"
 """Set to 1, a perfsweep command prints every thread's Python stack to stderr on SIGUSR1 and goes
 on (faulthandler). Off by default: SIGUSR1 otherwise ends the process, and a scheduler may send it."""
 
-EARLY_JOB_SERVER_ENV = "PERFSWEEP_EARLY_JOB_SERVER"
-"""``1``: a sweep starts its job server as soon as its grid is composed; ``0``: with its first job;
-unset: early where a core is spare (perfsweep.job_start.start_early)."""
+JOB_PROCESS_NAME = "perfsweep-job"
+"""What ``ps`` and ``top`` call a job's process (its ``/proc/PID/comm``, set as it starts:
+perfsweep.job_entry): a job forked from the job server has the server's command line."""
 
-JOB_SERVER_READY_ENV = "PERFSWEEP_JOB_SERVER_READY"
-"""A file the job server creates once its imports are done (perfsweep.job_server), when the sweep
-started it early (perfsweep.job_start.start_early); the server drops the variable, so no job sees it."""
+CHECK_PROCESS_NAME = "perfsweep-check"
+"""What they call a process the sweep forks from the job server for its own checks
+(perfsweep.job_start.call), so that it is not taken for a job."""
+
+EARLY_JOB_SERVER_ENV = "PERFSWEEP_EARLY_JOB_SERVER"
+"""``1``: a sweep starts its job server as soon as its grid is composed; ``0``: with its first job
+(the sweep then imports torch for its own checks); unset: early where a core is spare, else when
+the sweep first needs torch (perfsweep.job_start.start_early)."""
+
 
 DEVICE_TIME_BY_LAUNCH = "cuda_kernels_by_launch"
 """``stages.device_time_source`` of GPU time attributed to the stage whose CPU range launched each

@@ -315,11 +315,11 @@ def error_line(exc: BaseException) -> str:
 
 def check_device(cfgs: list[PerfsweepConfig]) -> None:
     """A CUDA-only setting on a machine where torch sees no GPU is refused here, not in job 1."""
-    import torch
+    from perfsweep import slots
 
-    if torch.cuda.is_available():
+    if slots.cuda_available():
         return
-    why = f"torch {torch.__version__} sees no CUDA device on this machine"
+    why = f"torch {slots.torch_version()} sees no CUDA device on this machine"
     for cfg in cfgs:
         if cfg.device == Device.cuda:
             raise ConfigError(f"invalid config: device='cuda': {why}; use device=cpu or device=auto")
@@ -339,20 +339,16 @@ def cpu_sweep_fields(cfgs: list[PerfsweepConfig], job_cpus: int | None = None) -
     utilisation: the peak depends on it; ``job_cpus``: the cores of a launcher slot, which its jobs
     use when ``threads`` is null), in the compute dtypes the CPU grid points use (fp32;
     bf16 under AMP); nothing for an all-GPU sweep."""
-    import torch
+    from perfsweep import cpu_peak, job_start, slots
 
-    from perfsweep import cpu_peak
-
-    on_cpu = [c for c in cfgs if c.device == Device.cpu or (c.device == Device.auto and not torch.cuda.is_available())]
+    on_cpu = [c for c in cfgs if not slots.wants_cuda(c.device)]
     if not on_cpu:
         return {}
     dtypes = {"fp32"} | ({"bf16"} if any(c.amp for c in on_cpu) else set())  # fp32 too: cpu_notice compares
-    from perfsweep import job_start, slots
-
-    job_start.wait_until_ready()  # a job server started early is importing torch: not while the peak is timed
     # jobs given a share of the cores (launcher.parallel, a cgroup's CPU quota) run that many
-    # threads: measure with as many
-    return cpu_peak.sweep_fields(on_cpu[0].threads or job_cpus or slots.default_threads(), dtypes)
+    # threads: measure with as many; in a process forked from the job server, where the jobs will
+    # be (it has imported torch; job_start.call)
+    return job_start.call(cpu_peak.sweep_fields, on_cpu[0].threads or job_cpus or slots.default_threads(), dtypes)
 
 
 def cpu_notice(fields: dict[str, float]) -> str | None:
@@ -376,7 +372,7 @@ def check_data(cfgs: list[PerfsweepConfig]) -> dict[str, Any]:
     The corpus is tokenized here (once; jobs then hit the cache), so the count is exact. A data
     factory is called here and must give one batch (:func:`check_models` then trains on it).
     """
-    from perfsweep import data as data_mod
+    from perfsweep import corpus
 
     prepared: dict[str, Any] = {}
     for cfg in cfgs:
@@ -387,7 +383,7 @@ def check_data(cfgs: list[PerfsweepConfig]) -> dict[str, Any]:
             continue
         if d.kind == DataKind.textfile:
             try:
-                files = data_mod.text_files(d.path or "", d.glob)
+                files = corpus.text_files(d.path or "", d.glob)
             except FileNotFoundError as exc:
                 raise ConfigError(f"invalid config: {exc}; point data.path at a UTF-8 text file or folder") from None
             if sum(f.stat().st_size for f in files) == 0:
@@ -395,13 +391,13 @@ def check_data(cfgs: list[PerfsweepConfig]) -> dict[str, Any]:
         key = _prepared_key(cfg)
         if key not in prepared:
             try:
-                prepared[key] = data_mod.prepare(d, cfg.seed)
+                prepared[key] = corpus.prepare(d, cfg.seed)
             except ConfigError:
                 raise  # names its own key (data.encoding, the token cache's setting)
             except OSError as exc:
-                setting, cache = data_mod.cache_setting(d)
+                setting, cache = corpus.cache_setting(d)
                 if exc.filename and Path(exc.filename).is_relative_to(cache):  # writing the cache, not reading text
-                    raise data_mod.cache_error(setting, exc) from None
+                    raise corpus.cache_error(setting, exc) from None
                 raise ConfigError(f"invalid config: {where}: {first_line(exc)}") from None
             except (ValueError, RuntimeError) as exc:
                 raise ConfigError(f"invalid config: {where}: {first_line(exc)}") from None
@@ -558,8 +554,6 @@ def reserve_sweep(url: str, sweep_dir: str, name: str, **fields: Any) -> int:
 def placements(cfgs: list[PerfsweepConfig], hydra_launcher: str = "BasicLauncher") -> list[Any]:
     """The slots of ``launcher.parallel`` (perfsweep.slots); also checks that every grid point's
     ranks fit this machine. Concurrency is perfsweep's own only under Hydra's basic launcher."""
-    import torch
-
     from perfsweep import slots
 
     first = cfgs[0]
@@ -573,7 +567,7 @@ def placements(cfgs: list[PerfsweepConfig], hydra_launcher: str = "BasicLauncher
             "hydra.launcher.array_parallelism)"
         )
     # device=cuda on a machine without one is check_device's to refuse, in its own words
-    on_cuda = torch.cuda.is_available() and any(c.device != Device.cpu for c in cfgs)
+    on_cuda = slots.cuda_available() and any(c.device != Device.cpu for c in cfgs)
     if first.launcher.gpus_per_job is not None and not on_cuda:
         where = "device=cpu" if all(c.device == Device.cpu for c in cfgs) else "this machine, which has no CUDA device"
         raise ConfigError(
@@ -656,10 +650,18 @@ def check_db_for_hosts(url: str, hydra_launcher: str, mounts: str | Path = "/pro
 def check_all(cfgs: list[PerfsweepConfig], jobs_run_here: bool = True) -> None:
     """The checks that need no database: device, data, then the models on their first batch.
     ``jobs_run_here`` false (SLURM: the jobs run on other hosts, often with GPUs a login node
-    lacks): this machine's devices are not the jobs', so they are not checked."""
+    lacks): this machine's devices are not the jobs', so they are not checked.
+
+    The models are checked with torch: in a process forked from the job server where the jobs
+    will be (perfsweep.job_start.call), and only where there is something to check (a model of
+    the user's, what ``ckpt=true`` wraps in ours)."""
+    from perfsweep import job_start
+
     if jobs_run_here:
         check_device(cfgs)
-    check_models(cfgs, check_data(cfgs))
+    prepared = check_data(cfgs)
+    if any(c.model._target_ != GPT_TARGET or c.ckpt for c in cfgs):
+        job_start.call(check_models, cfgs, prepared)
 
 
 def resume_points(url: str, sweep_dir: str, grid: list[tuple[int, str]], searched: set[int]) -> set[tuple[int, str]]:

@@ -34,6 +34,7 @@ from perfsweep import cpu_peak, distributed, interrupts, ledger, slots, task
 from perfsweep import data as data_mod
 from perfsweep.cli import first_line
 from perfsweep.config import AmpDtype, Device, PerfsweepConfig, to_run_config
+from perfsweep.corpus import TokenData
 from perfsweep.envinfo import compute_dtype, environment, peak_flops
 from perfsweep.memory import (
     MemoryProbe,
@@ -77,13 +78,8 @@ Progress = Callable[[str, int, int, float, float], None]
 """progress(phase, step, total_steps, step_time_ms, loss)"""
 
 
-def wants_cuda(requested: Device) -> bool:
-    """Whether a job asking for ``requested`` runs on CUDA here, without opening a CUDA context."""
-    return requested == Device.cuda or (requested == Device.auto and torch.cuda.is_available())
-
-
 def resolve_device(requested: Device) -> torch.device:
-    if wants_cuda(requested):
+    if slots.wants_cuda(requested):
         if not torch.cuda.is_available():
             raise RuntimeError("device=cuda but torch sees no CUDA device; use device=cpu or device=auto")
         return torch.device("cuda", torch.cuda.current_device())
@@ -174,7 +170,7 @@ class Built:
     """Parameter counts and FLOPs for ``runs`` (:func:`model_figures`)."""
 
 
-def build(cfg: PerfsweepConfig, device: torch.device, token_data: data_mod.TokenData | None) -> tuple[Trainer, Built]:
+def build(cfg: PerfsweepConfig, device: torch.device, token_data: TokenData | None) -> tuple[Trainer, Built]:
     torch.manual_seed(cfg.seed)
     vocab_size = token_data.vocab_size if token_data is not None else None
     raw = task.build_model(cfg.model, vocab_size, cfg.seq_len).to(device)
@@ -247,9 +243,7 @@ class PredictedOOM(Exception):
     """``skip_predicted_oom=true`` and the ledger predicts more than the device has free."""
 
 
-def predict_memory(
-    cfg: PerfsweepConfig, token_data: data_mod.TokenData | None, device: torch.device
-) -> ledger.Ledger | None:
+def predict_memory(cfg: PerfsweepConfig, token_data: TokenData | None, device: torch.device) -> ledger.Ledger | None:
     """The job's memory ledger (perfsweep.ledger), for perfsweep's GPT on token data; None for
     other models, whose activations have no formula here."""
     gpt = cfg.model.gpt
@@ -281,7 +275,7 @@ def _skip_if_it_cannot_fit(predicted: ledger.Ledger, device: torch.device) -> No
 
 def train(
     cfg: PerfsweepConfig,
-    token_data: data_mod.TokenData | None,
+    token_data: TokenData | None,
     job_dir: Path,
     label: str,
     launch_dir: str,
@@ -320,7 +314,7 @@ def train(
 
 def _train(
     cfg: PerfsweepConfig,
-    token_data: data_mod.TokenData | None,
+    token_data: TokenData | None,
     job_dir: Path,
     label: str,
     device: torch.device,
@@ -587,7 +581,7 @@ def job_free_bytes(cfg_dict: dict[str, Any]) -> tuple[str, int | None]:
 
 def rank_main(
     cfg_dict: dict[str, Any],
-    token_data: data_mod.TokenData | None,
+    token_data: TokenData | None,
     job_dir: str,
     label: str,
     launch_dir: str,
@@ -600,7 +594,7 @@ def rank_main(
     partial: dict[str, Any] = {}
     try:
         cfg = to_run_config(cfg_dict)
-        distributed.init_rank(cpus, wants_cuda(cfg.device))
+        distributed.init_rank(cpus, slots.wants_cuda(cfg.device))
         progress = progress_to(conn) if r == 0 and conn is not None else None
         result = train(cfg, token_data, distributed.rank_folder(job_dir, r), label, launch_dir, progress, partial)
         return result if r == 0 else None
@@ -615,7 +609,7 @@ def rank_main(
 
 def job_main(
     cfg_dict: dict[str, Any],
-    token_data: data_mod.TokenData | None,
+    token_data: TokenData | None,
     job_dir: str,
     label: str,
     launch_dir: str,

@@ -352,11 +352,10 @@ def _predict_and_search(
 ) -> None:
     import torch
 
-    from perfsweep import data as data_mod
-    from perfsweep import launcher, runner
+    from perfsweep import corpus, launcher, runner
 
     device_type, free = launcher.job_free_bytes(cfg)
-    token_data = data_mod.prepare(cfg.data, cfg.seed) if cfg.data._target_ is None else None
+    token_data = corpus.prepare(cfg.data, cfg.seed) if cfg.data._target_ is None else None
 
     def predict_at(batch: int) -> Any:
         at = copy.copy(cfg)

@@ -12,12 +12,16 @@ without opening a CUDA context (GPUs are counted from ``CUDA_VISIBLE_DEVICES`` o
 
 from __future__ import annotations
 
+import ast
+import functools
+import importlib.util
 import os
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 
 from perfsweep import cgroups
-from perfsweep.config import ConfigError
+from perfsweep.config import ConfigError, Device
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,56 @@ def slurm_job_id() -> str | None:
     return os.environ.get("SLURM_JOB_ID")
 
 
+@functools.cache
+def torch_build() -> dict[str, str | None]:
+    """The installed torch's ``__version__``, ``cuda`` and ``hip`` as its ``torch/version.py``
+    writes them, read without importing torch (which costs the sweep's process 1 to 2 s on a
+    2-core CPU); {} where that file cannot be found or read (then ask torch itself)."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return {}
+    try:
+        tree = ast.parse((Path(next(iter(spec.submodule_search_locations))) / "version.py").read_text())
+    except (OSError, SyntaxError, StopIteration):
+        return {}
+    found: dict[str, str | None] = {}
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
+        target = node.target if isinstance(node, ast.AnnAssign) else target
+        if isinstance(target, ast.Name) and target.id in ("__version__", "cuda", "hip") and node.value is not None:
+            try:
+                found[target.id] = ast.literal_eval(node.value)
+            except ValueError:  # not a literal (a newer torch computing it): unknown, ask torch
+                return {}
+    return found if {"__version__", "cuda", "hip"} <= set(found) else {}
+
+
+def cuda_available() -> bool:
+    """``torch.cuda.is_available()``, answered without importing torch where the answer is
+    certain: a torch built with neither CUDA nor ROCm sees no GPU on any machine. Only a GPU
+    build is asked (it imports torch: what it sees depends on the driver and the devices)."""
+    build = torch_build()
+    if build and build["cuda"] is None and build["hip"] is None:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def torch_version() -> str:
+    """The installed torch's version, as ``torch.__version__`` says it (torch-free where it can be)."""
+    if version := torch_build().get("__version__"):
+        return version
+    import torch
+
+    return torch.__version__
+
+
+def wants_cuda(requested: Device) -> bool:
+    """Whether a job asking for ``requested`` runs on CUDA here, without opening a CUDA context."""
+    return requested == Device.cuda or (requested == Device.auto and cuda_available())
+
+
 def visible_gpus() -> list[str]:
     """GPUs a job started from here could see, without a CUDA context: ``CUDA_VISIBLE_DEVICES``
     when set, else NVML's device count (through torch, which does not initialise CUDA for it)."""
@@ -110,6 +164,8 @@ def visible_gpus() -> list[str]:
                 break  # CUDA ignores everything from the first invalid entry on
             visible.append(g)
         return visible
+    if not cuda_available():
+        return []
     import torch
 
     return [str(i) for i in range(torch.cuda.device_count())]

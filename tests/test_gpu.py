@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from perfsweep import data
+from perfsweep import corpus
 from perfsweep.config import (
     AmpDtype,
     DataConfig,
@@ -51,7 +51,7 @@ def cfg(tmp_path: Path, **kw) -> PerfsweepConfig:
 
 
 def run(c: PerfsweepConfig, tmp_path: Path, label: str) -> dict:
-    return train(c, data.prepare(c.data), tmp_path / label, label, str(tmp_path))
+    return train(c, corpus.prepare(c.data), tmp_path / label, label, str(tmp_path))
 
 
 def test_cuda_memory_stage_device_time_and_kernels(tmp_path: Path):
@@ -85,7 +85,7 @@ def test_fp16_uses_grad_scaler_and_trains(tmp_path: Path):
     from perfsweep.runner import build
 
     c = cfg(tmp_path, amp=True, amp_dtype=AmpDtype.fp16)
-    trainer, _ = build(c, torch.device("cuda"), data.prepare(c.data))
+    trainer, _ = build(c, torch.device("cuda"), corpus.prepare(c.data))
     assert trainer.scaler.is_enabled()  # fp16 needs loss scaling (bf16 does not)
     del trainer
     r = run(c, tmp_path, "fp16")

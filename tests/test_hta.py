@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("hta", reason="HolisticTraceAnalysis is not installed (the [test] extra brings it)")
 from hta.trace_analysis import TraceAnalysis  # noqa: E402
 
-from perfsweep import data  # noqa: E402
+from perfsweep import corpus  # noqa: E402
 from perfsweep.runner import train  # noqa: E402
 from tests.test_profiling import tiny_cfg  # noqa: E402
 
@@ -28,7 +28,7 @@ H100 = Path(__file__).parent / "fixtures" / "h100"
 def test_hta_loads_a_perfsweep_job_folder_with_its_rank(tmp_path: Path, caplog: pytest.LogCaptureFixture):
     cfg = tiny_cfg(tmp_path)
     job = tmp_path / "job"
-    train(cfg, data.prepare(cfg.data), job, "amp=false", str(tmp_path))
+    train(cfg, corpus.prepare(cfg.data), job, "amp=false", str(tmp_path))
     (trace,) = job.glob("trace_*.json.gz")
     meta = json.loads(gzip.decompress(trace.read_bytes()))["distributedInfo"]
     assert meta == {"backend": "gloo", "rank": 0, "world_size": 1}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from perfsweep import data
+from perfsweep import corpus
 from perfsweep.config import (
     DataConfig,
     DataKind,
@@ -48,7 +48,7 @@ def tiny_cfg(tmp_path: Path, **kw) -> PerfsweepConfig:
 @pytest.fixture
 def profiled(tmp_path: Path):
     cfg = tiny_cfg(tmp_path, profile=ProfileConfig(wait=1, warmup=1, active=2, top_n=7))
-    td = data.prepare(cfg.data)
+    td = corpus.prepare(cfg.data)
     return train(cfg, td, tmp_path / "job", "amp=false,ckpt=false", str(tmp_path)), cfg
 
 
@@ -109,7 +109,7 @@ def test_stage_and_op_tables(profiled):
 def test_matmuls_are_in_the_op_table_with_their_flops(tmp_path: Path):
     """With room for every op, the model's matmuls are there and carry the FLOPs the profiler counted."""
     cfg = tiny_cfg(tmp_path, profile=ProfileConfig(wait=1, warmup=1, active=2, top_n=500))
-    ops = train(cfg, data.prepare(cfg.data), tmp_path / "job", "amp=false,ckpt=false", str(tmp_path))["ops"]
+    ops = train(cfg, corpus.prepare(cfg.data), tmp_path / "job", "amp=false,ckpt=false", str(tmp_path))["ops"]
     assert len(ops) < 500  # every op of the window, not a cut
     matmuls = [o for o in ops if o["name"] in ("aten::mm", "aten::addmm")]
     assert matmuls and all(o["flops"] > 0 for o in matmuls)
@@ -126,7 +126,7 @@ def test_profiled_steps_are_not_measured_steps(profiled):
 
 def test_profile_disabled_writes_no_trace(tmp_path: Path):
     cfg = tiny_cfg(tmp_path, profile=ProfileConfig(enabled=False))
-    result = train(cfg, data.prepare(cfg.data), tmp_path / "job", "x", str(tmp_path))
+    result = train(cfg, corpus.prepare(cfg.data), tmp_path / "job", "x", str(tmp_path))
     assert result["stages"] == [] and result["ops"] == [] and result["artifacts"] == []
     assert [s["phase"] for s in result["steps"]].count("profile") == 0
     assert result["peak_allocated_bytes"] > 0  # the CPU memory step runs without the window
@@ -134,7 +134,7 @@ def test_profile_disabled_writes_no_trace(tmp_path: Path):
 
 def test_compile_diagnostics(tmp_path: Path):
     cfg = tiny_cfg(tmp_path, compile=True, compile_backend="aot_eager", profile=ProfileConfig(enabled=False))
-    result = train(cfg, data.prepare(cfg.data), tmp_path / "job", "compile=true", str(tmp_path))
+    result = train(cfg, corpus.prepare(cfg.data), tmp_path / "job", "compile=true", str(tmp_path))
     # our GPT compiles whole: one graph, no break, and fixed shapes never recompile
     assert (result["n_graphs"], result["n_graph_breaks"], result["n_recompiles"]) == (1, 0, 0)
     assert result["graph_break_reasons"] is None
@@ -187,7 +187,7 @@ def test_compile_counters_see_breaks_and_recompiles():
 
 def test_tensorboard_trace_handler(tmp_path: Path):
     cfg = tiny_cfg(tmp_path, profile=ProfileConfig(wait=0, warmup=1, active=1, tensorboard=True))
-    result = train(cfg, data.prepare(cfg.data), tmp_path / "job", "tb", str(tmp_path))
+    result = train(cfg, corpus.prepare(cfg.data), tmp_path / "job", "tb", str(tmp_path))
     tb = [a for a in result["artifacts"] if a["kind"] == "tensorboard_trace"]
     assert len(tb) == 1 and tb[0]["path"].endswith(".pt.trace.json") and tb[0]["bytes"] > 0
     assert any(a["kind"] == "trace" for a in result["artifacts"])  # the .json.gz is still written
@@ -201,7 +201,7 @@ def test_only_profiled_steps_enter_the_stage_labels(tmp_path: Path):
     from perfsweep.runner import build
 
     cfg = tiny_cfg(tmp_path)
-    trainer, _ = build(cfg, torch.device("cpu"), data.prepare(cfg.data))
+    trainer, _ = build(cfg, torch.device("cpu"), corpus.prepare(cfg.data))
     seen = {}
     for labelled in (False, True):
         trainer.labelled = labelled
@@ -217,7 +217,7 @@ def test_operator_calls_and_flops_per_step_match_the_model(tmp_path: Path):
     import torch
 
     cfg = tiny_cfg(tmp_path, profile=ProfileConfig(wait=0, warmup=1, active=2, top_n=200))
-    result = train(cfg, data.prepare(cfg.data), tmp_path / "job", "ops", str(tmp_path))
+    result = train(cfg, corpus.prepare(cfg.data), tmp_path / "job", "ops", str(tmp_path))
     ops = {o["name"]: o for o in result["ops"] if o["sort_by"] == "self_cpu"}
     for o in ops.values():
         assert o["calls_per_step"] == o["calls"] / 2

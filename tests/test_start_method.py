@@ -271,36 +271,94 @@ def test_a_signal_held_while_a_job_starts_stops_that_job_too(
     assert "Traceback" not in log.read_text(), log.read_text()[-3000:]  # stopped, not cut off
 
 
-def test_a_job_server_started_early_is_waited_for_before_the_cpu_peak(tmp_path: Path):
-    """Where a core is spare, the sweep starts the job server as soon as its grid is composed, so
-    the server imports torch while the sweep does; the CPU's matmul peak, timed in the sweep before
-    the first job, must not share the cores with those imports. The wait ends when the server says
-    it is ready (its last import creates a file): torch is loaded in it then. Without an early
-    server it returns at once. PERFSWEEP_EARLY_JOB_SERVER decides here, not this machine's load."""
+def test_what_the_sweep_needs_torch_for_is_forked_from_the_job_server(tmp_path: Path):
+    """The sweep's own work with torch before its jobs (the CPU's matmul peak, a check of a user's
+    model) runs in a process forked from the job server where the jobs will be forked from it, so
+    the sweep's process never imports torch (1 to 2 CPU-seconds of every sweep): the server is
+    started then if a busy machine left it unstarted. Where no job forks (spawn), or the server is
+    left to the first job (PERFSWEEP_EARLY_JOB_SERVER=0), it runs in the sweep. What it raises is
+    raised in the sweep; a process that dies without answering is one RuntimeError."""
     import subprocess
     import sys
 
     script = (
-        "import os\n"
-        "from perfsweep import job_start\n"
+        "import os, sys\n"
+        "from perfsweep import cpu_peak, job_start\n"
         "from perfsweep.config import Device, PerfsweepConfig, StartMethod\n"
-        "assert not job_start.wait_until_ready()  # no server started early: returns at once\n"
         "spawned = PerfsweepConfig(device=Device.cpu)\n"
         "spawned.launcher.start_method = StartMethod.spawn\n"
         "os.environ['PERFSWEEP_EARLY_JOB_SERVER'] = '1'\n"
         "assert not job_start.start_early([spawned], {})  # no job would fork: no server\n"
+        "assert job_start.call(os.getpid) == os.getpid()\n"
         "os.environ['PERFSWEEP_EARLY_JOB_SERVER'] = '0'\n"
-        "assert not job_start.start_early([PerfsweepConfig(device=Device.cpu)], {})  # not early: with the first job\n"
-        "os.environ['PERFSWEEP_EARLY_JOB_SERVER'] = '1'\n"
-        "assert job_start.start_early([PerfsweepConfig(device=Device.cpu)], {})\n"
-        "pid = job_start._server_pid()\n"
-        "assert job_start.wait_until_ready()  # it said so: not a timeout, not a dead server\n"
-        "maps = open(f'/proc/{pid}/maps').read()\n"
-        "print(int('libtorch_cpu' in maps or 'libtorch_cuda' in maps), int(job_start.pid_running(pid)))\n"
+        "assert not job_start.start_early([PerfsweepConfig(device=Device.cpu)], {})  # with the first job\n"
+        "assert job_start.call(os.getpid) == os.getpid() and job_start._server_pid() is None\n"
+        "del os.environ['PERFSWEEP_EARLY_JOB_SERVER']\n"
+        "job_start.spare_core = lambda: False  # a busy machine: not started early...\n"
+        "assert not job_start.start_early([PerfsweepConfig(device=Device.cpu)], {})\n"
+        "assert job_start._server_pid() is None\n"
+        "there = job_start.call(os.getpid)  # ...but when the sweep first needs torch\n"
+        "server = job_start._server_pid()\n"
+        "assert server is not None and there not in (os.getpid(), server), (there, server)\n"
+        "maps = open(f'/proc/{server}/maps').read()\n"
+        "from pathlib import Path\n"
+        "assert job_start.call(Path.read_text, Path('/proc/self/comm')) == 'perfsweep-check\\n'  # not a job, to ps\n"
+        "fields = job_start.call(cpu_peak.sweep_fields, 1, {'fp32'})\n"
+        "try:\n"
+        "    job_start.call(int, 'x')\n"
+        "except ValueError as exc:\n"
+        "    raised = str(exc)\n"
+        "try:\n"
+        "    job_start.call(os._exit, 3)\n"
+        "except RuntimeError as exc:\n"
+        "    died = str(exc)\n"
+        "print(int('libtorch_cpu' in maps), int(fields['cpu_matmul_fp32_flops'] > 0), fields['cpu_matmul_threads'])\n"
+        "print(raised)\n"
+        "print(died)\n"
+        "print(int('torch' in sys.modules))\n"
     )
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert res.stdout.split() == ["1", "1"], res.stdout + res.stderr[-2000:]
+    lines = res.stdout.splitlines()
+    assert lines[0].split() == ["1", "1", "1"], res.stdout + res.stderr[-2000:]
+    assert lines[1] == "invalid literal for int() with base 10: 'x'"
+    assert lines[2] == "_exit ended without an answer in a process of perfsweep's job server (exit code 3)"
+    assert lines[3] == "0"  # the sweep's own process: no torch
+
+
+@pytest.mark.parametrize("when", ["early", "when-needed"])
+def test_a_cpu_sweeps_own_process_never_imports_torch(when: str, tmp_path: Path):
+    """A CPU sweep's process, from its command line to its summary, leaves torch to its job
+    server and jobs: the matmul peak and the check of what ``ckpt=true`` wraps ran in processes
+    forked from the server, and the job's result came back without torch's types. The server
+    started as the grid was composed (a spare core), or when the sweep first needed torch (a busy
+    machine, as this suite's)."""
+    import subprocess
+    import sys
+
+    driver = (
+        "import atexit, sys\n"
+        "from perfsweep import job_start\n"
+        f"job_start.spare_core = lambda: {when == 'early'}\n"
+        "atexit.register(lambda: print('torch in the sweep:', 'torch' in sys.modules, file=sys.stderr))\n"
+        "sys.argv = ['perfsweep', *sys.argv[1:]]\n"
+        "from perfsweep.__main__ import cli\n"
+        "cli()\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", driver, "-m", "ckpt=true", *CPU],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PERFSWEEP_EARLY_JOB_SERVER": ""},
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "torch in the sweep: False" in res.stderr, res.stderr[-3000:]
+    runs = sqlite_rows(tmp_path / "results.db", "SELECT status, start_method FROM runs")
+    assert runs == [{"status": "ok", "start_method": "forkserver"}]
+    (sweep,) = sqlite_rows(tmp_path / "results.db", "SELECT cpu_matmul_fp32_flops, cpu_matmul_threads FROM sweeps")
+    assert sweep["cpu_matmul_fp32_flops"] > 0 and sweep["cpu_matmul_threads"] >= 1, sweep
 
 
 def test_a_refused_sweep_leaves_no_job_server_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from perfsweep import data, metrics
+from perfsweep import corpus, metrics
 from perfsweep.config import ConfigError, Device, PerfsweepConfig, StepsConfig, Timing
 from perfsweep.metrics import StepRecord
 from perfsweep.runner import train
@@ -100,7 +100,7 @@ def test_timing_mode_resolution_and_validation():
 def test_a_real_job_stores_where_measurement_began(tmp_path: Path):
     cfg = tiny_cfg(tmp_path)
     cfg.steps = StepsConfig(warmup=2, measure=5, stable_window=2, stable_tolerance=0.5, max_warmup=20)
-    result = train(cfg, data.prepare(cfg.data), tmp_path / "job", "steady", str(tmp_path))
+    result = train(cfg, corpus.prepare(cfg.data), tmp_path / "job", "steady", str(tmp_path))
     phases = [s["phase"] for s in result["steps"]]
     warm = result["warmup_steps"]
     assert 4 <= warm <= 20 and phases[:warm] == ["warmup"] * warm  # two windows of 2 at least

@@ -220,15 +220,26 @@ def in_group(pgid: int) -> list[str]:
     ]
 
 
+def _comm(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
+
+
 def job_tree(sweep_pid: int) -> list[tuple[int, bool]]:
     """The sweep's job processes and job servers, as (pid, is a server). A spawned job runs
     multiprocessing's spawn_main; the server's command line names multiprocessing.forkserver, and
-    a job forked from it is its child (and keeps that command line); the resource tracker is neither."""
+    a job forked from it is its child (and keeps that command line) once it has named itself (its
+    first step: perfsweep.job_entry); the resource tracker is neither, nor is a check the sweep
+    forks from the server (perfsweep.job_start.call, named otherwise)."""
+    from perfsweep.names import JOB_PROCESS_NAME
+
     procs = processes()
     children = {pid: cmd for pid, (ppid, _, _, cmd) in procs.items() if ppid == sweep_pid}
     servers = {pid for pid, cmd in children.items() if b"multiprocessing.forkserver" in cmd}
     jobs = [pid for pid, cmd in children.items() if b"spawn_main" in cmd and b"resource_tracker" not in cmd]
-    forked = [pid for pid, (ppid, *_) in procs.items() if ppid in servers]
+    forked = [pid for pid, (ppid, *_) in procs.items() if ppid in servers and _comm(pid) == JOB_PROCESS_NAME]
     return [(pid, False) for pid in jobs + forked] + [(pid, True) for pid in servers]
 
 
