@@ -139,7 +139,7 @@ def hydra_main(cfg: DictConfig) -> str:
             preflight.data_keys_read([(list(hc.overrides.task), run_cfg)])  # one point: read, or refused
             preflight.check_all([run_cfg])
             preflight.placements([run_cfg])  # nproc's ranks fit this machine
-            sweep_id = preflight.reserve_sweep(
+            sweep_id, cpu = preflight.reserve_sweep(
                 launcher.db_url(run_cfg, launch_dir),
                 sweep_dir,
                 run_cfg.name or hc.job.config_name or "perfsweep",
@@ -148,7 +148,7 @@ def hydra_main(cfg: DictConfig) -> str:
                 hostname=socket.gethostname(),
                 launch_dir=str(launch_dir.resolve()),
                 parallel=1,
-                **(cpu := preflight.cpu_sweep_fields([run_cfg])),
+                measure=lambda: preflight.cpu_sweep_fields([run_cfg]),
             )
             if notice := preflight.cpu_notice(cpu):
                 print(notice, file=sys.stderr)

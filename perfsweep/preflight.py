@@ -18,6 +18,7 @@ import re
 import socket
 import sys
 import time
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -502,8 +503,13 @@ def _data_key(cfg: PerfsweepConfig) -> str:
     return f"data={d.name}"
 
 
-def reserve_sweep(url: str, sweep_dir: str, name: str, **fields: Any) -> int:
-    """Open ``url``, upgrade its schema and write the sweep's row as ``running``; its id.
+def reserve_sweep(
+    url: str, sweep_dir: str, name: str, measure: Callable[[], dict[str, Any]] = dict, **fields: Any
+) -> tuple[int, dict[str, Any]]:
+    """Open ``url``, upgrade its schema, then write the sweep's row as ``running`` with ``fields``
+    and what ``measure()`` returns (the CPU's matmul peak: :func:`cpu_sweep_fields`); its id and
+    those measured fields. The peak is timed once the database has opened, so a wrong URL or a
+    damaged file is refused without the job server started for it (3 CPU-seconds on a 2-core VM).
 
     A wrong URL, a server that is down, a read-only file or folder: each fails here with the
     driver's first line, before any job could measure something it then cannot store.
@@ -538,17 +544,20 @@ def reserve_sweep(url: str, sweep_dir: str, name: str, **fields: Any) -> int:
             raise ConfigError(
                 f"cannot open db.url={store.hide_password(url)!r}: {first_line(exc)}{hint(exc)}"
             ) from None
-        try:
-            sweep_id = store.start_sweep(engine, sweep_dir, name, **fields)
-        except Exception as exc:  # noqa: BLE001
-            raise ConfigError(
-                f"cannot write to db.url={store.hide_password(url)!r}: {first_line(exc)}{hint(exc)}"
-            ) from None
-        finally:
-            engine.dispose()
+    try:
+        measured = measure()  # outside the wait's note: it is not the database being waited for
+        with waiting_for_database(url):
+            try:
+                sweep_id = store.start_sweep(engine, sweep_dir, name, **fields, **measured)
+            except Exception as exc:  # noqa: BLE001
+                raise ConfigError(
+                    f"cannot write to db.url={store.hide_password(url)!r}: {first_line(exc)}{hint(exc)}"
+                ) from None
+    finally:
+        engine.dispose()
     if new_folder:  # a typo in the path would otherwise scatter results into a database of its own, unsaid
         print(f"perfsweep: db.url's folder {folder} did not exist; created it with a new database", file=sys.stderr)
-    return sweep_id
+    return sweep_id, measured
 
 
 def placements(cfgs: list[PerfsweepConfig], hydra_launcher: str = "BasicLauncher") -> list[Any]:

@@ -111,9 +111,15 @@ def torch_build() -> dict[str, str | None]:
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:
         return {}
+    return read_torch_build(Path(next(iter(spec.submodule_search_locations))) / "version.py")
+
+
+def read_torch_build(version_py: Path) -> dict[str, str | None]:
+    """:func:`torch_build` from the file ``version_py``: its literal assignments (plain or
+    annotated) to ``__version__``, ``cuda`` and ``hip``; {} where one is missing or not a literal."""
     try:
-        tree = ast.parse((Path(next(iter(spec.submodule_search_locations))) / "version.py").read_text())
-    except (OSError, SyntaxError, StopIteration):
+        tree = ast.parse(version_py.read_text())
+    except (OSError, SyntaxError, ValueError):
         return {}
     found: dict[str, str | None] = {}
     for node in tree.body:
@@ -122,7 +128,7 @@ def torch_build() -> dict[str, str | None]:
         if isinstance(target, ast.Name) and target.id in ("__version__", "cuda", "hip") and node.value is not None:
             try:
                 found[target.id] = ast.literal_eval(node.value)
-            except ValueError:  # not a literal (a newer torch computing it): unknown, ask torch
+            except (ValueError, TypeError, SyntaxError):  # not a literal (a torch computing it): ask torch
                 return {}
     return found if {"__version__", "cuda", "hip"} <= set(found) else {}
 

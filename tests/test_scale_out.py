@@ -54,6 +54,29 @@ def test_slots_refuse_a_split_that_leaves_a_rank_without_a_device():
         slots.plan(3, False, 1, None, [0, 1], [])
 
 
+def test_whether_torch_sees_a_gpu_is_read_without_importing_it(tmp_path: Path):
+    """The sweep's process answers torch.cuda.is_available() from torch's own version.py where
+    the build decides it (no CUDA, no ROCm: no GPU anywhere) and asks torch only for a GPU build;
+    a file it cannot read for certain (a value computed, a name missing) leaves torch to say."""
+    import torch
+
+    assert slots.torch_build() == {
+        "__version__": torch.__version__,
+        "cuda": torch.version.cuda,
+        "hip": torch.version.hip,
+    }
+    assert slots.cuda_available() == torch.cuda.is_available()
+    assert slots.torch_version() == torch.__version__
+    gpu_build = "from typing import Optional\n__version__ = '2.13.0+cu128'\ncuda: Optional[str] = '12.8'\nhip = None\n"
+    (tmp_path / "gpu.py").write_text(gpu_build)
+    assert slots.read_torch_build(tmp_path / "gpu.py") == {"__version__": "2.13.0+cu128", "cuda": "12.8", "hip": None}
+    (tmp_path / "computed.py").write_text(gpu_build.replace("cuda: Optional[str] = '12.8'", "cuda = _find()"))
+    (tmp_path / "no_hip.py").write_text(gpu_build.replace("hip = None\n", ""))
+    (tmp_path / "broken.py").write_text("cuda = (")
+    for name in ("computed", "no_hip", "broken", "absent"):
+        assert slots.read_torch_build(tmp_path / f"{name}.py") == {}, name
+
+
 def test_slot_pool_makes_a_job_wait_for_a_free_slot():
     import threading
 

@@ -361,6 +361,36 @@ def test_a_cpu_sweeps_own_process_never_imports_torch(when: str, tmp_path: Path)
     assert sweep["cpu_matmul_fp32_flops"] > 0 and sweep["cpu_matmul_threads"] >= 1, sweep
 
 
+def test_a_database_that_cannot_be_opened_is_refused_before_the_job_server_starts(tmp_path: Path):
+    """On a busy machine the job server starts when the sweep first needs torch, for the CPU's
+    matmul peak, which is timed once the database has opened: a damaged file is refused in its one
+    line without 3 CPU-seconds of the server's imports."""
+    import subprocess
+    import sys
+
+    (tmp_path / "results.db").write_bytes(b"not a database" * 100)
+    driver = (
+        "import atexit, sys\n"
+        "from perfsweep import job_start\n"
+        "job_start.spare_core = lambda: False\n"
+        "atexit.register(lambda: print('server:', job_start._server_pid(), file=sys.stderr))\n"
+        "sys.argv = ['perfsweep', *sys.argv[1:]]\n"
+        "from perfsweep.__main__ import cli\n"
+        "cli()\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", driver, "-m", *CPU],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PERFSWEEP_EARLY_JOB_SERVER": ""},
+    )
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert res.stderr.startswith("perfsweep: cannot open db.url="), res.stderr[-3000:]
+    assert res.stderr.splitlines()[-1] == "server: None", res.stderr[-3000:]
+
+
 def test_a_refused_sweep_leaves_no_job_server_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """A grid refused after its server was started early (a data file that is not there is found
     after the grid is composed) exits with its one line, and the server, still importing torch,

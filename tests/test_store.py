@@ -1098,7 +1098,7 @@ def test_a_sweep_whose_database_folder_is_missing_says_it_made_it(tmp_path: Path
     from perfsweep import preflight
 
     url = f"sqlite:///{tmp_path / 'typo' / 'nested' / 'results.db'}"
-    sweep_id = preflight.reserve_sweep(url, str(tmp_path / "sweep"), "s", command="perfsweep -m", n_jobs=1)
+    sweep_id, _ = preflight.reserve_sweep(url, str(tmp_path / "sweep"), "s", command="perfsweep -m", n_jobs=1)
     assert sweep_id == 1 and (tmp_path / "typo" / "nested" / "results.db").is_file()
     err = capsys.readouterr().err.strip()
     assert (

@@ -130,13 +130,9 @@ class PerfsweepSweeper(BasicSweeper):
         else:
             todo = list(range(len(order)))
         # a CPU's matmul peak is measured where the jobs run; on other hosts it is not this machine's
-        cpu = (
-            preflight.cpu_sweep_fields(run_cfgs, len(placements[0].cpus) if placements[0].cpus else None)
-            if here
-            else {}
-        )
+        job_cpus = len(placements[0].cpus) if placements[0].cpus else None
         try:
-            sweep_id = preflight.reserve_sweep(
+            sweep_id, cpu = preflight.reserve_sweep(
                 url,
                 str(sweep_dir),
                 first.name or self.config.hydra.job.config_name or "perfsweep",
@@ -146,7 +142,7 @@ class PerfsweepSweeper(BasicSweeper):
                 launch_dir=str(launch_dir),
                 parallel=preflight.at_once(self.config.hydra.launcher, hydra_launcher, len(todo), placements),
                 hydra_launcher=hydra_launcher,
-                **cpu,
+                measure=(lambda: preflight.cpu_sweep_fields(run_cfgs, job_cpus)) if here else dict,
             )
         except ConfigError as exc:
             preflight.unclaim_folder(sweep_dir, created)
