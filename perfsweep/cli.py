@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import NoReturn
 
 SLOW_DATABASE_S = 3.0
@@ -29,6 +31,14 @@ class OneLineParser(argparse.ArgumentParser):
 class UserError(Exception):
     """A problem the user can fix (a wrong option value, a missing file, an empty selection):
     printed as one line, no traceback, exit 2."""
+
+
+def user_cache_dir() -> Path:
+    """perfsweep's cache folder for this user: ``PERFSWEEP_CACHE_DIR``, else ``~/.cache/perfsweep``
+    (tokenized corpora, perfsweep.corpus; a new results file's schema, perfsweep.store)."""
+    if env := os.environ.get("PERFSWEEP_CACHE_DIR"):
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "perfsweep"
 
 
 def first_line(what: BaseException | str | None, width: int | None = None) -> str:

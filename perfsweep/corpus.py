@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from perfsweep import slots
-from perfsweep.cli import said_if_slow
+from perfsweep.cli import said_if_slow, user_cache_dir
 from perfsweep.config import ConfigError, DataConfig, DataKind
 
 log = logging.getLogger(__name__)
@@ -56,9 +56,8 @@ def cache_setting(cfg: DataConfig) -> tuple[str, Path]:
     if cfg.cache_dir:
         return f"data.cache_dir={cfg.cache_dir!r}", Path(cfg.cache_dir).expanduser()
     if env := os.environ.get("PERFSWEEP_CACHE_DIR"):
-        return f"PERFSWEEP_CACHE_DIR={env!r}", Path(env).expanduser()
-    default = Path.home() / ".cache" / "perfsweep"
-    return f"the default token cache {str(default)!r} (data.cache_dir)", default
+        return f"PERFSWEEP_CACHE_DIR={env!r}", user_cache_dir()
+    return f"the default token cache {str(user_cache_dir())!r} (data.cache_dir)", user_cache_dir()
 
 
 def cache_dir(cfg: DataConfig) -> Path:

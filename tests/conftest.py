@@ -35,7 +35,8 @@ os.environ.setdefault(STACKS_ENV, "1")  # tests.util.finish asks a stuck sweep w
 def token_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One token cache for the whole session, so the stdlib corpus is tokenized at most once.
     pytest-xdist's workers share it: their base folders sit side by side in one parent, and the
-    cache is written by rename (perfsweep.data), as for two sweeps started at once."""
+    cache is written by rename (perfsweep.corpus), as for two sweeps started at once. New results
+    files are copied from the schema template kept there too (perfsweep.store.schema_template)."""
     shared = tmp_path_factory.getbasetemp().parent / "token-cache" if os.environ.get("PYTEST_XDIST_WORKER") else None
     path = Path(os.environ.get("PERFSWEEP_TEST_CACHE") or shared or tmp_path_factory.mktemp("token-cache"))
     path.mkdir(parents=True, exist_ok=True)

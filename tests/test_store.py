@@ -529,6 +529,54 @@ def test_concurrent_first_connects_on_an_empty_database(db_url, engines):
         assert conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == [head_revision()]
 
 
+def _sqlite_schema(path: Path) -> tuple[list, list, list]:
+    """Everything a new results file holds, through sqlite3: its schema, version row, journal mode."""
+    con = sqlite3.connect(path)
+    try:
+        return (
+            sorted(con.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall(), key=str),
+            con.execute("SELECT version_num FROM alembic_version").fetchall(),
+            con.execute("PRAGMA journal_mode").fetchall(),
+        )
+    finally:
+        con.close()
+
+
+def test_a_new_sqlite_file_is_the_migrated_schema_copied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A new results file is a copy of one migrated once for this schema (in the user's cache,
+    named by the revision, the migrations' text and the library versions): the same tables,
+    indexes, version and journal mode as a file taken through every migration, in a few ms. The
+    template is made once, not per file; one that is not a SQLite file is not copied."""
+    monkeypatch.setenv("PERFSWEEP_CACHE_DIR", str(tmp_path / "cache"))
+    migrated = store.make_engine(store.sqlite_url(tmp_path / "migrated.db"))
+    store.upgrade(migrated)
+    migrated.dispose()
+    store.connect(store.sqlite_url(tmp_path / "a.db"), check=True).dispose()
+    (template,) = (tmp_path / "cache" / "schema").iterdir()
+    assert template.name == f"results-{store.schema_key()}.db" and template.name.startswith(
+        f"results-{head_revision()}-"
+    )
+    made = template.stat().st_mtime_ns
+    store.connect(store.sqlite_url(tmp_path / "b.db")).dispose()
+    assert template.stat().st_mtime_ns == made and len(list(template.parent.iterdir())) == 1
+    assert (
+        _sqlite_schema(tmp_path / "a.db")
+        == _sqlite_schema(tmp_path / "b.db")
+        == _sqlite_schema(tmp_path / "migrated.db")
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.db", "b.db", "cache", "migrated.db"]  # no copy left over
+    template.write_bytes(b"not a database")  # damaged by hand: migrated as before, not copied
+    store.connect(store.sqlite_url(tmp_path / "c.db"), check=True).dispose()
+    assert _sqlite_schema(tmp_path / "c.db") == _sqlite_schema(tmp_path / "migrated.db")
+
+
+def test_a_cache_that_cannot_be_written_leaves_a_new_file_migrated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("PERFSWEEP_CACHE_DIR", str(tmp_path / "a-file" / "cache"))
+    store.connect(store.sqlite_url(tmp_path / "new.db"), check=True).dispose()
+    assert _sqlite_schema(tmp_path / "new.db")[1] == [(head_revision(),)]
+
+
 # ------------------------------------------------------------------------------------ sweeps
 
 

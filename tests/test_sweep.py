@@ -520,7 +520,9 @@ def test_a_sweep_that_seems_stuck_shows_where_each_thread_waits(tmp_path: Path, 
     proc = start_as_in_a_terminal(
         [sys.executable, "-m", "perfsweep", "device=cpu", "steps.measure=100000000", *tiny], tmp_path
     )
-    wait_for(lambda: (tmp_path / "results.db").exists())
+    # the job's row: its process is being started (the database exists earlier, while the CPU peak is timed)
+    db = tmp_path / "results.db"
+    wait_for(lambda: db.exists() and rows(db, "SELECT id FROM runs"))
     with pytest.raises(pytest.fail.Exception) as failed:
         finish(proc, 3)
     text = str(failed.value)
