@@ -56,6 +56,7 @@ from perfsweep.cli import UserError, first_line, hide_password, hide_password_in
 from perfsweep.names import FINAL_STATUSES, HEARTBEAT_STALE_S, RERUN_HINTS, is_multirun
 
 log = logging.getLogger(__name__)
+logging.getLogger("alembic").setLevel(logging.WARNING)  # before any import of it: its plugins say INFO lines as it loads
 
 
 def utcnow() -> datetime:
@@ -861,12 +862,11 @@ def schema_key() -> str:
     and the Alembic, SQLAlchemy and SQLite versions that ran them."""
     import hashlib
     import sqlite3
-
-    import alembic
-    import sqlalchemy
+    from importlib.metadata import version
 
     folder = Path(__file__).parent / "migrations"
-    digest = hashlib.sha256(f"{alembic.__version__} {sqlalchemy.__version__} {sqlite3.sqlite_version}".encode())
+    versions = f"{version('alembic')} {version('sqlalchemy')} {sqlite3.sqlite_version}"
+    digest = hashlib.sha256(versions.encode())
     for script in sorted(folder.rglob("*.py")):
         digest.update(str(script.relative_to(folder)).encode() + b"\0" + script.read_bytes())
     return f"{head_revision()}-{digest.hexdigest()[:16]}"
