@@ -56,7 +56,8 @@ from perfsweep.cli import UserError, first_line, hide_password, hide_password_in
 from perfsweep.names import FINAL_STATUSES, HEARTBEAT_STALE_S, RERUN_HINTS, is_multirun
 
 log = logging.getLogger(__name__)
-logging.getLogger("alembic").setLevel(logging.WARNING)  # before any import of it: its plugins say INFO lines as it loads
+# before any import of Alembic: its plugins say INFO lines as they load
+logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
 def utcnow() -> datetime:

@@ -12,6 +12,7 @@ import signal
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -326,6 +327,27 @@ def test_what_the_sweep_needs_torch_for_is_forked_from_the_job_server(tmp_path: 
     assert lines[3] == "0"  # the sweep's own process: no torch
 
 
+def _sweep_on_a_machine(tmp_path: Path, spare_core: bool, at_exit: str, *overrides: str) -> Any:
+    """A tiny CPU sweep run as `perfsweep -m` would be, on a machine with a core spare or not
+    (job_start.spare_core, whatever this machine's load), printing ``at_exit`` (what print() is
+    given, evaluated in the sweep's process as it exits) as its last line on stderr."""
+    import subprocess
+    import sys
+
+    driver = (
+        "import atexit, sys\n"
+        "from perfsweep import job_start\n"
+        f"job_start.spare_core = lambda: {spare_core}\n"
+        f"atexit.register(lambda: print({at_exit}, file=sys.stderr))\n"
+        "sys.argv = ['perfsweep', *sys.argv[1:]]\n"
+        "from perfsweep.__main__ import cli\n"
+        "cli()\n"
+    )
+    env = {**os.environ, "PERFSWEEP_EARLY_JOB_SERVER": ""}
+    argv = [sys.executable, "-c", driver, "-m", *overrides, *CPU]
+    return subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+
+
 @pytest.mark.parametrize("when", ["early", "when-needed"])
 def test_a_cpu_sweeps_own_process_never_imports_torch(when: str, tmp_path: Path):
     """A CPU sweep's process, from its command line to its summary, leaves torch to its job
@@ -333,26 +355,7 @@ def test_a_cpu_sweeps_own_process_never_imports_torch(when: str, tmp_path: Path)
     forked from the server, and the job's result came back without torch's types. The server
     started as the grid was composed (a spare core), or when the sweep first needed torch (a busy
     machine, as this suite's)."""
-    import subprocess
-    import sys
-
-    driver = (
-        "import atexit, sys\n"
-        "from perfsweep import job_start\n"
-        f"job_start.spare_core = lambda: {when == 'early'}\n"
-        "atexit.register(lambda: print('torch in the sweep:', 'torch' in sys.modules, file=sys.stderr))\n"
-        "sys.argv = ['perfsweep', *sys.argv[1:]]\n"
-        "from perfsweep.__main__ import cli\n"
-        "cli()\n"
-    )
-    res = subprocess.run(
-        [sys.executable, "-c", driver, "-m", "ckpt=true", *CPU],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PERFSWEEP_EARLY_JOB_SERVER": ""},
-    )
+    res = _sweep_on_a_machine(tmp_path, when == "early", "'torch in the sweep:', 'torch' in sys.modules", "ckpt=true")
     assert res.returncode == 0, res.stderr[-3000:]
     assert "torch in the sweep: False" in res.stderr, res.stderr[-3000:]
     runs = sqlite_rows(tmp_path / "results.db", "SELECT status, start_method FROM runs")
@@ -365,27 +368,8 @@ def test_a_database_that_cannot_be_opened_is_refused_before_the_job_server_start
     """On a busy machine the job server starts when the sweep first needs torch, for the CPU's
     matmul peak, which is timed once the database has opened: a damaged file is refused in its one
     line without 3 CPU-seconds of the server's imports."""
-    import subprocess
-    import sys
-
     (tmp_path / "results.db").write_bytes(b"not a database" * 100)
-    driver = (
-        "import atexit, sys\n"
-        "from perfsweep import job_start\n"
-        "job_start.spare_core = lambda: False\n"
-        "atexit.register(lambda: print('server:', job_start._server_pid(), file=sys.stderr))\n"
-        "sys.argv = ['perfsweep', *sys.argv[1:]]\n"
-        "from perfsweep.__main__ import cli\n"
-        "cli()\n"
-    )
-    res = subprocess.run(
-        [sys.executable, "-c", driver, "-m", *CPU],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PERFSWEEP_EARLY_JOB_SERVER": ""},
-    )
+    res = _sweep_on_a_machine(tmp_path, False, "'server:', job_start._server_pid()")
     assert res.returncode == 2, res.stderr[-3000:]
     assert res.stderr.startswith("perfsweep: cannot open db.url="), res.stderr[-3000:]
     assert res.stderr.splitlines()[-1] == "server: None", res.stderr[-3000:]
