@@ -256,6 +256,10 @@ def call(fn: Callable[..., T], *args: Any) -> T:
         log.warning("could not fork from perfsweep's job server (%s); its jobs are spawned", exc)
         answer.close()
         return fn(*args)
+    except BaseException:  # a Ctrl-C or SIGTERM held during the start, raised as it ended
+        _stop(proc)
+        answer.close()
+        raise
     try:
         kind, value = answer.recv()
     except EOFError:
@@ -264,8 +268,7 @@ def call(fn: Callable[..., T], *args: Any) -> T:
             f"{fn.__name__} ended without an answer in a process of perfsweep's job server (exit code {proc.exitcode})"
         ) from None
     except BaseException:  # Ctrl-C, SIGTERM: the child cannot take them (blocked, as a job's start)
-        proc.kill()
-        proc.join()
+        _stop(proc)
         raise
     finally:
         answer.close()
@@ -273,6 +276,15 @@ def call(fn: Callable[..., T], *args: Any) -> T:
     if kind == "error":
         raise value
     return value
+
+
+def _stop(proc: Any) -> None:
+    """Kill a process of :func:`call` that was started (its answer is no longer wanted: the sweep is
+    stopping) and collect it; it went on, and wrote a BrokenPipeError's traceback on the terminal
+    after the sweep's last line."""
+    if proc.pid is not None:
+        proc.kill()
+        proc.join()
 
 
 def _answer(conn: Any, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
@@ -290,8 +302,9 @@ def _answer(conn: Any, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
             pickle.loads(pickle.dumps(exc))
         except Exception:  # noqa: BLE001
             result = ("error", RuntimeError(f"{type(exc).__name__}: {exc}"))
-    conn.send(result)
-    conn.close()
+    with contextlib.suppress(OSError):  # the sweep is gone (killed): nobody to answer, nothing to say
+        conn.send(result)
+        conn.close()
 
 
 def _server_pid() -> int | None:

@@ -327,24 +327,30 @@ def test_what_the_sweep_needs_torch_for_is_forked_from_the_job_server(tmp_path: 
     assert lines[3] == "0"  # the sweep's own process: no torch
 
 
-def _sweep_on_a_machine(tmp_path: Path, spare_core: bool, at_exit: str, *overrides: str) -> Any:
-    """A tiny CPU sweep run as `perfsweep -m` would be, on a machine with a core spare or not
-    (job_start.spare_core, whatever this machine's load), printing ``at_exit`` (what print() is
-    given, evaluated in the sweep's process as it exits) as its last line on stderr."""
-    import subprocess
+def _on_a_machine(spare_core: bool, at_exit: str | None, *overrides: str) -> list[str]:
+    """The command line of a sweep run as `perfsweep -m` would be, on a machine with a core
+    spare or not (job_start.spare_core, whatever this machine's load), printing ``at_exit`` (what
+    print() is given, evaluated in the sweep's process as it exits) as its last line on stderr."""
     import sys
 
     driver = (
         "import atexit, sys\n"
         "from perfsweep import job_start\n"
         f"job_start.spare_core = lambda: {spare_core}\n"
-        f"atexit.register(lambda: print({at_exit}, file=sys.stderr))\n"
-        "sys.argv = ['perfsweep', *sys.argv[1:]]\n"
+        + (f"atexit.register(lambda: print({at_exit}, file=sys.stderr))\n" if at_exit else "")
+        + "sys.argv = ['perfsweep', *sys.argv[1:]]\n"
         "from perfsweep.__main__ import cli\n"
         "cli()\n"
     )
+    return [sys.executable, "-c", driver, "-m", *overrides]
+
+
+def _sweep_on_a_machine(tmp_path: Path, spare_core: bool, at_exit: str, *overrides: str) -> Any:
+    """:func:`_on_a_machine`'s sweep, run to its end (PERFSWEEP_EARLY_JOB_SERVER unset)."""
+    import subprocess
+
     env = {**os.environ, "PERFSWEEP_EARLY_JOB_SERVER": ""}
-    argv = [sys.executable, "-c", driver, "-m", *overrides, *CPU]
+    argv = _on_a_machine(spare_core, at_exit, *overrides, *CPU)
     return subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
 
 
@@ -373,6 +379,36 @@ def test_a_database_that_cannot_be_opened_is_refused_before_the_job_server_start
     assert res.returncode == 2, res.stderr[-3000:]
     assert res.stderr.startswith("perfsweep: cannot open db.url="), res.stderr[-3000:]
     assert res.stderr.splitlines()[-1] == "server: None", res.stderr[-3000:]
+
+
+def test_ctrl_c_as_a_check_is_forked_from_the_job_server_stops_that_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Ctrl-C while the sweep starts the check of a user's model in a process forked from the job
+    server (held while the start waits for the server's imports, a second or two on a busy
+    machine) stops that process too. It went on with the check and printed a BrokenPipeError's
+    traceback after the sweep's last line (found by sending Ctrl-C 1.8 to 3.5 s into sweeps)."""
+    (tmp_path / "usermodels.py").write_text(SLOW.replace("time.sleep(0.7)", "time.sleep(3.0)"))
+    monkeypatch.setenv("PERFSWEEP_EARLY_JOB_SERVER", "")
+    user_model = ["model=custom", "model._target_=usermodels.slow", "model.loss=cross_entropy"]
+    proc = start_as_in_a_terminal(
+        _on_a_machine(False, None, *user_model, *[o for o in CPU if not o.startswith("model=")]),
+        tmp_path,
+    )
+    try:
+        job_server(proc.pid)  # started for the check: its imports take a second or two
+        os.killpg(proc.pid, signal.SIGINT)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    out, err = finish(proc, 120)  # to the end of stderr: a check left running would hold it open
+    time.sleep(0.5)  # the job server ends as the sweep does
+    left = in_group(proc.pid)
+    if left:
+        os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err[-3000:]
+    assert err.strip().splitlines()[-1] == "perfsweep: interrupted before any job started", err[-3000:]
+    assert "Traceback" not in err and not left, (err[-3000:], left)
 
 
 def test_a_refused_sweep_leaves_no_job_server_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
