@@ -21,13 +21,15 @@ import multiprocessing as mp
 import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from multiprocessing import forkserver
 from pathlib import Path
 from typing import Any, TypeVar
 
 from perfsweep import interrupts, job_entry, slots
-from perfsweep.config import Device, PerfsweepConfig, StartMethod
+from perfsweep.config import ConfigError, Device, PerfsweepConfig, StartMethod
 from perfsweep.names import CHECK_PROCESS_NAME, EARLY_JOB_SERVER_ENV
 
 log = logging.getLogger(__name__)
@@ -242,7 +244,8 @@ def call(fn: Callable[..., T], *args: Any) -> T:
         return fn(*args)
     ctx = forkserver_context()
     answer, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_answer, args=(send, fn, args), name=f"perfsweep-{getattr(fn, '__name__', 'call')}")
+    name = f"perfsweep-{getattr(fn, '__name__', 'call')}"
+    proc = ctx.Process(target=_answer, args=(send, fn, args, os.getpid()), name=name)
     try:
         try:
             if _server_pid() is None:
@@ -264,7 +267,7 @@ def call(fn: Callable[..., T], *args: Any) -> T:
         kind, value = answer.recv()
     except EOFError:
         proc.join()
-        raise RuntimeError(
+        raise CallDied(
             f"{fn.__name__} ended without an answer in a process of perfsweep's job server (exit code {proc.exitcode})"
         ) from None
     except BaseException:  # Ctrl-C, SIGTERM: the child cannot take them (blocked, as a job's start)
@@ -287,13 +290,22 @@ def _stop(proc: Any) -> None:
         proc.join()
 
 
-def _answer(conn: Any, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-    """:func:`call`'s side in the forked process: ("ok", result) or ("error", exception), the
-    exception as a RuntimeError with its text where it would not travel (an unpicklable one, one
-    whose class cannot be rebuilt from its args)."""
+class CallDied(RuntimeError):
+    """A process of :func:`call` ended without an answer (a crash in the code it ran, an exit)."""
+
+
+def _answer(conn: Any, fn: Callable[..., Any], args: tuple[Any, ...], sweep_pid: int | None = None) -> None:
+    """:func:`call`'s side in the forked process: ("ok", result) or ("error", exception). An
+    exception that would not travel (one whose class cannot be rebuilt from its args, one holding
+    something unpicklable: a user's exception inside a ContractError) goes as a ConfigError with
+    its text where it was one, else as a RuntimeError. It ends by itself once the sweep
+    (``sweep_pid``) is gone: a sweep killed outright left it running to the end of a user's slow
+    model check, and its server and resource tracker with it."""
     import pickle
 
     job_entry.name_process(CHECK_PROCESS_NAME)
+    if sweep_pid is not None:
+        threading.Thread(target=_end_with, args=(sweep_pid,), daemon=True).start()
     try:
         result: tuple[str, Any] = ("ok", fn(*args))
     except BaseException as exc:  # noqa: BLE001 - the caller raises it
@@ -301,10 +313,22 @@ def _answer(conn: Any, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         try:
             pickle.loads(pickle.dumps(exc))
         except Exception:  # noqa: BLE001
-            result = ("error", RuntimeError(f"{type(exc).__name__}: {exc}"))
+            result = ("error", (ConfigError if isinstance(exc, ConfigError) else RuntimeError)(_said(exc)))
     with contextlib.suppress(OSError):  # the sweep is gone (killed): nobody to answer, nothing to say
         conn.send(result)
         conn.close()
+
+
+def _said(exc: BaseException) -> str:
+    """An exception's text as the sweep shows it: a ConfigError's own words, else its class and them."""
+    return str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+
+
+def _end_with(pid: int) -> None:
+    """Exit this process once ``pid`` is gone (polled every 0.2 s)."""
+    while pid_running(pid):
+        time.sleep(0.2)
+    os._exit(1)
 
 
 def _server_pid() -> int | None:

@@ -669,8 +669,15 @@ def check_all(cfgs: list[PerfsweepConfig], jobs_run_here: bool = True) -> None:
     if jobs_run_here:
         check_device(cfgs)
     prepared = check_data(cfgs)
-    if any(c.model._target_ != GPT_TARGET or c.ckpt for c in cfgs):
-        job_start.call(check_models, cfgs, prepared)
+    if checked := sorted({c.model._target_ for c in cfgs if c.model._target_ != GPT_TARGET or c.ckpt}):
+        try:
+            job_start.call(check_models, cfgs, prepared)
+        except job_start.CallDied as exc:  # a crash in the model's code (a segfault, an os._exit)
+            raise ConfigError(
+                f"invalid config: model._target_={', '.join(map(repr, checked))}: checking the model on one "
+                f"batch ended its process ({str(exc).rsplit('(', 1)[-1].rstrip(')')}): a crash or an exit "
+                "in the model's code"
+            ) from None
 
 
 def resume_points(url: str, sweep_dir: str, grid: list[tuple[int, str]], searched: set[int]) -> set[tuple[int, str]]:

@@ -828,9 +828,6 @@ def why_refused(engine: Engine, sweep_id: int | None, exc: BaseException) -> str
     return f"sweep {sweep_id} is not in the database: {gone_cause(str(engine.url))}" if gone else first_line(exc)
 
 
-SQLITE_HEADER = b"SQLite format 3\x00"
-
-
 def _new_sqlite_file(path: Path) -> None:
     """Create the SQLite file ``path`` (it does not exist) at the current schema, as a copy of a
     file migrated once for this schema (:func:`schema_template`) rather than through every
@@ -844,10 +841,12 @@ def _new_sqlite_file(path: Path) -> None:
         fresh = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.new")
         try:
             with open(template, "rb") as src, open(fresh, "xb") as dst:
-                if src.read(len(SQLITE_HEADER)) != SQLITE_HEADER:
-                    raise OSError(f"{template} is not a SQLite file")
-                src.seek(0)
                 dst.write(src.read())
+            # a template damaged after it was made (truncated by a full disk, overwritten): removed,
+            # so that the next new file makes it again; this one is migrated
+            if (why := _not_at_head(fresh)) is not None:
+                template.unlink(missing_ok=True)
+                raise OSError(f"{template}: {why}")
             os.link(fresh, path)
         finally:
             fresh.unlink(missing_ok=True)
@@ -855,6 +854,26 @@ def _new_sqlite_file(path: Path) -> None:
         pass  # another process made it first: it is migrated (or being) like any existing file
     except Exception as exc:  # noqa: BLE001 - any reason: the file is then made the way it always was
         log.debug("new results file %s migrated, not copied from the schema template: %s", path, exc)
+
+
+def _not_at_head(path: Path) -> str | None:
+    """Why the SQLite file ``path`` is not a whole database at the current schema; None if it is.
+    Read ``immutable`` (no journal files made beside it); a quick check of every page, then the
+    version row."""
+    import sqlite3
+
+    try:
+        con = sqlite3.connect(f"{file_uri(path)}?immutable=1", uri=True)
+        try:
+            check = con.execute("PRAGMA quick_check").fetchone()[0]
+            version = con.execute("SELECT version_num FROM alembic_version").fetchall()
+        finally:
+            con.close()
+    except sqlite3.Error as exc:
+        return str(exc)
+    if check != "ok":
+        return f"quick_check: {check}"
+    return None if version == [(head_revision(),)] else f"schema version {version}, not {head_revision()}"
 
 
 @functools.cache

@@ -31,6 +31,8 @@ FAST = [
 ]
 
 USER_MODEL = '''
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -87,6 +89,19 @@ def logits_only(vocab_size):
 
 def raises(vocab_size):
     raise RuntimeError("weights file missing")
+
+
+class WeightsError(Exception):
+    def __init__(self, path, why):  # two arguments: not rebuilt from its args, as pickle would
+        super().__init__(f"{path}: {why}")
+
+
+def raises_its_own(vocab_size):
+    raise WeightsError("w.pt", "truncated")
+
+
+def exits(vocab_size):
+    os._exit(5)  # as a crash in native code ends a process: no exception, no word
 
 
 class Pairs(torch.utils.data.Dataset):
@@ -213,6 +228,8 @@ def test_a_user_model_compiles_with_its_blocks_checkpointed(user_dir: Path) -> N
         (["model._target_=usermodels.not_a_module"], "returned dict, expected a torch.nn.Module"),
         (["model._target_=usermodels.logits_only"], "the forward must return a scalar loss tensor"),
         (["model._target_=usermodels.raises"], "the factory raised RuntimeError: weights file missing"),
+        (["model._target_=usermodels.raises_its_own"], "the factory raised WeightsError: w.pt: truncated"),
+        (["model._target_=usermodels.exits"], "checking the model on one batch ended its process (exit code 5)"),
         (["model._target_=usermodels.build", "ckpt=true"], "model.ckpt_modules=[]: ckpt=true"),
         (["model._target_=usermodels.build", "+model.widht=8"], "TypeError: build() got an unexpected keyword"),
         (["model.loss=cross_entropy"], "model._target_=None: must be a dotted path"),
@@ -221,7 +238,8 @@ def test_a_user_model_compiles_with_its_blocks_checkpointed(user_dir: Path) -> N
         (["data=custom", "data._target_=usermodels.one_pass"], "returned a one-shot generator"),
     ],
     ids=[
-        *("import-error", "not-a-module", "no-loss", "factory-raises", "nothing-to-checkpoint", "bad-arg", "no-target"),
+        *("import-error", "not-a-module", "no-loss", "factory-raises", "own-exception", "process-exits"),
+        *("nothing-to-checkpoint", "bad-arg", "no-target"),
         *("data-ignores-seq-len", "data-ignores-batch", "one-shot-data"),
     ],
 )

@@ -568,6 +568,15 @@ def test_a_new_sqlite_file_is_the_migrated_schema_copied(tmp_path: Path, monkeyp
     template.write_bytes(b"not a database")  # damaged by hand: migrated as before, not copied
     store.connect(store.sqlite_url(tmp_path / "c.db"), check=True).dispose()
     assert _sqlite_schema(tmp_path / "c.db") == _sqlite_schema(tmp_path / "migrated.db")
+    # truncated with its header whole (a disk that filled): the copy is checked before it is linked,
+    # the file is migrated instead (a copy had been refused as malformed, every sweep) and the template made again
+    store.connect(store.sqlite_url(tmp_path / "d.db")).dispose()
+    template.write_bytes(template.read_bytes()[:4096])
+    store.connect(store.sqlite_url(tmp_path / "e.db"), check=True).dispose()
+    assert _sqlite_schema(tmp_path / "e.db") == _sqlite_schema(tmp_path / "migrated.db")
+    assert not template.exists()
+    store.connect(store.sqlite_url(tmp_path / "f.db")).dispose()
+    assert template.stat().st_size > 4096
 
 
 def test_a_cache_that_cannot_be_written_leaves_a_new_file_migrated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
