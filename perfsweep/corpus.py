@@ -55,9 +55,10 @@ def cache_setting(cfg: DataConfig) -> tuple[str, Path]:
     ``data.cache_dir=...``, ``PERFSWEEP_CACHE_DIR=...`` or the default."""
     if cfg.cache_dir:
         return f"data.cache_dir={cfg.cache_dir!r}", Path(cfg.cache_dir).expanduser()
+    path = user_cache_dir()
     if env := os.environ.get("PERFSWEEP_CACHE_DIR"):
-        return f"PERFSWEEP_CACHE_DIR={env!r}", user_cache_dir()
-    return f"the default token cache {str(user_cache_dir())!r} (data.cache_dir)", user_cache_dir()
+        return f"PERFSWEEP_CACHE_DIR={env!r}", path
+    return f"the default token cache {str(path)!r} (data.cache_dir)", path
 
 
 def cache_dir(cfg: DataConfig) -> Path:

@@ -244,8 +244,8 @@ def call(fn: Callable[..., T], *args: Any) -> T:
         return fn(*args)
     ctx = forkserver_context()
     answer, send = ctx.Pipe(duplex=False)
-    name = f"perfsweep-{getattr(fn, '__name__', 'call')}"
-    proc = ctx.Process(target=_answer, args=(send, fn, args, os.getpid()), name=name)
+    name = getattr(fn, "__name__", "call")
+    proc = ctx.Process(target=_answer, args=(send, fn, args, os.getpid()), name=f"perfsweep-{name}")
     try:
         try:
             if _server_pid() is None:
@@ -267,9 +267,7 @@ def call(fn: Callable[..., T], *args: Any) -> T:
         kind, value = answer.recv()
     except EOFError:
         proc.join()
-        raise CallDied(
-            f"{fn.__name__} ended without an answer in a process of perfsweep's job server (exit code {proc.exitcode})"
-        ) from None
+        raise CallDied(name, proc.exitcode) from None
     except BaseException:  # Ctrl-C, SIGTERM: the child cannot take them (blocked, as a job's start)
         _stop(proc)
         raise
@@ -292,6 +290,12 @@ def _stop(proc: Any) -> None:
 
 class CallDied(RuntimeError):
     """A process of :func:`call` ended without an answer (a crash in the code it ran, an exit)."""
+
+    def __init__(self, name: str, exitcode: int | None) -> None:
+        super().__init__(
+            f"{name} ended without an answer in a process of perfsweep's job server (exit code {exitcode})"
+        )
+        self.exitcode = exitcode
 
 
 def _answer(conn: Any, fn: Callable[..., Any], args: tuple[Any, ...], sweep_pid: int | None = None) -> None:

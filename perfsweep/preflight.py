@@ -675,7 +675,7 @@ def check_all(cfgs: list[PerfsweepConfig], jobs_run_here: bool = True) -> None:
         except job_start.CallDied as exc:  # a crash in the model's code (a segfault, an os._exit)
             raise ConfigError(
                 f"invalid config: model._target_={', '.join(map(repr, checked))}: checking the model on one "
-                f"batch ended its process ({str(exc).rsplit('(', 1)[-1].rstrip(')')}): a crash or an exit "
+                f"batch ended its process (exit code {exc.exitcode}): a crash or an exit "
                 "in the model's code"
             ) from None
 

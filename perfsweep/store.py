@@ -56,7 +56,7 @@ from perfsweep.cli import UserError, first_line, hide_password, hide_password_in
 from perfsweep.names import FINAL_STATUSES, HEARTBEAT_STALE_S, RERUN_HINTS, is_multirun
 
 log = logging.getLogger(__name__)
-# before any import of Alembic: its plugins say INFO lines as they load
+# before any import of Alembic: its plugins say INFO lines as they load, its context as it migrates
 logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
@@ -1053,7 +1053,6 @@ OUR_TABLES = frozenset(Base.metadata.tables)
 
 def upgrade(engine: Engine) -> None:
     """Run Alembic's upgrade to head on ``engine`` (a no-op when already current)."""
-    logging.getLogger("alembic").setLevel(logging.WARNING)  # per-job plugin and context chatter
     from alembic import command
     from alembic.migration import MigrationContext
 
