@@ -303,7 +303,7 @@ def test_a_ctrl_c_hidden_by_hydra_s_cleanup_stops_the_sweep_as_a_ctrl_c(tmp_path
     )
     assert res.returncode == 130, res.stderr[-3000:]  # was 1, after the AttributeError's traceback
     assert "Traceback" not in res.stderr and "AttributeError" not in res.stderr, res.stderr[-3000:]
-    assert res.stderr.strip().splitlines()[-1].startswith("perfsweep: interrupted; finished jobs are in the database")
+    assert res.stderr.strip().splitlines()[-1].startswith("perfsweep: interrupted; 1 of 2 jobs finished and are stored")
     db = tmp_path / "results.db"
     assert [r["status"] for r in sqlite_rows(db, "SELECT status FROM runs ORDER BY job_num")] == ["ok"]
     assert [r["status"] for r in sqlite_rows(db, "SELECT status FROM sweeps")] == ["interrupted"]

@@ -185,7 +185,9 @@ def test_stopping_the_sweep_stops_every_running_job_and_marks_it(how: str, tmp_p
         assert " job amp ckpt " in out  # both jobs ran amp on: the grid's axes, not only those they vary
     elif "perfsweep: stopping the running jobs and storing them first" in err:
         assert "Sweep 1" not in out  # held while the jobs were stopped, then raised: no summary
-    assert err.strip().splitlines()[-1].endswith(f"run the rest with: perfsweep resume 1 --db {db}"), err[-2000:]
+    assert (
+        err.strip().splitlines()[-1].endswith(f"; no job had finished; run them with: perfsweep resume 1 --db {db}")
+    ), err[-2000:]
     assert "Traceback" not in err and "Exception ignored" not in err, err[-3000:]  # a signal lost in a finalizer
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:

@@ -233,5 +233,7 @@ def test_a_second_ctrl_c_while_a_job_stops_skips_the_summary(tmp_path: Path):
     assert "Sweep 1" not in out, out[-2000:] + err[-2000:]
     assert [r["status"] for r in rows(db, "SELECT status FROM runs")] == ["interrupted"]
     assert rows(db, "SELECT status FROM sweeps") == [{"status": "interrupted"}]
-    assert err.strip().splitlines()[-1].endswith(f"run the rest with: perfsweep resume 1 --db {db}"), err[-2000:]
+    assert (
+        err.strip().splitlines()[-1].endswith(f"; no job had finished; run them with: perfsweep resume 1 --db {db}")
+    ), err[-2000:]
     assert "Traceback" not in err, err[-3000:]

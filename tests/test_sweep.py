@@ -316,7 +316,7 @@ def test_ctrl_c_keeps_finished_jobs_and_leaves_no_process(tmp_path: Path):
     assert [r["status"] for r in runs] == ["ok", "interrupted"]
     assert runs[1]["error"] == f"interrupted (SIGINT) {interrupted_tail(multirun=True)}", runs  # one line
     assert [r["status"] for r in rows(db, "SELECT status FROM sweeps")] == ["interrupted"]
-    assert f"interrupted; finished jobs are in the database; run the rest with: perfsweep resume 1 --db {db}" in err
+    assert f"interrupted; 1 of 2 jobs finished and are stored; run the rest with: perfsweep resume 1 --db {db}" in err
 
     def group_alive() -> bool:
         try:

@@ -223,17 +223,22 @@ class PerfsweepSweeper(BasicSweeper):
             end = "done"
         except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (perfsweep.__main__ prints this after the summary)
             interrupt = exc
-            if not searches and _all_finished(url, sweep_id, len(order)):
+            finished = None if searches else _finished_count(url, sweep_id, len(order))
+            resume = f"perfsweep resume {sweep_id} --db {summary.db_arg(url)}"
+            if finished == len(order):
                 # it came as the last job's process exited, its result stored: nothing is left to resume
                 end = "done"
                 exc.perfsweep_hint = (
                     f"every job had finished and is stored; see them with: {summary.report_command(url, sweep_id)}"
                 )
-            else:
+            elif finished == 0:  # "finished jobs are in the database" read as if some were
+                exc.perfsweep_hint = f"no job had finished; run them with: {resume}"
+            elif finished is not None:
                 exc.perfsweep_hint = (
-                    f"finished jobs are in the database; run the rest with: perfsweep resume {sweep_id} "
-                    f"--db {summary.db_arg(url)}"
+                    f"{finished} of {len(order)} jobs finished and are stored; run the rest with: {resume}"
                 )
+            else:  # a search's tries, or a database that cannot say: what is stored is kept
+                exc.perfsweep_hint = f"finished jobs are in the database; run the rest with: {resume}"
             raise
         finally:
             # after Ctrl-C or SIGTERM: the jobs still running are stopped and stored, and the sweep is
@@ -322,15 +327,15 @@ def _stored_statuses(url: str, sweep_id: int, job_nums: list[int]) -> list[str]:
     return [latest.get(n, "running").replace("running", "interrupted") for n in job_nums]
 
 
-def _all_finished(url: str, sweep_id: int, n_jobs: int) -> bool:
-    """Whether every grid point's latest run has a final status (``ok``, ``oom``, ...): a Ctrl-C
-    that came after them leaves nothing to resume. False when the database cannot say."""
+def _finished_count(url: str, sweep_id: int, n_jobs: int) -> int | None:
+    """How many grid points' latest runs have a final status (``ok``, ``oom``, ...), for the line
+    after a Ctrl-C: all of them leave nothing to resume. None when the database cannot say."""
     from perfsweep.names import FINAL_STATUSES
 
     try:
-        return all(s in FINAL_STATUSES for s in _stored_statuses(url, sweep_id, list(range(n_jobs))))
+        return sum(s in FINAL_STATUSES for s in _stored_statuses(url, sweep_id, list(range(n_jobs))))
     except Exception:  # noqa: BLE001 - the database went away: the jobs are not known to be stored
-        return False
+        return None
 
 
 def _check_gpus_per_job(params: dict[str, Any], cfgs: list[Any]) -> None:
