@@ -481,13 +481,18 @@ def _connect_worker(i: int, url: str, first_started, first_done, barrier, queue)
                 first_started.set()  # past any migration lock, nothing committed yet
             elif i == 0 and re.match(r"\s*INSERT INTO alembic_version\b", statement):
                 time.sleep(0.3)  # the others look for the schema now and find none
-            elif i > 0 and re.match(r"\s*CREATE TABLE alembic_version\b", statement):
-                first_done.wait(timeout=30)  # ...and create it once job 0 has committed
+            elif (
+                i > 0
+                and re.match(r"\s*CREATE TABLE alembic_version\b", statement)
+                and not first_done.wait(timeout=30)  # ...and create it once job 0 has committed
+            ):
+                raise AssertionError("job 0 never finished migrating")
 
         event.listen(Engine, "before_cursor_execute", pace)  # this forked process only
         barrier.wait(timeout=60)
-        if i > 0:
-            first_started.wait(timeout=30)
+        # a wait that runs out means the interleaving did not happen: the race was not tested
+        if i > 0 and not first_started.wait(timeout=30):
+            raise AssertionError("job 0 never began migrating")
         engine = store.connect(url)
         if i == 0:
             first_done.set()
@@ -518,15 +523,40 @@ def _race(target, args: tuple, n: int = 4, n_events: int = 0) -> list:
     return [value for _, value in results]
 
 
-def test_concurrent_first_connects_on_an_empty_database(db_url, engines):
-    """The first jobs of a sweep start together on a database nobody has migrated yet."""
+def test_concurrent_first_connects_on_an_empty_database(db_url, engines, tmp_path, monkeypatch):
+    """The first jobs of a sweep start together on a database nobody has migrated yet. A new SQLite
+    file is migrated so only where the schema template cannot be made (a cache folder that is a
+    file here): otherwise it is a copy, and no migration would race (next test)."""
     if db_url.startswith("sqlite"):
         Path(db_url.removeprefix("sqlite:///")).parent.mkdir(parents=True)
+        (tmp_path / "not-a-folder").write_text("")
+        monkeypatch.setenv("PERFSWEEP_CACHE_DIR", str(tmp_path / "not-a-folder"))  # the forked jobs inherit it
     assert _race(_connect_worker, (db_url,), n_events=2) == [0, 0, 0, 0]
     engine = engines(db_url, migrate=False)
     assert set(inspect(engine).get_table_names()) == TABLES | {"alembic_version"}
     with engine.connect() as conn:
         assert conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == [head_revision()]
+
+
+def _copy_worker(i: int, url: str, barrier, queue) -> None:
+    """Open ``url`` (a SQLite file not there yet) as the others do, released together."""
+    try:
+        barrier.wait(timeout=60)
+        engine = store.connect(url)
+        queue.put(("ok", counts(engine)["sweeps"]))
+        engine.dispose()
+    except BaseException as exc:  # report, never hang the parent
+        queue.put(("error", f"job {i}: {exc!r}"))
+
+
+def test_concurrent_first_connects_share_one_copy_of_the_schema_template(tmp_path: Path):
+    """Jobs that find no file at once each copy the template beside it and link their copy into
+    place: one link wins, the others find the file there and use it; no copy is left behind."""
+    store.connect(store.sqlite_url(tmp_path / "first.db")).dispose()  # the template exists: no migration
+    db = tmp_path / "results.db"
+    assert _race(_copy_worker, (store.sqlite_url(db),), n=6) == [0] * 6
+    assert db.is_file() and not [p.name for p in tmp_path.iterdir() if p.name.startswith(".results.db.")]
+    assert _sqlite_schema(db) == _sqlite_schema(tmp_path / "first.db")
 
 
 def _sqlite_schema(path: Path) -> tuple[list, list, list]:
