@@ -572,6 +572,56 @@ def _sqlite_schema(path: Path) -> tuple[list, list, list]:
         con.close()
 
 
+def test_the_head_revision_read_from_the_file_names_is_alembics():
+    """perfsweep reads its schema's head from the migration files' names, without Alembic: each
+    name starts with its revision, each revision follows the one before, and the highest is the
+    head Alembic finds by parsing the scripts. A migration named otherwise fails here."""
+    scripts = ScriptDirectory(str(Path(store.__file__).parent / "migrations"))
+    by_file = {Path(s.path).name: s for s in scripts.walk_revisions()}
+    assert by_file and all(store.MIGRATION_FILE.fullmatch(name) for name in by_file), sorted(by_file)
+    for name, script in by_file.items():
+        number = int(name[:4])
+        assert script.revision == f"{number:04d}", name
+        assert script.down_revision == (f"{number - 1:04d}" if number > 1 else None), name
+    assert store.head_revision() == head_revision() == max(by_file)[:4]
+
+
+def test_a_database_at_head_is_opened_without_importing_alembic(tmp_path: Path):
+    """A sweep, import or resume on a database at the current schema, and every query and report,
+    open it without Alembic (160 ms of imports in each command); one that is behind is upgraded
+    by Alembic as before."""
+    import subprocess
+    import sys
+
+    old = tmp_path / "old.db"
+    engine = store.make_engine(store.sqlite_url(old))
+    with engine.begin() as conn:  # an older perfsweep's database: migrated to 0015 only
+        from alembic import command
+
+        cfg = store._alembic_config()
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, f"{int(head_revision()) - 1:04d}")
+    engine.dispose()
+    store.connect(store.sqlite_url(tmp_path / "current.db")).dispose()
+    script = """
+import sys
+from perfsweep import store
+for name in sys.argv[1:]:
+    store.connect(store.sqlite_url(name)).dispose()
+    store.open_existing(name).dispose()
+    print(name, "alembic" in sys.modules)
+"""
+    res = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "current.db"), str(old)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split() == [str(tmp_path / "current.db"), "False", str(old), "True"]
+    assert _sqlite_schema(old)[1] == [(head_revision(),)]
+
+
 def test_a_new_sqlite_file_is_the_migrated_schema_copied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """A new results file is a copy of one migrated once for this schema (in the user's cache,
     named by the revision, the migrations' text and the library versions): the same tables,
