@@ -825,6 +825,19 @@ def config_types() -> dict[str, str]:
     return out
 
 
+def _plain(value: Any) -> Any:
+    """``value`` (a config dataclass, or a value in one) as plain dicts, lists and scalars."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.name
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
 def to_run_config(cfg: DictConfig | dict) -> PerfsweepConfig:
     """Turn a composed config into the dataclasses, running every ``__post_init__`` check; a key
     the schema does not declare (``+foo=1``, outside the factories' nodes) is refused."""
@@ -846,8 +859,12 @@ def to_run_config(cfg: DictConfig | dict) -> PerfsweepConfig:
 
 
 def to_plain_dict(cfg: PerfsweepConfig) -> dict[str, Any]:
-    """A JSON-ready dict of the resolved config (enums as strings)."""
-    d = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
+    """A JSON-ready dict of the resolved config (enums as strings): what the config hash is taken
+    of, and what a job is sent. The values are resolved and typed already (:func:`to_run_config`),
+    so they are read off the dataclasses as OmegaConf's to_container would give them (enums by
+    name, tuples as lists) without building an OmegaConf node first: 9 ms a call, four calls a
+    grid point in the sweep (tests/test_config.py checks it against OmegaConf on every preset)."""
+    d = _plain(cfg)
     assert isinstance(d, dict)
     for node in ("model", "data"):  # as written in a config file: a factory's keys beside the rest
         keep = CUSTOM_DATA_KEYS if node == "data" and d[node]["kind"] == DataKind.custom.value else d[node]

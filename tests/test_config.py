@@ -163,6 +163,37 @@ def test_experiments_compose(name):
     assert run_cfg.name == name
 
 
+def _every_config() -> list[tuple[str, PerfsweepConfig]]:
+    """Every preset, experiment and example composed, with a few overrides that reach the other
+    value kinds (a factory's nested arguments, null, enums, tuples)."""
+    out = [(f"model={m}", to_run_config(compose_cfg([f"model={m}"]))) for m in ("tiny", "small", "gpt2_small")]
+    out.append(("minigpt_seed", to_run_config(compose_cfg(["model=minigpt_seed", "data=synthetic", "amp=true"]))))
+    for folder in ("experiments", "examples"):
+        for path in sorted((REPO / folder).glob("*.yaml")):
+            with initialize_config_dir(version_base="1.3", config_dir=str(REPO / folder)):
+                nested = ["+model.nested={a: [1, 2.5, null], b: {c: x}}"] if folder == "examples" else []  # a factory's
+                cfg = compose(config_name=path.stem, overrides=nested)
+            out.append((f"{folder}/{path.name}", to_run_config(cfg)))
+    return out
+
+
+def test_the_plain_config_is_what_omegaconf_would_make_of_it():
+    """to_plain_dict reads the dataclasses without OmegaConf (9 ms a call there): the same dict,
+    types and key order included, or every stored config hash would change."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    from perfsweep import config
+
+    configs = _every_config()
+    assert any(c.model.args.get("nested") == {"a": [1, 2.5, None], "b": {"c": "x"}} for _, c in configs)
+    for name, cfg in configs:
+        reference = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
+        assert json.dumps(config._plain(cfg)) == json.dumps(reference), name  # types and order too
+        assert config._plain(cfg) == reference, name
+
+
 def test_minigpt_seed_experiment_matches_source_script():
     with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "experiments")):
         cfg = compose(config_name="minigpt_seed")
