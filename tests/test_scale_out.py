@@ -17,7 +17,7 @@ import pytest
 from perfsweep import slots
 from perfsweep.config import ConfigError
 from perfsweep.names import interrupted_tail
-from tests.util import TINY, finish, run_perfsweep, start_as_in_a_terminal, wait_for
+from tests.util import TINY, finish, run_perfsweep, start_as_in_a_terminal, training, wait_for
 from tests.util import sqlite_rows as rows
 
 CPUS = slots.usable_cpus()
@@ -151,16 +151,18 @@ def test_stopping_the_sweep_stops_every_running_job_and_marks_it(how: str, tmp_p
     sweep; the two jobs not started are counted in the summary (which a second signal skips), the
     exit code is the first signal's, the last line names the resume command, and no process is left."""
     tiny = [o for o in TINY if not o.startswith("steps.measure")]
+    said = tmp_path / "stderr.txt"
     proc = start_as_in_a_terminal(
         [sys.executable, "-m", "perfsweep", "-m", "launcher.parallel=2", "device=cpu", "amp=true,false"]
         + ["ckpt=true,false", "steps.measure=100000000", *tiny],
         tmp_path,
+        stderr_file=said,
     )
     db = tmp_path / "results.db"
     # both jobs have their rows: their processes are starting
     wait_for(lambda: db.exists() and rows(db, "SELECT count(*) AS n FROM runs WHERE status = 'running'")[0]["n"] == 2)
     if how != "ctrl-c-while-starting":
-        time.sleep(3)
+        wait_for(lambda: training(said, "[1/4]", "[2/4]"))  # both train
     if how.startswith("ctrl-c"):
         os.killpg(proc.pid, signal.SIGINT)
     else:

@@ -13,7 +13,7 @@ import pytest
 
 from perfsweep import metrics, store
 from perfsweep.names import STACKS_ENV, interrupted_tail
-from tests.util import TINY, finish, run_perfsweep, start_as_in_a_terminal, wait_for
+from tests.util import TINY, finish, run_perfsweep, start_as_in_a_terminal, training, wait_for
 from tests.util import sqlite_rows as rows
 
 
@@ -299,13 +299,14 @@ def test_ctrl_c_keeps_finished_jobs_and_leaves_no_process(tmp_path: Path):
 
     tiny = [o for o in TINY if not o.startswith("steps.measure")]
     # DataLoader workers in the job: stopping it must release their semaphores (no warning)
+    said = tmp_path / "stderr.txt"
     proc = start_as_in_a_terminal(
-        [sys.executable, "-m", "perfsweep", "-m", "steps.measure=3,100000000", "workers=2", *tiny], tmp_path
+        [sys.executable, "-m", "perfsweep", "-m", "steps.measure=3,100000000", "workers=2", *tiny], tmp_path, said
     )
     db = tmp_path / "results.db"
-    # the first job is stored and the second runs
+    # the first job is stored and the second trains
     wait_for(lambda: db.exists() and rows(db, "SELECT count(*) AS n FROM runs WHERE status = 'ok'")[0]["n"] == 1)
-    time.sleep(3)
+    wait_for(lambda: training(said, serial_job="[2/2]"))
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends: the whole process group
     out, err = finish(proc, 60)
     assert proc.returncode == 130, err[-2000:]
@@ -336,14 +337,12 @@ def test_ctrl_c_in_a_single_run_says_to_run_it_again(tmp_path: Path):
     command again (the stored error once said perfsweep resume, which refuses single runs)."""
     import signal
     import sys
-    import time
 
     tiny = [o for o in TINY if not o.startswith("steps.measure")]
-    proc = start_as_in_a_terminal([sys.executable, "-m", "perfsweep", "steps.measure=100000000", *tiny], tmp_path)
+    said = tmp_path / "stderr.txt"
+    proc = start_as_in_a_terminal([sys.executable, "-m", "perfsweep", "steps.measure=100000000", *tiny], tmp_path, said)
     db = tmp_path / "results.db"
-    # the run has its row: its process is starting
-    wait_for(lambda: db.exists() and rows(db, "SELECT count(*) AS n FROM runs WHERE status = 'running'")[0]["n"] == 1)
-    time.sleep(3)
+    wait_for(lambda: training(said))  # the run trains
     os.killpg(proc.pid, signal.SIGINT)
     _, err = finish(proc, 60)
     assert proc.returncode == 130, err[-2000:]

@@ -63,11 +63,13 @@ def finish(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
     """``proc.communicate(timeout)``; a sweep still running then fails the test with every
     thread's stack (perfsweep.names.STACKS_ENV, which tests/conftest.py sets), so a hang that
     shows once in CI says where it waited. It is killed afterwards, with its jobs where it has a
-    process group of its own (:func:`start_as_in_a_terminal`)."""
+    process group of its own (:func:`start_as_in_a_terminal`). Its stderr is read from the file
+    :func:`start_as_in_a_terminal` wrote it to, where it was given one."""
     import signal
 
     try:
-        return proc.communicate(timeout=timeout)
+        out, err = proc.communicate(timeout=timeout)
+        return out, err if proc.stderr is not None else Path(proc.args_stderr_file).read_text()  # type: ignore[attr-defined]
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGUSR1)
@@ -81,23 +83,41 @@ def finish(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
             _, err = proc.communicate(timeout=30)
         except subprocess.TimeoutExpired as still:  # a process outside its group holds the pipes
             err = still.stderr.decode(errors="replace") if isinstance(still.stderr, bytes) else still.stderr or ""
+        if proc.stderr is None:
+            err = Path(proc.args_stderr_file).read_text()  # type: ignore[attr-defined]
         pytest.fail(f"still running after {timeout:g} s; its stderr, with its threads' stacks:\n{err[-8000:]}")
 
 
-def start_as_in_a_terminal(argv: list[str], cwd: Path) -> subprocess.Popen:
+def start_as_in_a_terminal(argv: list[str], cwd: Path, stderr_file: Path | None = None) -> subprocess.Popen:
     """Start a command as a terminal would (its own process group, Ctrl-C not ignored), with its
-    output piped: ``os.killpg(proc.pid, SIGINT)`` is then a Ctrl-C to it and its jobs."""
+    output piped: ``os.killpg(proc.pid, SIGINT)`` is then a Ctrl-C to it and its jobs. With
+    ``stderr_file``, its stderr goes there instead, for a test to wait for a line in it
+    (:func:`training`); :func:`finish` returns it all the same."""
     import signal
 
-    return subprocess.Popen(
-        argv,
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    with open(stderr_file, "w") if stderr_file else contextlib.nullcontext(subprocess.PIPE) as err:
+        proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+    proc.args_stderr_file = stderr_file  # type: ignore[attr-defined]
+    return proc
+
+
+def training(stderr_file: Path, *parallel_jobs: str, serial_job: str | None = None) -> bool:
+    """Whether a job has printed a measured step in ``stderr_file``: each of ``parallel_jobs`` (a
+    parallel sweep prefixes its jobs' lines with ``[1/4]``), or ``serial_job`` (a serial sweep
+    starts each job's lines with a ``[2/2] ...`` header), or else a plain run's one job."""
+    text = stderr_file.read_text() if stderr_file.exists() else ""
+    if serial_job is not None:
+        header = text.find(f"\n{serial_job} ")
+        return header >= 0 and "measure step" in text[header:]
+    return all(f"{job} measure step" in text for job in parallel_jobs) if parallel_jobs else "measure step" in text
 
 
 def sqlite_rows(db: Path, sql: str) -> list[dict]:
