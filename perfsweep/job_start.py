@@ -36,10 +36,11 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-FORKSERVER_PRELOAD = ("torch", "torch._dynamo", "perfsweep.runner", "perfsweep.job_server")
-"""What the job server imports once for the sweep: torch, its Dynamo (torch.optim imports it with
-the first optimizer: 1.2 s of a tiny CPU job's 2.5 s on a 2-core Xeon), perfsweep's runner, and
-the server's own quick exit (perfsweep.job_server, last: it says the server is ready)."""
+FORKSERVER_PRELOAD = ("perfsweep.job_server", "torch", "torch._dynamo", "perfsweep.runner")
+"""What the job server imports once for the sweep: its own side first (perfsweep.job_server: a
+quick exit, and no garbage collection during the rest), then torch, its Dynamo (torch.optim
+imports it with the first optimizer: 1.2 s of a tiny CPU job's 2.5 s on a 2-core Xeon) and
+perfsweep's runner."""
 
 JOB_ENV_DEFAULTS = {"KINETO_LOG_LEVEL": "5"}
 """Set in the sweep's process before any job starts (a job inherits them): the profiler's C++

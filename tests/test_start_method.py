@@ -317,7 +317,13 @@ def test_what_the_sweep_needs_torch_for_is_forked_from_the_job_server(tmp_path: 
         "print(raised)\n"
         "print(died)\n"
         "print(int('torch' in sys.modules))\n"
+        "import gcprobe\n"
+        "print(*job_start.call(gcprobe.state), job_start.call(gcprobe.in_a_grandchild))\n"
     )
+    # the server imports with the garbage collector off, and freezes what it made as it forks: a
+    # process it forks collects as usual, over its own objects only; one that process forks (a
+    # DataLoader's worker) keeps what its parent set
+    (tmp_path / "gcprobe.py").write_text(GC_PROBE)
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     lines = res.stdout.splitlines()
@@ -325,6 +331,29 @@ def test_what_the_sweep_needs_torch_for_is_forked_from_the_job_server(tmp_path: 
     assert lines[1] == "invalid literal for int() with base 10: 'x'"
     assert lines[2] == "_exit ended without an answer in a process of perfsweep's job server (exit code 3)"
     assert lines[3] == "0"  # the sweep's own process: no torch
+    enabled, frozen, grandchild = lines[4].split()
+    assert (enabled, grandchild) == ("True", "False") and int(frozen) > 100_000, lines[4]
+
+
+GC_PROBE = """
+import gc, os
+
+
+def state():
+    return gc.isenabled(), gc.get_freeze_count()
+
+
+def in_a_grandchild():
+    gc.disable()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(w, b"1" if gc.isenabled() else b"0")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    gc.enable()
+    return os.read(r, 1) == b"1"
+"""
 
 
 def _on_a_machine(spare_core: bool, at_exit: str | None, *overrides: str) -> list[str]:
