@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             # is a database upgraded, or its dead runs marked, for a sweep it does not hold
             if (revision := store.schema_revision(probe)) is None:
                 raise UserError(f"--db {db}: not a perfsweep results database (no schema version)")
-            if why := store.unknown_revision(revision):  # a newer perfsweep's: its tables are not read as ours
+            if why := store.unknown_revision(revision, url):  # a newer perfsweep's: its tables are not read as ours
                 raise UserError(f"--db {db}: {why}")
             try:
                 sweep_id = resolve_sweep(probe, args.sweep, "SWEEP")

@@ -649,7 +649,7 @@ def open_existing(db: str) -> Engine:
         engine.dispose()
         if revision is None:
             raise UserError(f"--db {db}: not a perfsweep results database (no schema version)")
-        if why := unknown_revision(revision):
+        if why := unknown_revision(revision, url):
             raise UserError(f"--db {db}: {why}")
         raise UserError(
             f"--db {db}: schema revision {revision} is older than this perfsweep's {head}; "
@@ -717,9 +717,13 @@ def connect_read_only(url: str) -> Engine:
         return create_engine(URL.create("sqlite", database=file_uri(path), query={**flag, "uri": "true"}))
     if url.startswith("postgresql"):
         # standard strings: a server set to read a backslash in '...' as an escape would quote text
-        # that perfsweep.query's check reads as unquoted
-        options = "-c default_transaction_read_only=on -c standard_conforming_strings=on"
-        return create_engine(installed_driver(url), connect_args={"options": options})
+        # that perfsweep.query's check reads as unquoted. After the URL's own options (a schema of
+        # perfsweep's, -csearch_path=perfsweep), which these replaced: a report then read another
+        # schema than the sweep had written; last, so that none of the URL's undoes them.
+        given = make_url(url).query.get("options", ())
+        options = [*([given] if isinstance(given, str) else given)]
+        options.append("-c default_transaction_read_only=on -c standard_conforming_strings=on")
+        return create_engine(installed_driver(url), connect_args={"options": " ".join(options)})
     return create_engine(url)
 
 
@@ -770,16 +774,35 @@ def head_revision() -> str:
     return max(m.group(1) for name in names if (m := MIGRATION_FILE.fullmatch(name)))
 
 
-def unknown_revision(revision: str) -> str | None:
+OWN_SCHEMA = "perfsweep"
+"""The schema a PostgreSQL database shared with another application gives perfsweep (README)."""
+
+
+def own_place(url: str) -> str:
+    """Where perfsweep's tables can go instead of a database that holds another application's
+    under the same names (its ``alembic_version``, a ``runs`` table): a new file; on a server, a
+    schema of perfsweep's own in that database, which the URL's options make the one used."""
+    if sqlite_file(url) is not None or not url.startswith("postgresql"):
+        return "give a new file or a perfsweep database (db.url=, --db)"
+    glue = "&" if "?" in url else "?"
+    return (
+        f"give perfsweep a database of its own, or a schema of its own in this one: run CREATE SCHEMA "
+        f"{OWN_SCHEMA}; there, then add {glue}options=-csearch_path%3D{OWN_SCHEMA} to the URL (quoted in an "
+        "override, for its '=': db.url='URL')"
+    )
+
+
+def unknown_revision(revision: str, url: str = "") -> str | None:
     """Why a database at schema ``revision`` is one this perfsweep cannot upgrade, in words: an
-    ``alembic_version`` of another application's (an MLflow file given as --db), or a newer
-    perfsweep's; None for one of perfsweep's own revisions up to its head. Both were answered as
-    "older than this perfsweep's; upgrade it first", and the upgrade as "No such revision"."""
+    ``alembic_version`` of another application's (an MLflow file given as --db; a server's
+    database another application migrates too), or a newer perfsweep's; None for one of
+    perfsweep's own revisions up to its head. Both were answered as "older than this perfsweep's;
+    upgrade it first", and the upgrade as "No such revision"."""
     head = head_revision()
     if not re.fullmatch(r"\d{4}", revision):  # perfsweep's revisions are numbered 0001, 0002, ...
         return (
             f"not a perfsweep results database: its schema version {revision!r} is another application's "
-            "(its alembic_version table); give a new file or a perfsweep database"
+            f"(its alembic_version table); {own_place(url)}"
         )
     if revision > head:
         return (
@@ -1070,7 +1093,8 @@ def upgrade(engine: Engine) -> None:
                     conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7210400501)")
                 cfg.attributes["connection"] = conn
                 before = MigrationContext.configure(conn).get_current_revision()
-                if before is not None and (why := unknown_revision(before)):
+                url = engine.url.render_as_string(hide_password=False)
+                if before is not None and (why := unknown_revision(before, url)):
                     raise ForeignDatabase(why)
                 if before == head_revision():  # Alembic's own no-op upgrade costs 30 ms more, in every job
                     return
@@ -1078,8 +1102,7 @@ def upgrade(engine: Engine) -> None:
                 if clash := sorted(tables & OUR_TABLES):
                     raise ForeignDatabase(
                         f"not a perfsweep results database: it holds table{'s' if len(clash) > 1 else ''} "
-                        f"{', '.join(clash)} but no perfsweep schema version; give a new file or a perfsweep "
-                        "database (db.url=, --db)"
+                        f"{', '.join(clash)} but no perfsweep schema version; {own_place(url)}"
                     )
                 if tables and conn.dialect.name == "sqlite":  # a server's database is shared by design
                     shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")

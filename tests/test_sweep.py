@@ -291,6 +291,51 @@ def test_unreachable_database_stops_the_sweep_before_any_job(tmp_path: Path):
     assert not (tmp_path / "multirun").exists()
 
 
+def test_a_postgresql_database_another_application_migrates_takes_perfsweep_in_a_schema_of_its_own(
+    tmp_path: Path, pg_url: str
+):
+    """A team's database where another application keeps its own Alembic version (MLflow's
+    tracking server, say) is refused with the way out: a schema of perfsweep's own, chosen by the
+    URL's options. A sweep then writes there, and query and report read there: they had replaced
+    the URL's options with their own read-only ones, and read the other application's schema."""
+    import sqlalchemy as sa
+
+    from tests.pg import new_database
+
+    url = new_database(pg_url)
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)"))
+        conn.execute(sa.text("INSERT INTO alembic_version VALUES ('bd07f7e963c5')"))
+    res = run_perfsweep(["-m", "amp=true,false", f"db.url={url}", *TINY], tmp_path)
+    assert res.returncode == 2, res.stderr[-2000:]
+    line = res.stderr.strip().splitlines()[-1]
+    assert "is another application's (its alembic_version table)" in line, line
+    assert "run CREATE SCHEMA perfsweep; there, then add ?options=-csearch_path%3Dperfsweep to the URL" in line, line
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE SCHEMA perfsweep"))
+    ours = f"{url}?options=-csearch_path%3Dperfsweep"
+    res = run_perfsweep(["-m", "amp=true,false", f"db.url='{ours}'", *TINY], tmp_path)  # quoted for Hydra: its '='
+    assert res.returncode == 0, res.stderr[-2000:]
+    query = run_perfsweep(["query", "select amp, status from runs order by job_num", "--db", ours], tmp_path)
+    assert query.returncode == 0, query.stderr[-2000:]
+    assert [ln.split() for ln in query.stdout.strip().splitlines()[-2:]] == [["1", "ok"], ["0", "ok"]], query.stdout
+    undo = f"{ours}%20-cdefault_transaction_read_only%3Doff"  # the URL's options come first: they cannot undo it
+    query = run_perfsweep(
+        ["query", "select current_setting('default_transaction_read_only') as ro", "--db", undo], tmp_path
+    )
+    assert query.returncode == 0 and query.stdout.split()[-1] == "on", query.stdout + query.stderr[-2000:]
+    report = run_perfsweep(["report", "--db", ours], tmp_path)
+    assert report.returncode == 0 and "Report:" in report.stdout, report.stderr[-2000:]
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT version_num FROM public.alembic_version")).scalars().all() == [
+            "bd07f7e963c5"
+        ]
+        assert conn.execute(sa.text("SELECT count(*) FROM perfsweep.runs")).scalar_one() == 2
+        assert conn.execute(sa.text("SELECT to_regclass('public.runs')")).scalar_one() is None
+    engine.dispose()
+
+
 def test_ctrl_c_keeps_finished_jobs_and_leaves_no_process(tmp_path: Path):
     import os
     import signal
