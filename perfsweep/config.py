@@ -230,6 +230,13 @@ class ModelConfig:
             self._target_,
             "must be a dotted path to a callable returning an nn.Module, e.g. my_pkg.models.build",
         )
+        _check_types(self, "model")  # name=123 is the string '123', as OmegaConf made it when it typed the node
+        _require(
+            all(isinstance(m, str) for m in self.ckpt_modules),
+            "model.ckpt_modules",
+            self.ckpt_modules,
+            "must be a list of class names (or module.Class paths)",
+        )
         self.loss = _enum(Loss, self.loss, "model.loss")
         self.unit = _enum(Unit, self.unit, "model.unit")
         self.ckpt_impl = _enum(CkptImpl, self.ckpt_impl, "model.ckpt_impl")

@@ -689,8 +689,23 @@ def make_engine(url: str) -> Engine:
         event.listen(engine, "connect", _sqlite_pragmas)
         event.listen(engine, "begin", _sqlite_begin)
     else:
-        engine = create_engine(installed_driver(url), pool_pre_ping=True)
+        options = pg_options(url, with_env=False)  # PGOPTIONS applies as it is where the URL gives none
+        extra = {"connect_args": {"options": options}} if options else {}
+        engine = create_engine(installed_driver(url), pool_pre_ping=True, **extra)
     return engine
+
+
+def pg_options(url: str, with_env: bool = True) -> str:
+    """The libpq ``options`` a PostgreSQL ``url`` gives (``?options=-csearch_path%3Dperfsweep``:
+    a schema of perfsweep's own), one string where the key is given twice (psycopg2 refused the
+    list); with ``with_env``, ``PGOPTIONS`` where the URL gives none, as libpq reads it (an
+    ``options`` parameter replaces that variable: perfsweep's read-only one did, and a query read
+    another schema than the sweep had written). Empty for none."""
+    given = make_url(url).query.get("options", ())
+    words = [given] if isinstance(given, str) else list(given)
+    if not words and with_env and os.environ.get("PGOPTIONS"):
+        words = [os.environ["PGOPTIONS"]]
+    return " ".join(w for w in words if w)
 
 
 def installed_driver(url: str) -> str:
@@ -720,10 +735,8 @@ def connect_read_only(url: str) -> Engine:
         # that perfsweep.query's check reads as unquoted. After the URL's own options (a schema of
         # perfsweep's, -csearch_path=perfsweep), which these replaced: a report then read another
         # schema than the sweep had written; last, so that none of the URL's undoes them.
-        given = make_url(url).query.get("options", ())
-        options = [*([given] if isinstance(given, str) else given)]
-        options.append("-c default_transaction_read_only=on -c standard_conforming_strings=on")
-        return create_engine(installed_driver(url), connect_args={"options": " ".join(options)})
+        options = f"{pg_options(url)} -c default_transaction_read_only=on -c standard_conforming_strings=on"
+        return create_engine(installed_driver(url), connect_args={"options": options.strip()})
     return create_engine(url)
 
 
@@ -784,11 +797,13 @@ def own_place(url: str) -> str:
     schema of perfsweep's own in that database, which the URL's options make the one used."""
     if sqlite_file(url) is not None or not url.startswith("postgresql"):
         return "give a new file or a perfsweep database (db.url=, --db)"
-    glue = "&" if "?" in url else "?"
+    if pg_options(url, with_env=False):  # a second options= would replace the first: add to it
+        where = f"add %20-csearch_path%3D{OWN_SCHEMA} to the URL's options="
+    else:
+        where = f"add {'&' if '?' in url else '?'}options=-csearch_path%3D{OWN_SCHEMA} to the URL"
     return (
         f"give perfsweep a database of its own, or a schema of its own in this one: run CREATE SCHEMA "
-        f"{OWN_SCHEMA}; there, then add {glue}options=-csearch_path%3D{OWN_SCHEMA} to the URL (quoted in an "
-        "override, for its '=': db.url='URL')"
+        f"{OWN_SCHEMA}; there, then {where} (quoted in an override, for its '=': db.url='URL')"
     )
 
 
@@ -1131,14 +1146,25 @@ def upgrade(engine: Engine) -> None:
 
 
 def _at_head(engine: Engine) -> bool:
-    """Whether the database's schema version is this perfsweep's head, read as :func:`upgrade`
-    reads it in its transaction (on SQLite, once other writers are done); False for anything
-    else (no version table, an older or foreign version, an error), which upgrade then handles."""
+    """Whether the database's schema version is this perfsweep's head; False for anything else
+    (no version table, an older or foreign version, an error), which :func:`upgrade` then
+    handles. Read through the driver's own connection, outside SQLAlchemy's transaction: on
+    SQLite that is a plain read of the last commit (WAL), where perfsweep's ``BEGIN IMMEDIATE``
+    waited for another writer's lock, 30 s for a file held locked, before upgrade's own tries."""
     try:
-        with engine.connect() as conn:
-            return conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar() == head_revision()
-    except DBAPIError:
+        raw = engine.raw_connection()
+    except DBAPIError:  # a file that cannot be opened, a server not there: upgrade says which
         return False
+    try:
+        cursor = raw.cursor()
+        cursor.execute("SELECT version_num FROM alembic_version")
+        row = cursor.fetchone()
+        cursor.close()
+        return row is not None and row[0] == head_revision()
+    except engine.dialect.loaded_dbapi.Error:
+        return False
+    finally:
+        raw.close()  # back to the pool, rolled back
 
 
 @contextmanager

@@ -167,6 +167,7 @@ def _every_config() -> list[tuple[str, PerfsweepConfig]]:
     """Every preset, experiment and example composed, with a few overrides that reach the other
     value kinds (a factory's nested arguments, null, enums, tuples)."""
     out = [(f"model={m}", to_run_config(compose_cfg([f"model={m}"]))) for m in ("tiny", "small", "gpt2_small")]
+    out.append(("model.name=123", to_run_config(compose_cfg(["model.name=123"]))))  # a string, as OmegaConf typed it
     out.append(("minigpt_seed", to_run_config(compose_cfg(["model=minigpt_seed", "data=synthetic", "amp=true"]))))
     for folder in ("experiments", "examples"):
         for path in sorted((REPO / folder).glob("*.yaml")):
@@ -207,6 +208,9 @@ def test_minigpt_seed_experiment_matches_source_script():
     [
         ("compile_cache=warm", "compile_cache"),
         ("model.vocab_multiple=0", "model.vocab_multiple=0: must be a positive integer"),
+        # the contract's own keys are typed too: a number of class names ran to a TypeError in the job
+        ("model.ckpt_modules=[1,2]", r"model.ckpt_modules=\[1, 2\]: must be a list of class names"),
+        ("model.name=1.5", "model.name=1.5: must be a string; quote it as typed"),
     ],
 )
 def test_new_settings_are_checked(override, message):

@@ -257,6 +257,26 @@ def test_a_kernel_oom_kill_is_an_oom_run_and_the_count_is_read_from_the_cgroup(t
     assert oom_kills(tmp_path / "nothing") is None
 
 
+def test_ctrl_c_as_a_resume_begins_counts_only_what_it_finished(tmp_path: Path):
+    """A resumed grid point's earlier outcome (a timeout here) is no outcome of the resume: counted,
+    a Ctrl-C as the resume began said "every job had finished and is stored; see them with:
+    perfsweep report" and closed the sweep done, that point never run again."""
+    db = tmp_path / "results.db"
+    tiny = [o for o in TINY if not o.startswith("steps.measure")]
+    res = run_perfsweep(["-m", "steps.measure=3,100000000", "timeout_s=3", *tiny], tmp_path)
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert [r["status"] for r in rows(db, "SELECT status FROM runs ORDER BY job_num")] == ["ok", "timeout"]
+    said = tmp_path / "resume.txt"
+    proc = start_as_in_a_terminal([sys.executable, "-m", "perfsweep", "resume", "1"], tmp_path, said)
+    wait_for(lambda: "job folders under" in said.read_text())  # the resume's one job is starting
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = finish(proc, 90)
+    assert proc.returncode == 130, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.endswith(f"1 of 2 jobs finished and are stored; run the rest with: perfsweep resume 1 --db {db}"), err
+    assert rows(db, "SELECT status FROM sweeps") == [{"status": "interrupted"}]
+
+
 def test_sweep_killed_with_sigkill_then_resumed(tmp_path: Path):
     db = tmp_path / "results.db"
     proc = subprocess.Popen(

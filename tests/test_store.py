@@ -449,6 +449,43 @@ def test_a_schema_version_that_is_not_perfsweep_s_is_named_not_upgraded(version,
     assert set(inspect(raw).get_table_names()) == {"alembic_version"}
 
 
+def test_a_schema_of_its_own_is_kept_however_libpq_is_told_it(pg_url: str, monkeypatch: pytest.MonkeyPatch):
+    """perfsweep in a schema of its own on a shared PostgreSQL database, chosen by libpq's options:
+    in the URL beside another option (the key twice: psycopg2 refused the list), or in PGOPTIONS.
+    Writes and read-only reads (query, report) land in that schema: the read-only commands' own
+    options had replaced both. The refusal's hint adds to options the URL has, never a second key."""
+    from tests.pg import new_database
+
+    url = new_database(pg_url)
+    admin = create_engine(url)
+    with admin.begin() as conn:
+        conn.execute(text("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)"))
+        conn.execute(text("INSERT INTO alembic_version VALUES ('bd07f7e963c5')"))
+        conn.execute(text("CREATE SCHEMA perfsweep"))
+    timeout = f"{url}?options=-cstatement_timeout%3D60000"
+    with pytest.raises(store.ForeignDatabase) as refused:
+        store.connect(timeout)
+    assert "then add %20-csearch_path%3Dperfsweep to the URL's options= (quoted" in str(refused.value), refused.value
+    twice = f"{timeout}&options=-csearch_path%3Dperfsweep"
+    assert store.pg_options(twice) == "-cstatement_timeout=60000 -csearch_path=perfsweep"
+    store.connect(twice).dispose()
+    reader = store.open_existing(twice)
+    with reader.connect() as conn:
+        shown = conn.exec_driver_sql("SELECT current_schema(), current_setting('statement_timeout')").one()
+        assert tuple(shown) == ("perfsweep", "1min"), shown
+    reader.dispose()
+    monkeypatch.setenv("PGOPTIONS", "-csearch_path=perfsweep")
+    assert store.pg_options(url) == "-csearch_path=perfsweep" and store.pg_options(twice).endswith("=perfsweep")
+    store.connect(url).dispose()  # at head in perfsweep's schema: not refused for public's version
+    reader = store.open_existing(url)
+    with reader.connect() as conn:
+        assert conn.exec_driver_sql("SELECT current_schema()").scalar_one() == "perfsweep"
+    reader.dispose()
+    with admin.connect() as conn:
+        assert conn.execute(text("SELECT version_num FROM public.alembic_version")).scalar_one() == "bd07f7e963c5"
+    admin.dispose()
+
+
 def test_interrupted_migration_leaves_no_partial_schema(db_url, engines):
     """A job killed half-way through the first migration must not leave some tables behind
     (a later connect() would then fail on "table already exists" forever)."""
@@ -471,9 +508,11 @@ def test_interrupted_migration_leaves_no_partial_schema(db_url, engines):
 
 
 def _connect_worker(i: int, url: str, first_started, first_done, barrier, queue) -> None:
-    """Job 0 migrates the empty database; jobs 1.. start while it is half-way through, check
-    for the schema before it commits and try to create it after: the interleaving that
-    concurrent first jobs hit by chance (hooks on this process's engines force it)."""
+    """Job 0 migrates the empty database; jobs 1.. start while it is half-way through (hooks on
+    this process's engines force it): the interleaving that concurrent first jobs hit by chance.
+    Today they wait for job 0's lock (SQLite's BEGIN IMMEDIATE, PostgreSQL's advisory lock) and
+    find the schema at head; the CREATE TABLE hook is for a change that lets one past the lock
+    and into a migration of its own, which must then wait for job 0's commit and retry."""
     try:
 
         def pace(conn, cursor, statement, *args):
@@ -539,11 +578,28 @@ def test_concurrent_first_connects_on_an_empty_database(db_url, engines, tmp_pat
 
 
 def _copy_worker(i: int, url: str, barrier, queue) -> None:
-    """Open ``url`` (a SQLite file not there yet) as the others do, released together."""
+    """Open ``url`` (a SQLite file not there yet) as the others do, released together; each links
+    its copy of the template into place once all have made one (the barrier again), so that they
+    race for the name. Puts the sweeps it finds and whether its link won."""
+    import os
+
+    outcome = []
+    link = os.link
+
+    def link_when_all_have_copied(src, dst):
+        barrier.wait(timeout=60)
+        try:
+            link(src, dst)
+        except FileExistsError:
+            outcome.append("lost")
+            raise
+        outcome.append("won")
+
     try:
+        os.link = link_when_all_have_copied  # this forked process only
         barrier.wait(timeout=60)
         engine = store.connect(url)
-        queue.put(("ok", counts(engine)["sweeps"]))
+        queue.put(("ok", (counts(engine)["sweeps"], *outcome)))
         engine.dispose()
     except BaseException as exc:  # report, never hang the parent
         queue.put(("error", f"job {i}: {exc!r}"))
@@ -554,7 +610,7 @@ def test_concurrent_first_connects_share_one_copy_of_the_schema_template(tmp_pat
     place: one link wins, the others find the file there and use it; no copy is left behind."""
     store.connect(store.sqlite_url(tmp_path / "first.db")).dispose()  # the template exists: no migration
     db = tmp_path / "results.db"
-    assert _race(_copy_worker, (store.sqlite_url(db),), n=6) == [0] * 6
+    assert sorted(_race(_copy_worker, (store.sqlite_url(db),), n=6)) == [(0, "lost")] * 5 + [(0, "won")]
     assert db.is_file() and not [p.name for p in tmp_path.iterdir() if p.name.startswith(".results.db.")]
     assert _sqlite_schema(db) == _sqlite_schema(tmp_path / "first.db")
 
@@ -620,6 +676,25 @@ for name in sys.argv[1:]:
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.split() == [str(tmp_path / "current.db"), "False", str(old), "True"]
     assert _sqlite_schema(old)[1] == [(head_revision(),)]
+
+
+def test_the_schema_version_is_read_past_another_writers_lock(tmp_path: Path):
+    """Whether a file is at head is a read of its last commit: it took perfsweep's write lock, and
+    with another process holding one (a sqlite3 shell inside BEGIN IMMEDIATE) waited the whole
+    busy timeout (30 s) before upgrade's own tries waited again."""
+    db = tmp_path / "results.db"
+    store.connect(store.sqlite_url(db)).dispose()
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        engine = store.make_engine(store.sqlite_url(db))
+        started = time.monotonic()
+        assert store._at_head(engine)
+        assert time.monotonic() - started < 5
+        engine.dispose()
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
 
 
 def test_a_new_sqlite_file_is_the_migrated_schema_copied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

@@ -16,6 +16,7 @@
 
 # No `from __future__ import annotations` here: Hydra's plugin scan executes this module
 # before it is in sys.modules, and dataclasses cannot resolve string annotations then.
+import logging
 import socket
 import sys
 import time
@@ -27,6 +28,8 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -179,6 +182,8 @@ class PerfsweepSweeper(BasicSweeper):
             done = self.launcher.launch([[*overrides, f"sweep.n_jobs={max(len(order), num + 1)}"]], initial_job_idx=num)
             return _status(done[0])
 
+        # a resumed sweep's earlier rows (failed, timed out) are not this launch's outcomes
+        since_id = _last_run_id(url, sweep_id) if first.resume else 0
         end = "interrupted"
         closed = False  # whether the sweep's end and closing figures were written
         interrupt: KeyboardInterrupt | None = None
@@ -223,7 +228,7 @@ class PerfsweepSweeper(BasicSweeper):
             end = "done"
         except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (perfsweep.__main__ prints this after the summary)
             interrupt = exc
-            finished = None if searches else _finished_count(url, sweep_id, len(order))
+            finished = None if searches else _finished_count(url, sweep_id, len(order), todo, since_id)
             resume = f"perfsweep resume {sweep_id} --db {summary.db_arg(url)}"
             if finished == len(order):
                 # it came as the last job's process exited, its result stored: nothing is left to resume
@@ -327,15 +332,52 @@ def _stored_statuses(url: str, sweep_id: int, job_nums: list[int]) -> list[str]:
     return [latest.get(n, "running").replace("running", "interrupted") for n in job_nums]
 
 
-def _finished_count(url: str, sweep_id: int, n_jobs: int) -> int | None:
-    """How many grid points' latest runs have a final status (``ok``, ``oom``, ...), for the line
-    after a Ctrl-C: all of them leave nothing to resume. None when the database cannot say."""
+def _last_run_id(url: str, sweep_id: int) -> int:
+    """The newest run row of the sweep (0 for none): what a resume finds before it starts."""
+    from sqlalchemy import func, select
+
+    from perfsweep import store
+
+    try:
+        engine = store.connect(url)
+        try:
+            with store.session(engine) as s:
+                return s.scalar(select(func.max(store.Run.id)).where(store.Run.sweep_id == sweep_id)) or 0
+        finally:
+            engine.dispose()
+    except Exception as exc:  # noqa: BLE001 - only the line after a Ctrl-C counts on it; the jobs do not
+        log.debug("could not read the sweep's last run: %s", exc)
+        return 0
+
+
+def _finished_count(url: str, sweep_id: int, n_jobs: int, todo: list[int], since_id: int) -> int | None:
+    """How many of the sweep's ``n_jobs`` grid points are finished, for the line after a Ctrl-C:
+    those this launch did not run (a resume's points already ok), and those of ``todo`` whose
+    latest run is newer than ``since_id`` and has a final status (``ok``, ``oom``, ...). All of
+    them leave nothing to resume. A resumed point's earlier failure is no outcome of this launch:
+    counted, a Ctrl-C as the resume began said every job had finished, and closed the sweep done.
+    None when the database cannot say."""
+    from sqlalchemy import select
+
+    from perfsweep import store
     from perfsweep.names import FINAL_STATUSES
 
     try:
-        return sum(s in FINAL_STATUSES for s in _stored_statuses(url, sweep_id, list(range(n_jobs))))
+        engine = store.connect(url)
+        try:
+            with store.session(engine) as s:
+                rows = s.execute(
+                    select(store.Run.job_num, store.Run.id, store.Run.status)
+                    .where(store.Run.sweep_id == sweep_id, store.Run.job_num.in_(todo))
+                    .order_by(store.Run.id)  # a point's latest row last
+                ).all()
+        finally:
+            engine.dispose()
     except Exception:  # noqa: BLE001 - the database went away: the jobs are not known to be stored
         return None
+    latest = {num: (run_id, status) for num, run_id, status in rows}
+    done_here = sum(1 for run_id, status in latest.values() if run_id > since_id and status in FINAL_STATUSES)
+    return n_jobs - len(todo) + done_here
 
 
 def _check_gpus_per_job(params: dict[str, Any], cfgs: list[Any]) -> None:
