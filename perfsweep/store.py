@@ -689,7 +689,8 @@ def make_engine(url: str) -> Engine:
         event.listen(engine, "connect", _sqlite_pragmas)
         event.listen(engine, "begin", _sqlite_begin)
     else:
-        options = pg_options(url, with_env=False)  # PGOPTIONS applies as it is where the URL gives none
+        # PGOPTIONS applies as it is where the URL gives none
+        options = pg_options(url, with_env=False) if url.startswith("postgresql") else ""
         extra = {"connect_args": {"options": options}} if options else {}
         engine = create_engine(installed_driver(url), pool_pre_ping=True, **extra)
     return engine
@@ -728,7 +729,8 @@ def connect_read_only(url: str) -> Engine:
     PostgreSQL: every transaction of the session is read-only. The schema is not upgraded.
     """
     if (path := sqlite_file(url)) is not None:
-        flag = {"mode": "ro"} if Path(f"{path}-wal").exists() else {"immutable": "1"}
+        # mode=ro either way: immutable alone opened a missing file read-write, and made it
+        flag = {"mode": "ro"} if Path(f"{path}-wal").exists() else {"mode": "ro", "immutable": "1"}
         return create_engine(URL.create("sqlite", database=file_uri(path), query={**flag, "uri": "true"}))
     if url.startswith("postgresql"):
         # standard strings: a server set to read a backslash in '...' as an escape would quote text

@@ -257,24 +257,34 @@ def test_a_kernel_oom_kill_is_an_oom_run_and_the_count_is_read_from_the_cgroup(t
     assert oom_kills(tmp_path / "nothing") is None
 
 
-def test_ctrl_c_as_a_resume_begins_counts_only_what_it_finished(tmp_path: Path):
-    """A resumed grid point's earlier outcome (a timeout here) is no outcome of the resume: counted,
-    a Ctrl-C as the resume began said "every job had finished and is stored; see them with:
-    perfsweep report" and closed the sweep done, that point never run again."""
-    db = tmp_path / "results.db"
-    tiny = [o for o in TINY if not o.startswith("steps.measure")]
-    res = run_perfsweep(["-m", "steps.measure=3,100000000", "timeout_s=3", *tiny], tmp_path)
-    assert res.returncode == 1, res.stderr[-3000:]
-    assert [r["status"] for r in rows(db, "SELECT status FROM runs ORDER BY job_num")] == ["ok", "timeout"]
-    said = tmp_path / "resume.txt"
-    proc = start_as_in_a_terminal([sys.executable, "-m", "perfsweep", "resume", "1"], tmp_path, said)
-    wait_for(lambda: "job folders under" in said.read_text())  # the resume's one job is starting
-    os.killpg(proc.pid, signal.SIGINT)
-    _, err = finish(proc, 90)
-    assert proc.returncode == 130, err[-3000:]
-    last = err.strip().splitlines()[-1]
-    assert last.endswith(f"1 of 2 jobs finished and are stored; run the rest with: perfsweep resume 1 --db {db}"), err
-    assert rows(db, "SELECT status FROM sweeps") == [{"status": "interrupted"}]
+def test_a_resumed_points_earlier_outcome_is_not_counted_finished_after_a_ctrl_c(tmp_path: Path):
+    """What the line after a Ctrl-C counts: the points a resume did not run (ok already), and the
+    outcomes of this launch. A resumed point's earlier timeout was counted, and a Ctrl-C as a
+    resume began said "every job had finished and is stored; see them with: perfsweep report",
+    and closed the sweep done, the point never run again. (Read directly: from outside, a
+    Ctrl-C cannot be timed into the moment between the launch and the job's first row.)"""
+    from hydra_plugins.perfsweep_sweeper import _finished_count, _last_run_id
+
+    url = store.sqlite_url(tmp_path / "results.db")
+    engine = store.connect(url)
+    sweep_id = store.get_or_create_sweep(engine, str(tmp_path / "multirun"), "s")
+    with store.session(engine) as s:  # the first launch: point 0 ok, point 1 timed out
+        s.add_all(
+            [store.Run(**run_row(sweep_id, job_num=0)), store.Run(**run_row(sweep_id, job_num=1, status="timeout"))]
+        )
+    since = _last_run_id(url, sweep_id)  # as the resume starts, with point 1 to run
+    assert since > 0
+    assert _finished_count(url, sweep_id, 2, [1], since) == 1
+    assert _finished_count(url, sweep_id, 2, [0, 1], 0) == 2  # the first launch's own outcomes
+    with store.session(engine) as s:
+        s.add(store.Run(**run_row(sweep_id, job_num=1, status="running")))
+    assert _finished_count(url, sweep_id, 2, [1], since) == 1
+    with store.session(engine) as s:
+        s.add(store.Run(**run_row(sweep_id, job_num=1, status="oom")))  # an outcome of this launch
+    assert _finished_count(url, sweep_id, 2, [1], since) == 2
+    engine.dispose()
+    gone = tmp_path / "gone.db"  # deleted while the sweep ran: it cannot say, and is not made again
+    assert _finished_count(store.sqlite_url(gone), sweep_id, 2, [1], since) is None and not gone.exists()
 
 
 def test_sweep_killed_with_sigkill_then_resumed(tmp_path: Path):

@@ -339,7 +339,7 @@ def _last_run_id(url: str, sweep_id: int) -> int:
     from perfsweep import store
 
     try:
-        engine = store.connect(url)
+        engine = store.connect_read_only(url)  # a read: a file gone is not made again
         try:
             with store.session(engine) as s:
                 return s.scalar(select(func.max(store.Run.id)).where(store.Run.sweep_id == sweep_id)) or 0
@@ -363,7 +363,7 @@ def _finished_count(url: str, sweep_id: int, n_jobs: int, todo: list[int], since
     from perfsweep.names import FINAL_STATUSES
 
     try:
-        engine = store.connect(url)
+        engine = store.connect_read_only(url)  # a read: a file gone is not made again
         try:
             with store.session(engine) as s:
                 rows = s.execute(
