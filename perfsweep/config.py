@@ -869,8 +869,8 @@ def to_plain_dict(cfg: PerfsweepConfig) -> dict[str, Any]:
     """A JSON-ready dict of the resolved config (enums as strings): what the config hash is taken
     of, and what a job is sent. The values are resolved and typed already (:func:`to_run_config`),
     so they are read off the dataclasses as OmegaConf's to_container would give them (enums by
-    name, tuples as lists) without building an OmegaConf node first: 9 ms a call, four calls a
-    grid point in the sweep (tests/test_config.py checks it against OmegaConf on every preset)."""
+    name, tuples as lists) without building an OmegaConf node first, which took 9 ms a call, four
+    calls a grid point in the sweep (tests/test_config.py checks it against OmegaConf on every preset)."""
     d = _plain(cfg)
     assert isinstance(d, dict)
     for node in ("model", "data"):  # as written in a config file: a factory's keys beside the rest

@@ -809,7 +809,7 @@ def own_place(url: str) -> str:
     )
 
 
-def unknown_revision(revision: str, url: str = "") -> str | None:
+def unknown_revision(revision: str, url: str) -> str | None:
     """Why a database at schema ``revision`` is one this perfsweep cannot upgrade, in words: an
     ``alembic_version`` of another application's (an MLflow file given as --db; a server's
     database another application migrates too), or a newer perfsweep's; None for one of
@@ -1113,7 +1113,7 @@ def upgrade(engine: Engine) -> None:
                 url = engine.url.render_as_string(hide_password=False)
                 if before is not None and (why := unknown_revision(before, url)):
                     raise ForeignDatabase(why)
-                if before == head_revision():  # Alembic's own no-op upgrade costs 30 ms more, in every job
+                if before == head_revision():  # migrated by another process while this one waited for its lock
                     return
                 tables = set(inspect(conn).get_table_names()) if before is None else set()
                 if clash := sorted(tables & OUR_TABLES):

@@ -67,9 +67,12 @@ def finish(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
     :func:`start_as_in_a_terminal` wrote it to, where it was given one."""
     import signal
 
+    def said(err: str) -> str:
+        return err if proc.stderr is not None else Path(proc.args_stderr_file).read_text()  # type: ignore[attr-defined]
+
     try:
         out, err = proc.communicate(timeout=timeout)
-        return out, err if proc.stderr is not None else Path(proc.args_stderr_file).read_text()  # type: ignore[attr-defined]
+        return out, said(err)
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGUSR1)
@@ -83,9 +86,7 @@ def finish(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
             _, err = proc.communicate(timeout=30)
         except subprocess.TimeoutExpired as still:  # a process outside its group holds the pipes
             err = still.stderr.decode(errors="replace") if isinstance(still.stderr, bytes) else still.stderr or ""
-        if proc.stderr is None:
-            err = Path(proc.args_stderr_file).read_text()  # type: ignore[attr-defined]
-        pytest.fail(f"still running after {timeout:g} s; its stderr, with its threads' stacks:\n{err[-8000:]}")
+        pytest.fail(f"still running after {timeout:g} s; its stderr, with its threads' stacks:\n{said(err)[-8000:]}")
 
 
 def start_as_in_a_terminal(argv: list[str], cwd: Path, stderr_file: Path | None = None) -> subprocess.Popen:

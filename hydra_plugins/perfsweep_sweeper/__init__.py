@@ -332,6 +332,18 @@ def _stored_statuses(url: str, sweep_id: int, job_nums: list[int]) -> list[str]:
     return [latest.get(n, "running").replace("running", "interrupted") for n in job_nums]
 
 
+def _read_rows(url: str, statement: Any) -> list[Any]:
+    """The rows of ``statement`` read from ``url`` read-only (a file gone is not made again)."""
+    from perfsweep import store
+
+    engine = store.connect_read_only(url)
+    try:
+        with store.session(engine) as s:
+            return list(s.execute(statement).all())
+    finally:
+        engine.dispose()
+
+
 def _last_run_id(url: str, sweep_id: int) -> int:
     """The newest run row of the sweep (0 for none): what a resume finds before it starts."""
     from sqlalchemy import func, select
@@ -339,15 +351,11 @@ def _last_run_id(url: str, sweep_id: int) -> int:
     from perfsweep import store
 
     try:
-        engine = store.connect_read_only(url)  # a read: a file gone is not made again
-        try:
-            with store.session(engine) as s:
-                return s.scalar(select(func.max(store.Run.id)).where(store.Run.sweep_id == sweep_id)) or 0
-        finally:
-            engine.dispose()
+        ((last,),) = _read_rows(url, select(func.max(store.Run.id)).where(store.Run.sweep_id == sweep_id))
     except Exception as exc:  # noqa: BLE001 - only the line after a Ctrl-C counts on it; the jobs do not
         log.debug("could not read the sweep's last run: %s", exc)
         return 0
+    return last or 0
 
 
 def _finished_count(url: str, sweep_id: int, n_jobs: int, todo: list[int], since_id: int) -> int | None:
@@ -363,16 +371,12 @@ def _finished_count(url: str, sweep_id: int, n_jobs: int, todo: list[int], since
     from perfsweep.names import FINAL_STATUSES
 
     try:
-        engine = store.connect_read_only(url)  # a read: a file gone is not made again
-        try:
-            with store.session(engine) as s:
-                rows = s.execute(
-                    select(store.Run.job_num, store.Run.id, store.Run.status)
-                    .where(store.Run.sweep_id == sweep_id, store.Run.job_num.in_(todo))
-                    .order_by(store.Run.id)  # a point's latest row last
-                ).all()
-        finally:
-            engine.dispose()
+        rows = _read_rows(
+            url,
+            select(store.Run.job_num, store.Run.id, store.Run.status)
+            .where(store.Run.sweep_id == sweep_id, store.Run.job_num.in_(todo))
+            .order_by(store.Run.id),  # a point's latest row last
+        )
     except Exception:  # noqa: BLE001 - the database went away: the jobs are not known to be stored
         return None
     latest = {num: (run_id, status) for num, run_id, status in rows}
