@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import shutil
+import signal
 import sqlite3
 import threading
 from pathlib import Path
@@ -23,6 +25,7 @@ from tests.util import (
     REFUSE_CLOSE,
     TINY,
     finish,
+    job_process,
     read_only,
     run_perfsweep,
     run_row,
@@ -207,10 +210,16 @@ def test_a_result_outlives_its_database_file_and_job_folder_deleted_while_it_ran
     """Fault injection: results.db and the job's folder are deleted while the job trains. The
     pooled connection kept writing into the deleted file and the result.json fallback raised into
     the void: a finished result was lost without a word. It is now kept where a file can still be
-    written, named in the last line, and imported from there, as the ok run it was."""
+    written, named in the last line, and imported from there, as the ok run it was.
+
+    The job is stopped (SIGSTOP) while both go, so that it cannot finish first; it had trained
+    1,500 steps (20 s of CPU) to make that unlikely. device=cpu: the faults are the database's and
+    the folder's, not the device's; on a CPU 300 steps take over a second, time enough to stop it."""
     tiny = [o for o in TINY if not o.startswith(("steps.measure", "profile."))]
     proc = start_perfsweep(
-        ["-m", "steps.measure=1500", "profile.enabled=false", *tiny], tmp_path, env={"TMPDIR": str(tmp_path / "tmp")}
+        ["-m", "steps.measure=300", "profile.enabled=false", "device=cpu", *tiny],
+        tmp_path,
+        env={"TMPDIR": str(tmp_path / "tmp")},
     )
     (tmp_path / "tmp").mkdir()
     db = tmp_path / "results.db"
@@ -220,10 +229,19 @@ def test_a_result_outlives_its_database_file_and_job_folder_deleted_while_it_ran
     reader = threading.Thread(target=lambda: said.extend(iter(proc.stderr.readline, "")), daemon=True)
     reader.start()
     wait_for(lambda: any("measure step" in line for line in said))
-    (job_dir,) = [p for p in (tmp_path / "multirun").glob("*/*/0_*")]
-    db.unlink()  # another connection may create an empty one in its place: 'replaced' then
-    shutil.rmtree(job_dir)
+    job = job_process(proc.pid)
+    os.kill(job, signal.SIGSTOP)  # it trains on once both are gone
+    try:
+        assert [r["status"] for r in rows(db, "SELECT status FROM runs")] == ["running"], "it finished first"
+        (job_dir,) = [p for p in (tmp_path / "multirun").glob("*/*/0_*")]
+        db.unlink()  # another connection may create an empty one in its place: 'replaced' then
+        shutil.rmtree(job_dir)
+    except BaseException:
+        os.kill(job, signal.SIGKILL)
+        proc.kill()
+        raise
     with read_only(job_dir.parent):  # nor can the job's folder be made again (a full disk does the same)
+        os.kill(job, signal.SIGCONT)
         proc.wait(timeout=300)
     reader.join(timeout=30)
     err = "".join(said)
