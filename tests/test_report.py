@@ -708,6 +708,24 @@ def test_a_heatmap_of_one_value_has_that_value_alone_on_its_colour_bar(engine: A
     assert list(bar.get_yticks()) == [pytest.approx(12345.678)]
 
 
+def test_a_heatmap_whose_cells_write_alike_has_each_written_value_once_on_its_colour_bar(
+    engine: Any, tmp_path: Path
+) -> None:
+    """Cells 0.01% apart (12,345.678 and 12,346.878 tokens/s) all write 12.3k: the bar had 12.3k at
+    both ends, a scale from a value to itself, and the cells its darkest and brightest colours. The
+    value is now on the bar once, and every cell has its colour."""
+    sid = new_sweep(engine, tmp_path / "sw")
+    for job, (seq, batch) in enumerate(itertools.product((64, 128), (4, 8))):
+        store.save_run(engine, run_row(sid, job, batch=batch, seq_len=seq, tokens_per_s=12345.678 + 0.4 * job))
+    figure = make_report(engine, [sid]).charts["heatmap"].figure
+    bar = figure.axes[-1]
+    labels = [t.get_text() for t in bar.get_yticklabels()]
+    assert labels == ["12.3k"] and list(bar.get_yticks()) == [pytest.approx(12345.678)], labels
+    (image,) = [im for ax in figure.axes for im in ax.images if ax is not bar]
+    colours = image.to_rgba(image.get_array()).reshape(-1, 4)
+    assert len({tuple(c) for c in colours}) == 1, colours
+
+
 def test_scaling_lines_are_the_stored_runs(engine: Any, tmp_path: Path) -> None:
     sid = failing_grid(engine, tmp_path)
     rep = make_report(engine, [sid])
