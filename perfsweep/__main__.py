@@ -13,15 +13,28 @@ import signal
 import socket
 import sys
 from pathlib import Path
+from typing import NoReturn
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
-from omegaconf import DictConfig
 
-from perfsweep import interrupts, preflight, store
-from perfsweep.config import MAX_BATCH, ConfigError, register_configs, to_run_config
-from perfsweep.names import EXIT_0_STATUSES, NOT_OVERRIDES, STACKS_ENV, SWEEP_MARKER
+def _interrupted_while_starting() -> NoReturn:
+    """A Ctrl-C in the command's first half second (the imports below, Hydra's plugin scan) ends as
+    one anywhere later does (:func:`cli`): it printed a traceback through Hydra's or SQLAlchemy's
+    imports instead."""
+    print("perfsweep: interrupted", file=sys.stderr)
+    raise SystemExit(128 + signal.SIGINT)
+
+
+try:
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import DictConfig
+
+    from perfsweep import interrupts, preflight, store
+    from perfsweep.config import MAX_BATCH, ConfigError, register_configs, to_run_config
+    from perfsweep.names import EXIT_0_STATUSES, NOT_OVERRIDES, STACKS_ENV, SWEEP_MARKER
+except KeyboardInterrupt:
+    _interrupted_while_starting()
 
 # torch, pandas and SQLAlchemy are imported inside hydra_main: a typo, --help or a subcommand
 # answers in about a second instead of paying for torch first.
@@ -74,7 +87,10 @@ LAUNCHER_LOGGERS = (
 )
 """The loggers of the Hydra launchers perfsweep runs on, named as their modules are."""
 
-register()
+try:
+    register()
+except KeyboardInterrupt:
+    _interrupted_while_starting()
 logging.getLogger(LAUNCHER_LOGGERS[0]).addFilter(_SaidByPerfsweep())
 for _name in LAUNCHER_LOGGERS:
     logging.getLogger(_name).addFilter(_PasswordsHidden())

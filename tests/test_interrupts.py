@@ -346,3 +346,40 @@ def test_a_ctrl_c_after_a_command_answered_is_one_line_not_a_traceback(tmp_path)
     assert lines[0].startswith("perfsweep trace: ") and "nosuch.json" in lines[0], res.stderr  # its answer stays
     assert lines[1:] == ["perfsweep: interrupted"], res.stderr
     assert res.returncode == 130
+
+
+# Starts the command as `python -m perfsweep --help` does, sending this process a real SIGINT as
+# the command first imports the module named in argv[1].
+CTRL_C_IN_THE_IMPORTS = """
+import os, runpy, signal, sys
+
+module = sys.argv[1]
+
+class Interrupt:
+    def find_spec(self, name, path=None, target=None):
+        if name == module:
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, Interrupt())
+sys.argv = ["perfsweep", "--help"]
+runpy.run_module("perfsweep", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize("module", ["sqlalchemy", "hydra_plugins.perfsweep_sweeper"], ids=["imports", "plugin-scan"])
+def test_a_ctrl_c_in_the_commands_first_imports_is_one_line_not_a_traceback(module, tmp_path):
+    """In the imports of perfsweep.__main__ (SQLAlchemy's, through perfsweep.store) and in Hydra's
+    plugin scan that follows them: the first half second of every command, where a Ctrl-C printed
+    a traceback through the import machinery."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "ctrl_c_in_imports.py"
+    script.write_text(CTRL_C_IN_THE_IMPORTS)
+    res = subprocess.run(
+        [sys.executable, str(script), module], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert res.stderr.strip().splitlines() == ["perfsweep: interrupted"], res.stderr[-3000:]
+    assert res.returncode == 130 and not res.stdout, (res.returncode, res.stdout[-500:])
