@@ -7,24 +7,31 @@ function does both, with the same checks, so a mistake gets the same one line ei
 
 from __future__ import annotations
 
-import logging
-import os
 import signal
-import socket
 import sys
-from pathlib import Path
-from typing import NoReturn
 
 
-def _interrupted_while_starting() -> NoReturn:
-    """A Ctrl-C in the command's first half second (the imports below, Hydra's plugin scan) ends as
+def _interrupted_while_starting(exc: BaseException) -> None:
+    """End a Ctrl-C in the command's first half second (the imports below, Hydra's plugin scan) as
     one anywhere later does (:func:`cli`): it printed a traceback through Hydra's or SQLAlchemy's
-    imports instead."""
+    imports instead. Also one that another exception hides (perfsweep.interrupts.unmasked: OmegaConf,
+    stopped half way in Hydra's config store, raises AttributeError from its ``finally``); any
+    other ``exc`` is raised again."""
+    seen: BaseException | None = exc
+    while seen is not None and not isinstance(seen, KeyboardInterrupt):
+        seen = seen.__context__
+    if seen is None:
+        raise exc
     print("perfsweep: interrupted", file=sys.stderr)
     raise SystemExit(128 + signal.SIGINT)
 
 
 try:
+    import logging
+    import os
+    import socket
+    from pathlib import Path
+
     import hydra
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
@@ -33,8 +40,8 @@ try:
     from perfsweep import interrupts, preflight, store
     from perfsweep.config import MAX_BATCH, ConfigError, register_configs, to_run_config
     from perfsweep.names import EXIT_0_STATUSES, NOT_OVERRIDES, STACKS_ENV, SWEEP_MARKER
-except KeyboardInterrupt:
-    _interrupted_while_starting()
+except BaseException as exc:  # noqa: BLE001 - anything else is raised again
+    _interrupted_while_starting(exc)
 
 # torch, pandas and SQLAlchemy are imported inside hydra_main: a typo, --help or a subcommand
 # answers in about a second instead of paying for torch first.
@@ -89,8 +96,8 @@ LAUNCHER_LOGGERS = (
 
 try:
     register()
-except KeyboardInterrupt:
-    _interrupted_while_starting()
+except BaseException as exc:  # noqa: BLE001 - anything else is raised again
+    _interrupted_while_starting(exc)
 logging.getLogger(LAUNCHER_LOGGERS[0]).addFilter(_SaidByPerfsweep())
 for _name in LAUNCHER_LOGGERS:
     logging.getLogger(_name).addFilter(_PasswordsHidden())

@@ -8,6 +8,7 @@ on; real sweeps.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
@@ -240,9 +241,13 @@ def test_a_result_outlives_its_database_file_and_job_folder_deleted_while_it_ran
         os.kill(job, signal.SIGKILL)
         proc.kill()
         raise
-    with read_only(job_dir.parent):  # nor can the job's folder be made again (a full disk does the same)
-        os.kill(job, signal.SIGCONT)
-        proc.wait(timeout=300)
+    try:
+        with read_only(job_dir.parent):  # nor can the job's folder be made again (a full disk does the same)
+            os.kill(job, signal.SIGCONT)
+            proc.wait(timeout=300)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(job, signal.SIGCONT)  # never left stopped
     reader.join(timeout=30)
     err = "".join(said)
     assert proc.returncode == 1, err[-3000:]

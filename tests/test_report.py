@@ -708,22 +708,40 @@ def test_a_heatmap_of_one_value_has_that_value_alone_on_its_colour_bar(engine: A
     assert list(bar.get_yticks()) == [pytest.approx(12345.678)]
 
 
+@pytest.mark.parametrize(
+    ("cells", "written"),
+    [((12345.678, 12346.078, 12346.478, 12346.878), "12.3k"), ((12349.9, 12349.95, 12350.0, 12350.1), "12.3k")],
+    ids=["one-text", "either-side-of-a-rounding-edge"],
+)
 def test_a_heatmap_whose_cells_write_alike_has_each_written_value_once_on_its_colour_bar(
-    engine: Any, tmp_path: Path
+    cells: tuple[float, ...], written: str, engine: Any, tmp_path: Path
 ) -> None:
-    """Cells 0.01% apart (12,345.678 and 12,346.878 tokens/s) all write 12.3k: the bar had 12.3k at
+    """Cells 0.01% apart (12,345.678 to 12,346.878 tokens/s) all write 12.3k: the bar had 12.3k at
     both ends, a scale from a value to itself, and the cells its darkest and brightest colours. The
-    value is now on the bar once, and every cell has its colour."""
+    value is now on the bar once, and every cell has its colour. So too for cells 0.002% apart
+    either side of 12,350, written 12.3k and 12.4k (a review found them darkest and brightest
+    still, when "alike" meant "written alike")."""
     sid = new_sweep(engine, tmp_path / "sw")
     for job, (seq, batch) in enumerate(itertools.product((64, 128), (4, 8))):
-        store.save_run(engine, run_row(sid, job, batch=batch, seq_len=seq, tokens_per_s=12345.678 + 0.4 * job))
+        store.save_run(engine, run_row(sid, job, batch=batch, seq_len=seq, tokens_per_s=cells[job]))
     figure = make_report(engine, [sid]).charts["heatmap"].figure
     bar = figure.axes[-1]
     labels = [t.get_text() for t in bar.get_yticklabels()]
-    assert labels == ["12.3k"] and list(bar.get_yticks()) == [pytest.approx(12345.678)], labels
+    assert labels == [written] and list(bar.get_yticks()) == [pytest.approx(min(cells))], labels
     (image,) = [im for ax in figure.axes for im in ax.images if ax is not bar]
     colours = image.to_rgba(image.get_array()).reshape(-1, 4)
     assert len({tuple(c) for c in colours}) == 1, colours
+
+
+def test_numbers_on_charts_are_rounded_before_their_suffix_is_chosen() -> None:
+    """999.6 tokens/s was written '1e+03' beside a neighbour's '1k', and 999,600 '1e+03k'."""
+    from perfsweep.report import fmt
+
+    assert [fmt.si(v) for v in (999.6, 999_600, 14_109, 12_345.678, -1_234, 99.96, 0.00012, 0)] == [
+        "1k", "1M", "14.1k", "12.3k", "-1.23k", "100", "0.00012", "0",
+    ]  # fmt: skip
+    assert fmt.alike(999.6, 1000.4) and fmt.alike(12349.9, 12350.1) and fmt.alike(0, 0)
+    assert not fmt.alike(12300, 12360) and not fmt.alike(0, 0.001) and not fmt.alike(1.0, 2.0)
 
 
 def test_scaling_lines_are_the_stored_runs(engine: Any, tmp_path: Path) -> None:

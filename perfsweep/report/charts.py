@@ -786,15 +786,16 @@ def _colour_scale(bar: Any, panels: list[Any]) -> None:
     values are the cells', not the bar's ends: a scale widened around one value (all cells equal)
     has ends no run had. Every panel's cells (``panels``): the bar is theirs, and with the last one's
     alone the darkest colour, in another panel, had no value again. One tick per written value:
-    cells 0.01% apart wrote "12.3k" at both ends, as if the scale ran from a value to itself."""
+    cells 0.01% apart wrote "12.3k" at both ends, as if the scale ran from a value to itself; cells
+    that write alike (:func:`fmt.alike`) are one colour (:func:`heatmap`), and that value's tick."""
     cells = np.concatenate([np.ma.masked_invalid(np.ma.asarray(a, dtype=float)).compressed() for a in panels])
     if not len(cells):
         return
     lo, hi = float(cells.min()), float(cells.max())
     gap = 0.1 * (hi - lo)  # an inner tick this near an end would print over the end's value
     ticks = {fmt.si(lo): lo}
-    for t in [hi, *(t for t in bar.get_ticks() if lo + gap < t < hi - gap)]:  # the ends first
-        ticks.setdefault(fmt.si(t), t)
+    for t in [] if fmt.alike(lo, hi) else [hi, *(t for t in bar.get_ticks() if lo + gap < t < hi - gap)]:
+        ticks.setdefault(fmt.si(t), t)  # the ends first
     bar.set_ticks(sorted(ticks.values()))
     bar.ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt.si(v)))  # as the cells write them: 38k
 
@@ -802,12 +803,12 @@ def _colour_scale(bar: Any, panels: list[Any]) -> None:
 def heatmap(ax: Axes, df: pd.DataFrame, p: Panel, s: Scale) -> Any:
     """``y`` over ``group`` (rows) x ``x`` (columns) on one colour scale for all panels; a cell
     that did not finish is red and says why, a cell never run says so. Cells that all write alike
-    (12.3k) get one colour: 0.01% apart, they had been drawn darkest and brightest, a difference
-    the chart's own numbers did not show."""
+    (:func:`fmt.alike`: 12.3k) get one colour: 0.01% apart, they had been drawn darkest and
+    brightest, a difference the chart's own numbers did not show."""
     z = df.pivot(index=p.group, columns=p.x, values=p.y[0]).astype(float)
     status = df.pivot(index=p.group, columns=p.x, values="status").to_numpy()
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#EEEEEE")
-    lo, hi = (s.lo, s.hi) if fmt.si(s.lo) != fmt.si(s.hi) else (s.lo, s.lo)
+    lo, hi = (s.lo, s.lo) if fmt.alike(s.lo, s.hi) else (s.lo, s.hi)
     image = ax.imshow(np.ma.masked_invalid(z), origin="lower", cmap=cmap, vmin=lo, vmax=hi, aspect="auto")
     ax.set(xticks=range(z.shape[1]), xticklabels=z.columns, xlabel=AXIS_TEXT.get(p.x, p.x))
     ax.set(yticks=range(z.shape[0]), yticklabels=z.index, ylabel=AXIS_TEXT.get(str(p.group), p.group))

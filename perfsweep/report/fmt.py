@@ -8,6 +8,7 @@ markdown helpers build GitHub tables without pandas' optional ``tabulate`` depen
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -58,13 +59,23 @@ def missing(v: Any) -> bool:
 
 
 def si(v: Any, digits: int = 3) -> str:
-    """14109 -> '14.1k': short enough to write on a bar."""
+    """14109 -> '14.1k': short enough to write on a bar. Rounded before the suffix is chosen:
+    999.6 tokens/s was written '1e+03' beside a cell's '1k', and 999,600 '1e+03k'."""
     if missing(v):
         return "-"
-    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+    v = float(f"{v:.{digits}g}")
+    for div, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(v) >= div:
             return f"{v / div:.{digits}g}{suffix}"
     return f"{v:.{digits}g}"
+
+
+def alike(a: float, b: float, digits: int = 3) -> bool:
+    """Whether ``a`` and ``b`` lie within half a unit of the last of ``digits`` significant
+    digits of the larger, so that :func:`si` cannot tell them apart, or, either side of a rounding
+    edge (12,349.9 and 12,350.1: '12.3k' and '12.4k'), by that edge alone."""
+    top = max(abs(a), abs(b))
+    return top == 0 or abs(a - b) < 0.5 * 10 ** (math.floor(math.log10(top)) - digits + 1)
 
 
 def num(v: Any, spec: str = "{:,.0f}") -> str:
