@@ -240,14 +240,15 @@ def test_batch_max_sweep_end_to_end(tmp_path: Path) -> None:
     # 300 MiB 0 to 7 off, docs/benchmarks.md), and within a tenth of it whatever the ledger missed
     # by: 17 below the edge of 380 once in a CI run here, under load, where the ledger said 428;
     # 21 below an edge of 404 under py-spy, where the ledger's 428 was nearer than usual (so
-    # "halves the ledger's miss" does not hold: the edge moves with the machine, the ledger not),
-    # and never farther off than the ledger was, give or take a fiftieth of the edge.
+    # "halves the ledger's miss" does not hold: the edge moves with the machine, the ledger not).
+    # A calibration that changed nothing fails it at the usual edges (371 to 380: the ledger's 428
+    # is 48 or more off); held also to the ledger's own miss, an edge near 420 would fail a sound one.
     first_ok = next(i for i, r in enumerate(tries) if r["status"] == "ok")
     measured = tries[first_ok]["memory_limit_used_bytes"]
     assert tries[first_ok]["peak_allocated_bytes"] < measured <= 400 * 2**20
     calibrated, best = found["calibrated_max_batch"], found["max_batch"]
     predicted = found["predicted_max_batch"]
-    assert abs(calibrated - best) <= min(best // 10, abs(predicted - best) + best // 50), (calibrated, best, predicted)
+    assert abs(calibrated - best) <= best // 10, (calibrated, best, predicted)
     oom_before = min([r["batch"] for r in tries[:first_ok] if r["status"] == "oom"], default=10**9)
     assert tries[first_ok + 1]["batch"] == max(tries[first_ok]["batch"] + 1, min(calibrated, oom_before - 1))
     assert "the ledger shifted by that" in res.stderr and "once calibrated by a measured try" in res.stdout
