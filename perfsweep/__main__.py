@@ -15,8 +15,8 @@ def _interrupted_while_starting(exc: BaseException) -> None:
     """End a Ctrl-C in the command's first half second (the imports below, Hydra's plugin scan) as
     one anywhere later does (:func:`cli`): it printed a traceback through Hydra's or SQLAlchemy's
     imports instead. Also one that another exception hides (perfsweep.interrupts.unmasked: OmegaConf,
-    stopped half way in Hydra's config store, raises AttributeError from its ``finally``); any
-    other ``exc`` is raised again."""
+    stopped half way in Hydra's config store, raises AttributeError from its ``finally``; that
+    module is not imported yet, so the chain is walked here); any other ``exc`` is raised again."""
     seen: BaseException | None = exc
     while seen is not None and not isinstance(seen, KeyboardInterrupt):
         seen = seen.__context__

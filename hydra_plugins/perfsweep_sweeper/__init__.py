@@ -318,16 +318,12 @@ def _stored_statuses(url: str, sweep_id: int, job_nums: list[int]) -> list[str]:
 
     from perfsweep import store
 
-    engine = store.connect(url)
-    try:
-        with store.session(engine) as s:
-            rows = s.execute(
-                select(store.Run.job_num, store.Run.status)
-                .where(store.Run.sweep_id == sweep_id, store.Run.job_num.in_(job_nums))
-                .order_by(store.Run.id)  # a resumed grid point's latest row last
-            ).all()
-    finally:
-        engine.dispose()
+    rows = _read_rows(
+        url,
+        select(store.Run.job_num, store.Run.status)
+        .where(store.Run.sweep_id == sweep_id, store.Run.job_num.in_(job_nums))
+        .order_by(store.Run.id),  # a resumed grid point's latest row last
+    )
     latest = {num: status for num, status in rows}
     return [latest.get(n, "running").replace("running", "interrupted") for n in job_nums]
 

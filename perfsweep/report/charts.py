@@ -794,8 +794,9 @@ def _colour_scale(bar: Any, panels: list[Any]) -> None:
     lo, hi = float(cells.min()), float(cells.max())
     gap = 0.1 * (hi - lo)  # an inner tick this near an end would print over the end's value
     ticks = {fmt.si(lo): lo}
-    for t in [] if fmt.alike(lo, hi) else [hi, *(t for t in bar.get_ticks() if lo + gap < t < hi - gap)]:
-        ticks.setdefault(fmt.si(t), t)  # the ends first
+    if not fmt.alike(lo, hi):
+        for t in [hi, *(t for t in bar.get_ticks() if lo + gap < t < hi - gap)]:  # the ends first
+            ticks.setdefault(fmt.si(t), t)
     bar.set_ticks(sorted(ticks.values()))
     bar.ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt.si(v)))  # as the cells write them: 38k
 
