@@ -103,6 +103,31 @@ before = vm(); step_alloc_peak_bytes(lambda: torch.ones(16).sum()); print('befor
     check timeout -s INT -k 30 550 python3 -m pytest -v -p no:cacheprovider --durations=25 --junitxml="$OUT/junit.xml"
     step "each file's seconds, and the end of tests/conftest.py's LONGEST_FIRST order on them"
     python3 benchmarks/suite_order.py "$OUT/junit.xml"
+    # Where the suite ends early, what made this machine's tests 2.5 to 7 times slower than the
+    # 2-core VM's on 2026-11-27: a sweep refused after its first imports took 8 s there against
+    # 1 s (a refusal before them 0.6 to 1.6 s), and the g++-bound tests 5 to 7 times longer. Each
+    # check is bounded, all of them by what is left of the device call's 600 s.
+    if [ $((585 - SECONDS)) -gt 60 ]; then
+      step "a sweep refused after its first imports: wall time, then its 15 slowest imports (cumulative us)"
+      ls -l /dev/nvidiactl /dev/nvidia0 2>&1 | cut -c1-80  # perfsweep.job_start.may_use_cuda looks for these
+      (cd "$work" && time timeout 60 python3 -m perfsweep -m repeat=1,2 model=tiny data=synthetic)
+      (cd "$work" && PYTHONPROFILEIMPORTTIME=1 timeout 60 python3 -m perfsweep -m repeat=1,2 model=tiny \
+        data=synthetic 2>"$work/imports.txt")
+      grep -v '^import time' "$work/imports.txt"
+      grep '^import time' "$work/imports.txt" | sort -t'|' -k2 -n | tail -15
+      step "torch's import, then CUDA's driver asked for its devices"
+      time timeout 60 python3 -c "import torch"
+      time timeout 60 python3 -c "import torch; print(torch.cuda.is_available())"
+    fi
+    if [ $((585 - SECONDS)) -gt 60 ]; then
+      step "g++ alone: Inductor's vector ISA check in an empty cache, and a tiny CPU compile"
+      g++ --version | head -1; nproc
+      TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) timeout $((580 - SECONDS)) python3 -c "import time, torch
+from torch._inductor import cpu_vec_isa
+t = time.perf_counter(); isa = cpu_vec_isa.pick_vec_isa(); t1 = time.perf_counter()
+f = torch.compile(lambda x: (x * 2).sin().sum()); f(torch.ones(64)); t2 = time.perf_counter()
+print(f'ISA check {t1 - t:.1f} s ({isa}); tiny compile {t2 - t1:.1f} s; compile_threads', torch._inductor.config.compile_threads)"
+    fi
     ;;
   sweeps)
     # the limits add up to 530 s, inside the device call's 600 with the install: on 2026-11-26 these

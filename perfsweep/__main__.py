@@ -160,8 +160,7 @@ def hydra_main(cfg: DictConfig) -> str:
             preflight.claim_folder(Path(sweep_dir), "hydra.run.dir")
             claimed = True
             preflight.data_keys_read([(list(hc.overrides.task), run_cfg)])  # one point: read, or refused
-            preflight.check_all([run_cfg])
-            preflight.placements([run_cfg])  # nproc's ranks fit this machine
+            preflight.check_all([run_cfg])  # and nproc's ranks fit this machine
             sweep_id, cpu = preflight.reserve_sweep(
                 launcher.db_url(run_cfg, launch_dir),
                 sweep_dir,

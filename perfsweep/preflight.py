@@ -576,7 +576,7 @@ def placements(cfgs: list[PerfsweepConfig], hydra_launcher: str = "BasicLauncher
             "hydra.launcher.array_parallelism)"
         )
     # device=cuda on a machine without one is check_device's to refuse, in its own words
-    on_cuda = slots.cuda_available() and any(c.device != Device.cpu for c in cfgs)
+    on_cuda = any(c.device != Device.cpu for c in cfgs) and slots.cuda_available()  # torch asked last
     if first.launcher.gpus_per_job is not None and not on_cuda:
         where = "device=cpu" if all(c.device == Device.cpu for c in cfgs) else "this machine, which has no CUDA device"
         raise ConfigError(
@@ -656,19 +656,30 @@ def check_db_for_hosts(url: str, hydra_launcher: str, mounts: str | Path = "/pro
         )
 
 
-def check_all(cfgs: list[PerfsweepConfig], jobs_run_here: bool = True) -> None:
-    """The checks that need no database: device, data, then the models on their first batch.
-    ``jobs_run_here`` false (SLURM: the jobs run on other hosts, often with GPUs a login node
-    lacks): this machine's devices are not the jobs', so they are not checked.
+def check_all(
+    cfgs: list[PerfsweepConfig], jobs_run_here: bool = True, hydra_launcher: str = "BasicLauncher"
+) -> list[Any]:
+    """The checks that need no database, cheapest first; returns the jobs' :func:`placements`.
 
-    The models are checked with torch: in a process forked from the job server where the jobs
-    will be (perfsweep.job_start.call), and only where there is something to check (a model of
-    the user's, what ``ckpt=true`` wraps in ours)."""
+    The data first, which needs no torch. Then the placements and the device, which ask torch
+    whether it sees a GPU: on a CUDA build that imports torch in this process and starts CUDA's
+    driver, so a mistyped data.path is answered before it. With a stand-in CUDA build on the
+    2-core VM (torch imported, its answer the CPU build's), that refusal took 2.2 s asked first,
+    1.0 s asked after; the CUDA build's own import is larger. (On the H100 machine of 2026-11-27
+    every refusal after the sweep's first imports took 7 to 11 s, against about 1 s here; how much
+    of that is torch's is not known: benchmarks/gpu_session.sh times it on the next lease.)
+    Then the models on their first batch, with torch: in a process forked from the job
+    server where the jobs will be (perfsweep.job_start.call), and only where there is something
+    to check (a model of the user's, what ``ckpt=true`` wraps in ours).
+
+    ``jobs_run_here`` false (SLURM: the jobs run on other hosts, often with GPUs a login node
+    lacks): this machine's devices are not the jobs', so they are not checked."""
     from perfsweep import job_start
 
+    prepared = check_data(cfgs)
+    found = placements(cfgs, hydra_launcher)
     if jobs_run_here:
         check_device(cfgs)
-    prepared = check_data(cfgs)
     if checked := sorted({c.model._target_ for c in cfgs if c.model._target_ != GPT_TARGET or c.ckpt}):
         try:
             job_start.call(check_models, cfgs, prepared)
@@ -678,6 +689,7 @@ def check_all(cfgs: list[PerfsweepConfig], jobs_run_here: bool = True) -> None:
                 f"batch ended its process (exit code {exc.exitcode}): a crash or an exit "
                 "in the model's code"
             ) from None
+    return found
 
 
 def resume_points(url: str, sweep_dir: str, grid: list[tuple[int, str]], searched: set[int]) -> set[tuple[int, str]]:

@@ -304,6 +304,29 @@ def test_a_plain_run_does_not_reuse_another_runs_folder(tmp_path: Path):
     assert (tmp_path / "mine" / ".hydra").is_dir()  # the first run's folder is kept as it was
 
 
+@pytest.mark.parametrize("mode", ["multirun", "run"])
+def test_a_mistake_in_the_data_is_answered_before_torch_is_asked_for_a_gpu(mode: str, tmp_path: Path):
+    """Asking torch whether it sees a GPU (the device's check, the placements') imports it on a
+    CUDA build and starts CUDA's driver (perfsweep.preflight.check_all: 1.1 s more for this refusal
+    on the 2-core VM with a stand-in CUDA build; more with a real one). The data's checks need no
+    torch, so they come first: a missing data.path is what is refused, though device=cuda is
+    refused too where torch sees no GPU, and the command imports no torch for it. On a CPU build
+    torch is never imported for the question; the order is what fails here on the old code."""
+    grid = ["-m", "seed=0,1"] if mode == "multirun" else []
+    base = [o for o in TINY if not o.startswith("data=")]
+    missing = tmp_path / "no" / "such.txt"
+    res = run_perfsweep(
+        [*grid, *base, "device=cuda", "data=textfile", f"data.path={missing}"],
+        tmp_path,
+        env={"PYTHONPROFILEIMPORTTIME": "1"},  # each import as "import time: self | cumulative | name" on stderr
+    )
+    timed = [line.split("|")[-1].strip() for line in res.stderr.splitlines() if line.startswith("import time:")]
+    said = [line for line in res.stderr.splitlines() if line.strip() and not line.startswith("import time:")]
+    assert res.returncode == 2 and len(said) == 1, res.stderr[-2000:]
+    assert f"data.path='{missing}'" in said[0] and "no job was started" in said[0], said[0]
+    assert "hydra" in timed and "torch" not in timed  # the import lines are there, torch's is not
+
+
 @pytest.mark.parametrize("grid", [["repeat=1,2"], ["order=grid,shuffle"], ["report=false,true"]])
 def test_how_the_sweep_runs_is_not_a_grid_axis(grid: list[str], tmp_path: Path):
     res = run_perfsweep(["-m", *grid, *(o for o in TINY if o != "report=false")], tmp_path)

@@ -78,16 +78,13 @@ class PerfsweepSweeper(BasicSweeper):
                 _refuse(
                     f"invalid config: {key}={','.join(values)}: must be one value for the whole sweep, not a grid axis"
                 )
-        try:
-            placements = preflight.placements(run_cfgs, hydra_launcher)
+        try:  # what needs no torch first (preflight.check_all); a batch=max point at batch 1, where it may start
             preflight.check_db_for_hosts(launcher.db_url(first, self.config.hydra.runtime.cwd), hydra_launcher)
             if hasattr(self.launcher, "params"):  # submitit's launchers: the allocation's GPUs
                 _check_gpus_per_job(self.launcher.params, run_cfgs)
-        except ConfigError as exc:
-            _refuse(str(exc))
-        try:  # a batch=max point is checked at batch 1, where its search may start
             data_notes = preflight.data_keys_read(list(zip([list(j) for j in jobs], run_cfgs, strict=True)))
-            preflight.check_all([_at_batch_1(c) if search.is_search(c) else c for c in run_cfgs], jobs_run_here=here)
+            checked = [_at_batch_1(c) if search.is_search(c) else c for c in run_cfgs]
+            placements = preflight.check_all(checked, jobs_run_here=here, hydra_launcher=hydra_launcher)
         except ConfigError as exc:
             _refuse(str(exc))
         for note in data_notes:
