@@ -664,8 +664,8 @@ def check_all(
     The data first, which needs no torch. Then the placements and the device, which ask torch
     whether it sees a GPU: on a CUDA build that imports torch in this process and starts CUDA's
     driver, so a mistyped data.path is answered before it. With a stand-in CUDA build on the
-    2-core VM (torch imported, its answer the CPU build's), that refusal took 2.2 s asked first,
-    1.0 s asked after; the CUDA build's own import is larger. (On the H100 machine of 2026-11-27
+    2-core VM (torch imported, its answer the CPU build's), that refusal took 2.2 s with the
+    device checked first, 1.0 s with the data first; the CUDA build's own import is larger. (On the H100 machine of 2026-11-27
     every refusal after the sweep's first imports took 7 to 11 s, against about 1 s here; how much
     of that is torch's is not known: benchmarks/gpu_session.sh times it on the next lease.)
     Then the models on their first batch, with torch: in a process forked from the job
