@@ -34,6 +34,7 @@ from perfsweep.cli import first_line
 from perfsweep.config import PerfsweepConfig, short_dirname, to_plain_dict
 from perfsweep.envinfo import environ_set, oom_kills
 from perfsweep.job_start import signals_blocked  # by name: a test holds a signal in a job's start alone
+from perfsweep.metrics import JobClock
 from perfsweep.names import (
     EXIT_0_STATUSES,
     GRID_AXES,
@@ -233,9 +234,11 @@ def _run_in_child(
     beat: Callable[[], None],
     placement: Placement | None = None,
     cancel: threading.Event | None = None,
+    clock: JobClock | None = None,
 ) -> tuple[str, str | None, dict[str, Any], datetime]:
     """Run the job (``config`` is its plain-dict config) in a spawned process, in ``placement``'s
-    slot when jobs run concurrently; ``cancel`` set (Ctrl-C in the sweep) stops it as interrupted.
+    slot when jobs run concurrently; ``cancel`` set (Ctrl-C in the sweep) stops it as interrupted;
+    ``clock`` gets the times its messages arrive.
 
     Returns (status, error, result fields, when the outcome was known). The timeout clock starts
     when the job reports ``ready`` (interpreter started, torch imported), so a slow start-up is
@@ -249,9 +252,11 @@ def _run_in_child(
     log_from = _log_size(spec.job_dir)  # job.log is appended to: a resumed try reads only its own lines
     started: list[Any] = []
     outcome: tuple[str, str | None, dict[str, Any]] | None = None
+    clock = JobClock() if clock is None else clock
     try:
         try:
             env = {**spec.env, **(placement.env() if placement is not None else {})}
+            clock.launched = time.monotonic()
             _start_job(spec, child_conn, payload, env, started)
         finally:
             child_conn.close()  # the job holds the only sending end: its death closes the pipe
@@ -274,12 +279,16 @@ def _run_in_child(
                     msg = parent_conn.recv()
                 except EOFError:  # child died without reporting
                     break
+                now = time.monotonic()
                 if msg[0] == "ready":
-                    deadline = time.monotonic() + spec.cfg.timeout_s
+                    deadline = now + spec.cfg.timeout_s
+                    clock.ready = now
                 elif msg[0] == "progress":
                     progress.update(*msg[1:])
+                    clock.step(now, msg[1], msg[4])  # ("progress", phase, step, total, ms, loss)
                 else:
                     outcome = _outcome_of(msg)
+                    clock.ended = now
             elif not _running(proc) and not parent_conn.poll():
                 break
     except BaseException as exc:  # Ctrl-C, SIGTERM or a cancel: the job is stopped and stored as it ended
@@ -712,6 +721,7 @@ def run_job(
         **slots.cpu_share(placement.cpus if placement is not None else None),
     )
     run_id = _begin(engine, row)
+    clock = JobClock()
     try:
         with scheduler_signals():
             try:
@@ -725,11 +735,12 @@ def run_job(
                 )
             else:
                 status, error, fields, finished = _run_in_child(
-                    spec, config, token_data, progress, Heartbeat(engine, run_id), placement, cancel
+                    spec, config, token_data, progress, Heartbeat(engine, run_id), placement, cancel, clock
                 )
     except BaseException as exc:  # Ctrl-C, a scheduler's signal or a cancelled sweep: the job was stopped
         ended = getattr(exc, "perfsweep_outcome", None)  # it had reported (a result that crossed the Ctrl-C)
         if ended is not None:
+            row.update(clock.phases().row())
             with interrupts.held():
                 _finish(engine, row, run_id, spec, fields_of_sweep, progress, started, *ended)
             status = ended[0]
@@ -761,6 +772,7 @@ def run_job(
         if isinstance(exc, Stopped):  # this job's own end: its sweep goes on and counts it
             return run_id, status
         raise
+    row.update(clock.phases().row())
     with interrupts.held():  # a Ctrl-C now waits for the result to be stored
         saved_id = _finish(
             engine, row, run_id, spec, fields_of_sweep, progress, started, status, error, fields, finished

@@ -212,6 +212,52 @@ class Verdict(Figures):
     bottleneck_rule: str | None = None
 
 
+@dataclass(frozen=True)
+class JobPhases(Figures):
+    """Where a job's wall time went besides its steps (``duration_s`` holds all of it, with the
+    data's preparation and the storing), from the sweep's clock as the job's messages arrived
+    (:class:`JobClock`). None where the job did not get that far."""
+
+    process_start_ms: float | None = None
+    """From asking for the job's process to its first word: a spawned job's new interpreter and its
+    imports of torch and the runner; a forked job's fork (the first may wait for the job server's
+    imports)."""
+    setup_ms: float | None = None
+    """From that first word to the first step's start: the device (a CUDA context), the memory
+    prediction, the model, its optimizer and data."""
+    after_steps_ms: float | None = None
+    """From the end of the last measured step to the job's result: on CPU the memory step and the
+    matmul peak, then the profiled window and its trace's analysis, a memory snapshot's dump."""
+
+
+@dataclass
+class JobClock:
+    """The sweep's monotonic clock (seconds) at a job's milestones, as its messages arrive; the
+    steps' own times come with them, so the first step's start is its arrival less its length."""
+
+    launched: float | None = None
+    ready: float | None = None
+    first_step_start: float | None = None
+    last_measured: float | None = None
+    ended: float | None = None
+
+    def step(self, now: float, phase: str, step_ms: float) -> None:
+        if self.first_step_start is None:
+            self.first_step_start = now - step_ms / 1000.0
+        if phase == "measure":
+            self.last_measured = now
+
+    def phases(self) -> JobPhases:
+        def ms(start: float | None, end: float | None) -> float | None:
+            return None if start is None or end is None else max(0.0, (end - start) * 1000.0)
+
+        return JobPhases(
+            process_start_ms=ms(self.launched, self.ready),
+            setup_ms=ms(self.ready, self.first_step_start),
+            after_steps_ms=ms(self.last_measured, self.ended),
+        )
+
+
 def gpu_busy_fraction(gpu_busy_ms: float, step_ms: float) -> float:
     """Share of a step the GPU was busy. ``step_ms`` should be a measured (unprofiled) step time:
     the profiled steps are slowed by the profiler, which would dilute the share."""

@@ -192,6 +192,14 @@ class Run(Base):
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     duration_s: Mapped[float | None] = mapped_column(Real)
+    """From the job's start to its outcome, in the sweep's process: the data's preparation, the
+    job's process and all it ran (the three columns below split what was not steps)."""
+    process_start_ms: Mapped[float | None] = mapped_column(Real)
+    """metrics.JobPhases: the job's process started and its imports done (null before schema 0017)."""
+    setup_ms: Mapped[float | None] = mapped_column(Real)
+    """metrics.JobPhases: from then to the first step's start (device, model, optimizer, data)."""
+    after_steps_ms: Mapped[float | None] = mapped_column(Real)
+    """metrics.JobPhases: from the last measured step's end to the result (probes, profiled window)."""
     job_dir: Mapped[str | None] = mapped_column(String(1000))
     run_uid: Mapped[str | None] = mapped_column(String(32), unique=True, index=True)
     """Random id given when the job starts; `perfsweep import` uses it to store a result once."""

@@ -116,6 +116,32 @@ def test_spawn_is_a_new_interpreter_per_job(tmp_path: Path):
     assert {line[3] for line in builds} == {"0"}  # Dynamo comes later, with the job's optimizer
 
 
+def test_a_jobs_time_besides_its_steps_is_split_and_a_spawned_start_shows_in_it(tmp_path: Path):
+    """runs.process_start_ms, setup_ms and after_steps_ms, timed by the sweep as the job's messages
+    arrive (perfsweep.metrics.JobClock): with the steps they account for the job's duration_s but
+    for the data's preparation and the messages' trips (99% and 98% on the 2-core VM), and a
+    spawned job's start, which imports torch, is the one that takes long (1,253 ms against 14 ms
+    forked there). The server starts with the sweep, and the spawned job runs first: by the forked
+    job's turn the server has imported torch, so its start does not wait for that."""
+    res = run_perfsweep(
+        ["-m", "launcher.start_method=spawn,forkserver", "profile.enabled=true", *CPU],
+        tmp_path,
+        env={"PERFSWEEP_EARLY_JOB_SERVER": "1"},
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    spawned, forked = sqlite_rows(
+        tmp_path / "results.db",
+        "SELECT start_method, duration_s, process_start_ms, setup_ms, after_steps_ms, first_step_ms, "
+        "measure_wall_ms, warmup_steps FROM runs ORDER BY job_num",
+    )
+    assert (spawned["start_method"], forked["start_method"]) == ("spawn", "forkserver")
+    for run in (spawned, forked):
+        parts = [run[k] for k in ("process_start_ms", "setup_ms", "first_step_ms", "measure_wall_ms", "after_steps_ms")]
+        assert all(p > 0 for p in parts) and run["warmup_steps"] == 1, run  # TINY: one warmup step, then the window
+        assert 0.8 * run["duration_s"] * 1000 <= sum(parts) <= run["duration_s"] * 1000, run
+    assert forked["process_start_ms"] * 4 < spawned["process_start_ms"], (spawned, forked)
+
+
 def test_a_job_given_environment_variables_is_spawned_with_them(tmp_path: Path):
     """Hydra's ``hydra.job.env_set``, here a value per job: torch reads some variables on import
     (OpenMP's threads, TORCH_LOGS), which a forked job would take from the server, and Hydra sets
