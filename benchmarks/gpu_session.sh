@@ -77,7 +77,8 @@ query() {
   check python3 -m perfsweep query --db "$work/results.db" "SELECT sweep_id, amp, ckpt, model_name, vocab_size_padded,
     batch, seq_len, status, step_time_ms_median, step_time_ms_p10, step_time_ms_p90, step_time_cv, tokens_per_s, mfu,
     gpu_busy_ms, gpu_busy_fraction, bottleneck, peak_allocated_bytes, predicted_peak_bytes, compile_time_ms,
-    compile_cache, timing_mode, duration_s FROM runs"
+    compile_cache, timing_mode, duration_s, start_method, process_start_ms, setup_ms, first_step_ms, warmup_steps,
+    measure_wall_ms, after_steps_ms FROM runs"
   check python3 -m perfsweep query --db "$work/results.db" "SELECT r.sweep_id, r.amp, r.ckpt, r.vocab_size_padded,
     s.stage, s.cpu_time_ms, s.device_time_ms, s.device_time_source FROM stages s JOIN runs r ON r.id = s.run_id"
 }
