@@ -119,7 +119,7 @@ def test_spawn_is_a_new_interpreter_per_job(tmp_path: Path):
 def test_a_jobs_time_besides_its_steps_is_split_and_a_spawned_start_shows_in_it(tmp_path: Path):
     """runs.process_start_ms, setup_ms and after_steps_ms, timed by the sweep as the job's messages
     arrive (perfsweep.metrics.JobClock): with the steps they account for the job's duration_s but
-    for the data's preparation and the messages' trips (99% and 98% on the 2-core VM), and a
+    for the data's preparation and the messages' trips (98% and 99.8% on the 2-core VM), and a
     spawned job's start, which imports torch, is the one that takes long (1,253 ms against 14 ms
     forked there). The server starts with the sweep, and the spawned job runs first: by the forked
     job's turn the server has imported torch, so its start does not wait for that."""
