@@ -97,7 +97,7 @@ case "$stage" in
     # its limit: what is left of the device call's 600 s after the install, less 30 for pytest's
     # summary after SIGINT; junit.xml: each test's time, to order tests/conftest.py's LONGEST_FIRST
     # by what the files take there
-    check timeout -s INT -k 25 $((570 - SECONDS)) python3 -m pytest -v -p no:cacheprovider --durations=25 \
+    check timeout -s INT -k 25 $((SECONDS < 510 ? 570 - SECONDS : 60)) python3 -m pytest -v -p no:cacheprovider --durations=25 \
       --junitxml="$OUT/junit.xml"
     step "each file's seconds, and the end of tests/conftest.py's LONGEST_FIRST order on them"
     python3 benchmarks/suite_order.py "$OUT/junit.xml"

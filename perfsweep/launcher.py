@@ -285,7 +285,8 @@ def _run_in_child(
                     clock.ready = now
                 elif msg[0] == "progress":
                     progress.update(*msg[1:])
-                    clock.step(now, msg[1], msg[4])  # ("progress", phase, step, total, ms, loss)
+                elif msg[0] == "milestone":
+                    clock.milestone(*msg[1:])
                 else:
                     outcome = _outcome_of(msg)
                     clock.ended = now
@@ -295,12 +296,12 @@ def _run_in_child(
         if not started:  # it never started: nothing to stop
             parent_conn.close()
             raise
-        ended = _wait_for_exit(parent_conn, started[0], outcome and (*outcome, utcnow()), stopped=True)[0]
+        ended = _wait_for_exit(parent_conn, started[0], outcome and (*outcome, utcnow()), stopped=True, clock=clock)[0]
         if ended is not None:  # it reported: a result that crossed the Ctrl-C is kept (perfsweep_outcome)
             exc.perfsweep_outcome = ended
         raise
     decided = utcnow()  # a timeout's stored duration ends at the deadline, not after the kill
-    ended, signalled = _wait_for_exit(parent_conn, proc, outcome and (*outcome, decided), stopped=False)
+    ended, signalled = _wait_for_exit(parent_conn, proc, outcome and (*outcome, decided), stopped=False, clock=clock)
     if ended is not None:
         return ended
     code = proc.exitcode  # the job died without a word
@@ -528,7 +529,9 @@ Outcome = tuple[str, str | None, dict[str, Any], datetime]
 """(status, error, result fields, when it was known): a job's end as run_job stores it."""
 
 
-def _wait_for_exit(conn: Any, proc: Any, ended: Outcome | None, stopped: bool) -> tuple[Outcome | None, bool]:
+def _wait_for_exit(
+    conn: Any, proc: Any, ended: Outcome | None, stopped: bool, clock: JobClock | None = None
+) -> tuple[Outcome | None, bool]:
     """Let the job process exit and return (its outcome if it reported one, whether perfsweep had
     to signal it). ``ended``: the outcome already received, if any (a job that reported is
     shutting down by itself: DataLoader workers, CUDA; a timed-out one is not). Otherwise the job
@@ -538,7 +541,8 @@ def _wait_for_exit(conn: Any, proc: Any, ended: Outcome | None, stopped: bool) -
     DataLoader workers, whose death then reads as the job's own error.
 
     Ctrl-C and SIGTERM are held meanwhile; one that came is raised afterwards carrying the outcome
-    as ``perfsweep_outcome``, so a finished job is stored as finished whatever the signals."""
+    as ``perfsweep_outcome``, so a finished job is stored as finished whatever the signals.
+    ``clock`` gets the time a last word taken here arrived."""
     signalled = False
     try:
         with interrupts.held(interrupts.STOPPING_NOTE):
@@ -546,6 +550,8 @@ def _wait_for_exit(conn: Any, proc: Any, ended: Outcome | None, stopped: bool) -
                 heard, last = _last_word(conn, proc, UNWIND_REPORT_S)
                 if last is not None and (not stopped or last[0] == "result"):
                     ended = (*_outcome_of(last), utcnow())
+                    if clock is not None:
+                        clock.ended = time.monotonic()
                 signalled = _stop(proc, grace_s=STOP_GRACE_S[heard])
             else:
                 signalled = _stop(proc, grace_s=0 if ended[0] == "timeout" else STOP_GRACE_S["reported"])
@@ -758,6 +764,7 @@ def run_job(
                             engine,
                             {
                                 **row,
+                                **clock.phases().row(),  # how far it got: its start, its setup
                                 "status": status,
                                 "finished_at": utcnow(),
                                 "error": f"{why} {interrupted_tail(spec.multirun)}",

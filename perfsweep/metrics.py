@@ -224,7 +224,7 @@ class JobPhases(Figures):
     imports)."""
     setup_ms: float | None = None
     """From that first word to the first step's start: the device (a CUDA context), the memory
-    prediction, the model, its optimizer and data."""
+    prediction, the model, its optimizer and data (a data-parallel job's ranks started)."""
     after_steps_ms: float | None = None
     """From the end of the last measured step to the job's result: on CPU the memory step and the
     matmul peak, then the profiled window and its trace's analysis, a memory snapshot's dump."""
@@ -232,20 +232,25 @@ class JobPhases(Figures):
 
 @dataclass
 class JobClock:
-    """The sweep's monotonic clock (seconds) at a job's milestones, as its messages arrive; the
-    steps' own times come with them, so the first step's start is its arrival less its length."""
+    """A job's milestones on the host's monotonic clock (seconds): the sweep's process reads it as
+    it starts the job and as the job's first word and outcome arrive; the job sends its own
+    reading at its first step's start and its measured window's end (perfsweep.runner.Reporter),
+    where a message's arrival would say less (a window's steps are reported after it under
+    ``timing=events``). A milestone not reached stays None, and so do the phases it bounds."""
 
     launched: float | None = None
     ready: float | None = None
     first_step_start: float | None = None
+    """The job's ``steps`` milestone."""
     last_measured: float | None = None
+    """The job's ``measured`` milestone: the window ended (a job that failed in it has none)."""
     ended: float | None = None
 
-    def step(self, now: float, phase: str, step_ms: float) -> None:
-        if self.first_step_start is None:
-            self.first_step_start = now - step_ms / 1000.0
-        if phase == "measure":
-            self.last_measured = now
+    def milestone(self, name: str, at: float) -> None:
+        if name == "steps":
+            self.first_step_start = at
+        elif name == "measured":
+            self.last_measured = at
 
     def phases(self) -> JobPhases:
         def ms(start: float | None, end: float | None) -> float | None:

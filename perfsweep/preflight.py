@@ -315,10 +315,15 @@ def error_line(exc: BaseException) -> str:
 
 
 def check_device(cfgs: list[PerfsweepConfig]) -> None:
-    """A CUDA-only setting on a machine where torch sees no GPU is refused here, not in job 1."""
+    """A CUDA-only setting on a machine where torch sees no GPU is refused here, not in job 1.
+    Torch is asked only where such a setting is asked for (on a CUDA build the question imports
+    it in this process, seconds: :func:`check_all`)."""
     from perfsweep import slots
 
-    if slots.cuda_available():
+    cuda_only = any(
+        c.device == Device.cuda or (c.amp and c.amp_dtype == AmpDtype.fp16) or c.timing == Timing.events for c in cfgs
+    )
+    if not cuda_only or slots.cuda_available():
         return
     why = f"torch {slots.torch_version()} sees no CUDA device on this machine"
     for cfg in cfgs:
@@ -366,9 +371,27 @@ def cpu_notice(fields: dict[str, float]) -> str | None:
     )
 
 
+def check_text_files(cfgs: list[PerfsweepConfig]) -> None:
+    """Every ``data=textfile`` grid point's text exists and is not empty: the cheapest of the
+    data's checks (a file listing), before any question to torch and any tokenizing."""
+    from perfsweep import corpus
+
+    for cfg in cfgs:
+        d = cfg.data
+        if d._target_ is None and d.kind == DataKind.textfile:
+            try:
+                files = corpus.text_files(d.path or "", d.glob)
+            except FileNotFoundError as exc:
+                raise ConfigError(f"invalid config: {exc}; point data.path at a UTF-8 text file or folder") from None
+            if sum(f.stat().st_size for f in files) == 0:
+                raise ConfigError(
+                    f"invalid config: {_data_key(cfg)}: the text is empty (0 bytes); use a file with text in it"
+                )
+
+
 def check_data(cfgs: list[PerfsweepConfig]) -> dict[str, Any]:
-    """Every grid point's data exists and holds one batch; returns the prepared token data by
-    :func:`_prepared_key` (None for a ``data._target_`` factory).
+    """Every grid point's data holds one batch (its text exists: :func:`check_text_files`);
+    returns the prepared token data by :func:`_prepared_key` (None for a ``data._target_`` factory).
 
     The corpus is tokenized here (once; jobs then hit the cache), so the count is exact. A data
     factory is called here and must give one batch (:func:`check_models` then trains on it).
@@ -382,13 +405,6 @@ def check_data(cfgs: list[PerfsweepConfig]) -> dict[str, Any]:
         if d._target_ is not None:
             prepared.setdefault(_prepared_key(cfg), None)
             continue
-        if d.kind == DataKind.textfile:
-            try:
-                files = corpus.text_files(d.path or "", d.glob)
-            except FileNotFoundError as exc:
-                raise ConfigError(f"invalid config: {exc}; point data.path at a UTF-8 text file or folder") from None
-            if sum(f.stat().st_size for f in files) == 0:
-                raise ConfigError(f"invalid config: {where}: the text is empty (0 bytes); use a file with text in it")
         key = _prepared_key(cfg)
         if key not in prepared:
             try:
@@ -661,14 +677,12 @@ def check_all(
 ) -> list[Any]:
     """The checks that need no database, cheapest first; returns the jobs' :func:`placements`.
 
-    The data first, which needs no torch. Then the placements and the device, which ask torch
-    whether it sees a GPU: on a CUDA build that imports torch in this process and starts CUDA's
-    driver, so a mistyped data.path is answered before it. With a stand-in CUDA build on the
-    2-core VM (torch imported, its answer the CPU build's), that refusal took 2.2 s with the
-    device checked first, 1.0 s with the data first; the CUDA build's own import is larger. (On the H100 machine of 2026-11-27
-    every refusal after the sweep's first imports took 7 to 11 s, against about 1 s here; how much
-    of that is torch's is not known: benchmarks/gpu_session.sh times it on the next lease.)
-    Then the models on their first batch, with torch: in a process forked from the job
+    The text files first: a listing. Then the device and the placements, which ask torch whether
+    it sees a GPU where a job may run on one: on a CUDA build that imports torch in this process
+    and starts CUDA's driver, seconds (docs/benchmarks.md, "A refusal on a GPU machine"), so a
+    mistyped data.path is answered before it. Then the tokenizing, which a large corpus not yet in
+    the cache makes the longest of them (minutes for gigabytes), so a mistyped setting is answered
+    before it. Then the models on their first batch, with torch: in a process forked from the job
     server where the jobs will be (perfsweep.job_start.call), and only where there is something
     to check (a model of the user's, what ``ckpt=true`` wraps in ours).
 
@@ -676,10 +690,11 @@ def check_all(
     lacks): this machine's devices are not the jobs', so they are not checked."""
     from perfsweep import job_start
 
-    prepared = check_data(cfgs)
-    found = placements(cfgs, hydra_launcher)
+    check_text_files(cfgs)
     if jobs_run_here:
         check_device(cfgs)
+    found = placements(cfgs, hydra_launcher)
+    prepared = check_data(cfgs)
     if checked := sorted({c.model._target_ for c in cfgs if c.model._target_ != GPT_TARGET or c.ckpt}):
         try:
             job_start.call(check_models, cfgs, prepared)

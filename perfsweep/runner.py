@@ -74,8 +74,22 @@ def _unlabelled(_name: str, _nvtx: bool) -> contextlib.nullcontext:
     return _NO_LABEL
 
 
-Progress = Callable[[str, int, int, float, float], None]
-"""progress(phase, step, total_steps, step_time_ms, loss)"""
+class Reporter:
+    """What a job tells its launcher over ``conn`` as it goes: each step (``reporter(phase, step,
+    total_steps, step_time_ms, loss)``) and the milestones the launcher splits the job's time by
+    (perfsweep.metrics.JobClock). A milestone carries this process's monotonic clock, which the
+    launcher's process shares (Linux's CLOCK_MONOTONIC): with ``timing=events`` a window's steps
+    are reported only after it, so their arrival does not say when the first one started."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    def __call__(self, phase: str, step: int, total: int, ms: float, loss: float) -> None:
+        self.conn.send(("progress", phase, step, total, ms, loss))
+
+    def milestone(self, name: str) -> None:
+        """``steps``: the first step is about to start; ``measured``: the measured window ended."""
+        self.conn.send(("milestone", name, time.monotonic()))
 
 
 def resolve_device(requested: Device) -> torch.device:
@@ -279,7 +293,7 @@ def train(
     job_dir: Path,
     label: str,
     launch_dir: str,
-    progress: Progress | None = None,
+    progress: Reporter | None = None,
     result: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run one grid point and return the row for ``runs`` with its child rows.
@@ -320,7 +334,7 @@ def _train(
     device: torch.device,
     result: dict[str, Any],
     snapshot: MemorySnapshot | None,
-    progress: Progress | None,
+    progress: Reporter | None,
 ) -> dict[str, Any]:
     trainer, built = build(cfg, device, token_data)
     raw = built.raw
@@ -351,6 +365,8 @@ def _train(
         records.append(StepRecord(len(records), phase, ms, wait_ms, loss))
         report(records[-1])
 
+    if progress is not None:
+        progress.milestone("steps")
     warm = warm_up(
         trainer,
         records,
@@ -369,6 +385,8 @@ def _train(
         snapshot.pause()  # no allocator history cost inside the timed steps
     probe.start_measure()
     window_ms = measure(trainer, records, steps.measure, mode, report)
+    if progress is not None:
+        progress.milestone("measured")
     nproc = distributed.world_size()
     if distributed.active():  # the job's steps are its slowest rank's: gathered after the window, untimed
         gathered = distributed.gather((records, window_ms))
@@ -475,15 +493,6 @@ def set_threads(cfg: PerfsweepConfig) -> None:
     threads = cfg.threads or slots.default_threads()
     if threads:
         torch.set_num_threads(threads)
-
-
-def progress_to(conn: Any) -> Progress:
-    """A progress callback that sends each step to the launcher over ``conn``."""
-
-    def progress(phase: str, step: int, total: int, ms: float, loss: float) -> None:
-        conn.send(("progress", phase, step, total, ms, loss))
-
-    return progress
 
 
 def profiled_window(
@@ -595,7 +604,7 @@ def rank_main(
     try:
         cfg = to_run_config(cfg_dict)
         distributed.init_rank(cpus, slots.wants_cuda(cfg.device))
-        progress = progress_to(conn) if r == 0 and conn is not None else None
+        progress = Reporter(conn) if r == 0 and conn is not None else None
         result = train(cfg, token_data, distributed.rank_folder(job_dir, r), label, launch_dir, progress, partial)
         return result if r == 0 else None
     except BaseException as exc:
@@ -629,7 +638,7 @@ def job_main(
     # means for the run (perfsweep.launcher.scheduler_signals), and stops this one itself.
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     conn.send(("ready",))  # interpreter and imports are up: the job's timeout clock starts now
-    progress = progress_to(conn)
+    progress = Reporter(conn)
     partial: dict[str, Any] = {"start_method": start_method}
     try:
         cfg = to_run_config(cfg_dict)

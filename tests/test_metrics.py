@@ -248,3 +248,19 @@ def test_speedups_over_steps_and_over_repeats():
         )
     )
     assert metrics.step_block(10) == 2 and metrics.step_block(30) == 3 and metrics.step_block(1) == 1
+
+
+def test_a_jobs_phases_are_bounded_by_the_milestones_it_reached():
+    """The milestones a job reached bound its phases; one it did not reach leaves the phases it
+    bounds null, never a guess (a job that failed inside its window has no time after it, though
+    its window's first steps were reported)."""
+    clock = metrics.JobClock(launched=100.0)
+    assert clock.phases().row() == {"process_start_ms": None, "setup_ms": None, "after_steps_ms": None}
+    clock.ready = 101.25
+    clock.milestone("steps", 101.5)
+    clock.ended = 104.0  # failed in its window: no "measured"
+    assert clock.phases().row() == {"process_start_ms": 1250.0, "setup_ms": 250.0, "after_steps_ms": None}
+    clock.milestone("measured", 103.0)
+    clock.milestone("no-such-milestone", 0.0)  # a name it does not know changes nothing
+    assert clock.phases().after_steps_ms == pytest.approx(1000.0)
+    assert clock.phases().setup_ms == 250.0

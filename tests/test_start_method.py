@@ -117,12 +117,12 @@ def test_spawn_is_a_new_interpreter_per_job(tmp_path: Path):
 
 
 def test_a_jobs_time_besides_its_steps_is_split_and_a_spawned_start_shows_in_it(tmp_path: Path):
-    """runs.process_start_ms, setup_ms and after_steps_ms, timed by the sweep as the job's messages
-    arrive (perfsweep.metrics.JobClock): with the steps they account for the job's duration_s but
-    for the data's preparation and the messages' trips (98% and 99.8% on the 2-core VM), and a
-    spawned job's start, which imports torch, is the one that takes long (1,253 ms against 14 ms
-    forked there). The server starts with the sweep, and the spawned job runs first: by the forked
-    job's turn the server has imported torch, so its start does not wait for that."""
+    """runs.process_start_ms, setup_ms and after_steps_ms (perfsweep.metrics.JobClock): with the
+    steps they account for the job's duration_s but for the data's preparation and the running
+    row's insert (98% and 99.7% on the 2-core VM), and a spawned job's start, which imports torch,
+    is the one that takes long (1,171 ms against 14 ms forked there). The server starts with the
+    sweep, and the spawned job runs first: by the forked job's turn the server has imported torch,
+    so its start does not wait for that."""
     res = run_perfsweep(
         ["-m", "launcher.start_method=spawn,forkserver", "profile.enabled=true", *CPU],
         tmp_path,
@@ -138,7 +138,10 @@ def test_a_jobs_time_besides_its_steps_is_split_and_a_spawned_start_shows_in_it(
     for run in (spawned, forked):
         parts = [run[k] for k in ("process_start_ms", "setup_ms", "first_step_ms", "measure_wall_ms", "after_steps_ms")]
         assert all(p > 0 for p in parts) and run["warmup_steps"] == 1, run  # TINY: one warmup step, then the window
-        assert 0.8 * run["duration_s"] * 1000 <= sum(parts) <= run["duration_s"] * 1000, run
+        duration_ms = run["duration_s"] * 1000
+        # all on one clock but duration_s (the wall clock): 50 ms for the two clocks' drift; what is
+        # not in the parts (a SQLite insert, the data) may take a slow disk a quarter of a second
+        assert duration_ms - max(250, 0.2 * duration_ms) <= sum(parts) <= duration_ms + 50, run
     assert forked["process_start_ms"] * 4 < spawned["process_start_ms"], (spawned, forked)
 
 
