@@ -226,7 +226,7 @@ class JobPhases(Figures):
     """From that first word to the first step's start: the device (a CUDA context), the memory
     prediction, the model, its optimizer and data (a data-parallel job's ranks started)."""
     after_steps_ms: float | None = None
-    """From the end of the last measured step to the job's result: on CPU the memory step and the
+    """From the end of the measured window to the job's result: on CPU the memory step and the
     matmul peak, then the profiled window and its trace's analysis, a memory snapshot's dump."""
 
 

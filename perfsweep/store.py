@@ -199,7 +199,7 @@ class Run(Base):
     setup_ms: Mapped[float | None] = mapped_column(Real)
     """metrics.JobPhases: from then to the first step's start (device, model, optimizer, data)."""
     after_steps_ms: Mapped[float | None] = mapped_column(Real)
-    """metrics.JobPhases: from the last measured step's end to the result (probes, profiled window)."""
+    """metrics.JobPhases: from the measured window's end to the result (probes, profiled window)."""
     job_dir: Mapped[str | None] = mapped_column(String(1000))
     run_uid: Mapped[str | None] = mapped_column(String(32), unique=True, index=True)
     """Random id given when the job starts; `perfsweep import` uses it to store a result once."""

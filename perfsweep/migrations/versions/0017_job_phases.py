@@ -5,9 +5,10 @@ Revises: 0016
 Create Date: 2026-11-27 23:40:00
 
 On the H100 machine a CUDA job of a second's steps took 9 to 18 s from its start to its result,
-and nothing said where the rest went. The sweep's process now times each job's milestones as its
-messages arrive (perfsweep.metrics.JobClock): its process up with its imports, its first step's
-start, its last measured step's end, its result. Rows stored before keep NULL: not measured.
+and nothing said where the rest went. Each job's milestones are now read on the host's monotonic
+clock (perfsweep.metrics.JobClock): its process up with its imports and its result by the sweep's
+process, its first step's start and its measured window's end by the job. Rows stored before
+keep NULL: not measured.
 """
 
 from collections.abc import Sequence
