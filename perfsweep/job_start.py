@@ -300,10 +300,12 @@ class CallDied(RuntimeError):
 
 
 def _answer(conn: Any, fn: Callable[..., Any], args: tuple[Any, ...], sweep_pid: int | None = None) -> None:
-    """:func:`call`'s side in the forked process: ("ok", result) or ("error", exception). An
-    exception that would not travel (one whose class cannot be rebuilt from its args, one holding
-    something unpicklable: a user's exception inside a ContractError) goes as a ConfigError with
-    its text where it was one, else as a RuntimeError. It ends by itself once the sweep
+    """:func:`call`'s side in the forked process: ("ok", result) or ("error", exception). A
+    ConfigError of a subclass (perfsweep.task's ContractError) goes as a plain ConfigError with its
+    text: unpickling the subclass would import its module, and torch with it, in the sweep's
+    process, seconds on a CUDA build for a refusal. An exception that would not travel (one whose
+    class cannot be rebuilt from its args, one holding something unpicklable) goes as a
+    ConfigError with its text where it was one, else as a RuntimeError. It ends by itself once the sweep
     (``sweep_pid``) is gone: a sweep killed outright left it running to the end of a user's slow
     model check, and its server and resource tracker with it."""
     import pickle
@@ -314,7 +316,7 @@ def _answer(conn: Any, fn: Callable[..., Any], args: tuple[Any, ...], sweep_pid:
     try:
         result: tuple[str, Any] = ("ok", fn(*args))
     except BaseException as exc:  # noqa: BLE001 - the caller raises it
-        result = ("error", exc)
+        result = ("error", ConfigError(str(exc)) if isinstance(exc, ConfigError) else exc)
         try:
             pickle.loads(pickle.dumps(exc))
         except Exception:  # noqa: BLE001

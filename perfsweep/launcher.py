@@ -279,17 +279,14 @@ def _run_in_child(
                     msg = parent_conn.recv()
                 except EOFError:  # child died without reporting
                     break
-                now = time.monotonic()
+                clock.heard(msg)
                 if msg[0] == "ready":
-                    deadline = now + spec.cfg.timeout_s
-                    clock.ready = now
+                    deadline = time.monotonic() + spec.cfg.timeout_s
                 elif msg[0] == "progress":
                     progress.update(*msg[1:])
-                elif msg[0] == "milestone":
-                    clock.milestone(*msg[1:])
-                else:
+                elif msg[0] != "milestone":
                     outcome = _outcome_of(msg)
-                    clock.ended = now
+                    clock.ended = time.monotonic()
             elif not _running(proc) and not parent_conn.poll():
                 break
     except BaseException as exc:  # Ctrl-C, SIGTERM or a cancel: the job is stopped and stored as it ended
@@ -547,7 +544,7 @@ def _wait_for_exit(
     try:
         with interrupts.held(interrupts.STOPPING_NOTE):
             if ended is None:
-                heard, last = _last_word(conn, proc, UNWIND_REPORT_S)
+                heard, last = _last_word(conn, proc, UNWIND_REPORT_S, clock)
                 if last is not None and (not stopped or last[0] == "result"):
                     ended = (*_outcome_of(last), utcnow())
                     if clock is not None:
@@ -564,16 +561,21 @@ def _wait_for_exit(
     return ended, signalled
 
 
-def _last_word(conn: Any, proc: Any, seconds: float) -> tuple[str, tuple | None]:
+def _last_word(conn: Any, proc: Any, seconds: float, clock: JobClock | None = None) -> tuple[str, tuple | None]:
     """What the job does within ``seconds``, and its report if it made one: ``reported`` its end
     (an error, or a result that crossed the Ctrl-C: a finished job is stored as finished; progress
     lines do not count, a job still training sends them), ``ended`` (its pipe closed or the process
-    is gone, without a word), or stayed ``silent``."""
+    is gone, without a word), or stayed ``silent``. Milestones read on the way go to ``clock``: a
+    result that crossed the Ctrl-C has its window's end among them."""
     deadline = time.monotonic() + seconds
     while (left := deadline - time.monotonic()) > 0:
         try:
-            if conn.poll(min(left, 0.1)) and (msg := conn.recv())[0] in ("error", "result"):
-                return "reported", msg
+            if conn.poll(min(left, 0.1)):
+                msg = conn.recv()
+                if msg[0] in ("error", "result"):
+                    return "reported", msg
+                if clock is not None:
+                    clock.heard(msg)
         except Exception:  # noqa: BLE001 - EOF, or a message cut in half by the Ctrl-C: no report
             return "ended", None
         if not _running(proc):

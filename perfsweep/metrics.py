@@ -252,6 +252,15 @@ class JobClock:
         elif name == "measured":
             self.last_measured = at
 
+    def heard(self, message: tuple) -> None:
+        """A message from the job: its ``("ready", at)`` and ``("milestone", name, at)`` carry the
+        job's own reading, so a sweep busy elsewhere when one arrived does not move time between
+        phases; the rest are not the clock's."""
+        if message[0] == "ready":
+            self.ready = message[1]
+        elif message[0] == "milestone":
+            self.milestone(message[1], message[2])
+
     def phases(self) -> JobPhases:
         def ms(start: float | None, end: float | None) -> float | None:
             return None if start is None or end is None else max(0.0, (end - start) * 1000.0)

@@ -637,7 +637,7 @@ def job_main(
     # SLURM signals every process of the job step; the launching process decides what a signal
     # means for the run (perfsweep.launcher.scheduler_signals), and stops this one itself.
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
-    conn.send(("ready",))  # interpreter and imports are up: the job's timeout clock starts now
+    conn.send(("ready", time.monotonic()))  # interpreter and imports are up: the job's timeout clock starts now
     progress = Reporter(conn)
     partial: dict[str, Any] = {"start_method": start_method}
     try:

@@ -256,8 +256,9 @@ def test_a_jobs_phases_are_bounded_by_the_milestones_it_reached():
     its window's first steps were reported)."""
     clock = metrics.JobClock(launched=100.0)
     assert clock.phases().row() == {"process_start_ms": None, "setup_ms": None, "after_steps_ms": None}
-    clock.ready = 101.25
-    clock.milestone("steps", 101.5)
+    clock.heard(("ready", 101.25))  # the job's own reading, not the message's arrival
+    clock.heard(("progress", "warmup", 0, 4, 12.5, 9.0))  # a step: not the clock's
+    clock.heard(("milestone", "steps", 101.5))
     clock.ended = 104.0  # failed in its window: no "measured"
     assert clock.phases().row() == {"process_start_ms": 1250.0, "setup_ms": 250.0, "after_steps_ms": None}
     clock.milestone("measured", 103.0)

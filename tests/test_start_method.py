@@ -428,6 +428,24 @@ def test_a_cpu_sweeps_own_process_never_imports_torch(when: str, tmp_path: Path)
     assert sweep["cpu_matmul_fp32_flops"] > 0 and sweep["cpu_matmul_threads"] >= 1, sweep
 
 
+def test_a_refused_user_model_is_answered_without_torch_in_the_sweeps_process(tmp_path: Path):
+    """The check of a user's model runs in a process forked from the job server; its refusal
+    (perfsweep.task's ContractError) came back pickled, and unpickling it imported perfsweep.task
+    and torch in the sweep's process: seconds on a CUDA build, for a one-line refusal (a review
+    found it with a stand-in CUDA build: 3.7 to 4.0 s). It comes back as a plain ConfigError."""
+    import subprocess
+
+    (tmp_path / "usermodels.py").write_text(textwrap.dedent(USER_MODEL))
+    overrides = ["model=custom", "model._target_=usermodels.logits_only"]  # no model.loss: its forward must give one
+    argv = _on_a_machine(True, "'torch in the sweep:', 'torch' in sys.modules", *overrides, "seed=0,1")
+    argv += [o for o in CPU if not o.startswith("model=")]
+    env = {**os.environ, "PERFSWEEP_EARLY_JOB_SERVER": ""}
+    res = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and "the forward must return a scalar loss tensor" in lines[0], res.stderr[-3000:]
+    assert lines[-1] == "torch in the sweep: False", res.stderr[-3000:]
+
+
 def test_a_database_that_cannot_be_opened_is_refused_before_the_job_server_starts(tmp_path: Path):
     """On a busy machine the job server starts when the sweep first needs torch, for the CPU's
     matmul peak, which is timed once the database has opened: a damaged file is refused in its one

@@ -112,3 +112,34 @@ def test_a_real_job_stores_where_measurement_began(tmp_path: Path):
     # the window's wall time holds its steps and little else; tokens/s is taken over it
     assert sum(measured) <= result["measure_wall_ms"] <= sum(measured) * 1.5 + 5
     assert result["tokens_per_s"] == pytest.approx(5 * cfg.batch * cfg.seq_len / (result["measure_wall_ms"] / 1000))
+
+
+def test_a_job_marks_its_first_step_and_its_windows_end_in_order_on_the_shared_clock(tmp_path: Path):
+    """What perfsweep.metrics.JobClock splits a job's time by: the job's own ``steps`` milestone
+    before its first step is reported, and ``measured`` after its window's last step and before
+    any step after the window (the memory step here, then the profiled window's), each read on
+    the monotonic clock the sweep's process shares. Under ``timing=events`` (CUDA) a window's
+    steps are reported after it, so a step's arrival could not have said when the first started."""
+    from perfsweep.runner import Reporter
+
+    class Recorded:
+        """The job's end of the pipe, keeping what it was sent, and when."""
+
+        def __init__(self) -> None:
+            self.sent: list[tuple[float, tuple]] = []
+
+        def send(self, message: tuple) -> None:
+            self.sent.append((time.monotonic(), message))
+
+    conn = Recorded()
+    cfg = tiny_cfg(tmp_path)
+    before = time.monotonic()
+    train(cfg, corpus.prepare(cfg.data), tmp_path / "job", "marks", str(tmp_path), Reporter(conn))
+    kinds = [m[1] for _, m in conn.sent]  # a step's phase, or a milestone's name
+    assert kinds[0] == "steps" and kinds.count("steps") == kinds.count("measured") == 1, kinds
+    last_measure = max(i for i, k in enumerate(kinds) if k == "measure")
+    assert kinds[last_measure + 1] == "measured" and kinds[last_measure + 2 :].count("measure") == 0, kinds
+    assert "memory" in kinds[last_measure + 2 :]  # the CPU's memory step comes after the window
+    marks = {m[1]: m[2] for _, m in conn.sent if m[0] == "milestone"}
+    sent_at = {m[1]: t for t, m in conn.sent if m[0] == "milestone"}
+    assert before <= marks["steps"] <= sent_at["steps"] and marks["measured"] <= sent_at["measured"]
