@@ -238,7 +238,7 @@ def _run_in_child(
 ) -> tuple[str, str | None, dict[str, Any], datetime]:
     """Run the job (``config`` is its plain-dict config) in a spawned process, in ``placement``'s
     slot when jobs run concurrently; ``cancel`` set (Ctrl-C in the sweep) stops it as interrupted;
-    ``clock`` gets the times its messages arrive.
+    ``clock`` gets the job's milestones: its start, its ready, its steps and window, its outcome.
 
     Returns (status, error, result fields, when the outcome was known). The timeout clock starts
     when the job reports ``ready`` (interpreter started, torch imported), so a slow start-up is
