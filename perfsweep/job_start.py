@@ -303,9 +303,9 @@ def _answer(conn: Any, fn: Callable[..., Any], args: tuple[Any, ...], sweep_pid:
     """:func:`call`'s side in the forked process: ("ok", result) or ("error", exception). A
     ConfigError of a subclass (perfsweep.task's ContractError) goes as a plain ConfigError with its
     text: unpickling the subclass would import its module, and torch with it, in the sweep's
-    process, seconds on a CUDA build for a refusal. An exception that would not travel (one whose
-    class cannot be rebuilt from its args, one holding something unpicklable) goes as a
-    ConfigError with its text where it was one, else as a RuntimeError. It ends by itself once the sweep
+    process, seconds on a CUDA build for a refusal. Any other exception that would not travel
+    (one whose class cannot be rebuilt from its args, one holding something unpicklable) goes as
+    a RuntimeError with its class and text. It ends by itself once the sweep
     (``sweep_pid``) is gone: a sweep killed outright left it running to the end of a user's slow
     model check, and its server and resource tracker with it."""
     import pickle
@@ -316,19 +316,17 @@ def _answer(conn: Any, fn: Callable[..., Any], args: tuple[Any, ...], sweep_pid:
     try:
         result: tuple[str, Any] = ("ok", fn(*args))
     except BaseException as exc:  # noqa: BLE001 - the caller raises it
-        result = ("error", ConfigError(str(exc)) if isinstance(exc, ConfigError) else exc)
-        try:
-            pickle.loads(pickle.dumps(exc))
-        except Exception:  # noqa: BLE001
-            result = ("error", (ConfigError if isinstance(exc, ConfigError) else RuntimeError)(_said(exc)))
+        if isinstance(exc, ConfigError):
+            result = ("error", ConfigError(str(exc)))
+        else:
+            result = ("error", exc)
+            try:
+                pickle.loads(pickle.dumps(exc))
+            except Exception:  # noqa: BLE001
+                result = ("error", RuntimeError(f"{type(exc).__name__}: {exc}"))
     with contextlib.suppress(OSError):  # the sweep is gone (killed): nobody to answer, nothing to say
         conn.send(result)
         conn.close()
-
-
-def _said(exc: BaseException) -> str:
-    """An exception's text as the sweep shows it: a ConfigError's own words, else its class and them."""
-    return str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
 
 
 def _end_with(pid: int) -> None:

@@ -232,9 +232,9 @@ def _run_in_child(
     token_data: corpus.TokenData | None,
     progress: ProgressLine,
     beat: Callable[[], None],
+    clock: JobClock,
     placement: Placement | None = None,
     cancel: threading.Event | None = None,
-    clock: JobClock | None = None,
 ) -> tuple[str, str | None, dict[str, Any], datetime]:
     """Run the job (``config`` is its plain-dict config) in a spawned process, in ``placement``'s
     slot when jobs run concurrently; ``cancel`` set (Ctrl-C in the sweep) stops it as interrupted;
@@ -252,7 +252,6 @@ def _run_in_child(
     log_from = _log_size(spec.job_dir)  # job.log is appended to: a resumed try reads only its own lines
     started: list[Any] = []
     outcome: tuple[str, str | None, dict[str, Any]] | None = None
-    clock = JobClock() if clock is None else clock
     try:
         try:
             env = {**spec.env, **(placement.env() if placement is not None else {})}
@@ -527,7 +526,7 @@ Outcome = tuple[str, str | None, dict[str, Any], datetime]
 
 
 def _wait_for_exit(
-    conn: Any, proc: Any, ended: Outcome | None, stopped: bool, clock: JobClock | None = None
+    conn: Any, proc: Any, ended: Outcome | None, stopped: bool, clock: JobClock
 ) -> tuple[Outcome | None, bool]:
     """Let the job process exit and return (its outcome if it reported one, whether perfsweep had
     to signal it). ``ended``: the outcome already received, if any (a job that reported is
@@ -547,8 +546,7 @@ def _wait_for_exit(
                 heard, last = _last_word(conn, proc, UNWIND_REPORT_S, clock)
                 if last is not None and (not stopped or last[0] == "result"):
                     ended = (*_outcome_of(last), utcnow())
-                    if clock is not None:
-                        clock.ended = time.monotonic()
+                    clock.ended = time.monotonic()
                 signalled = _stop(proc, grace_s=STOP_GRACE_S[heard])
             else:
                 signalled = _stop(proc, grace_s=0 if ended[0] == "timeout" else STOP_GRACE_S["reported"])
@@ -561,7 +559,7 @@ def _wait_for_exit(
     return ended, signalled
 
 
-def _last_word(conn: Any, proc: Any, seconds: float, clock: JobClock | None = None) -> tuple[str, tuple | None]:
+def _last_word(conn: Any, proc: Any, seconds: float, clock: JobClock) -> tuple[str, tuple | None]:
     """What the job does within ``seconds``, and its report if it made one: ``reported`` its end
     (an error, or a result that crossed the Ctrl-C: a finished job is stored as finished; progress
     lines do not count, a job still training sends them), ``ended`` (its pipe closed or the process
@@ -574,8 +572,7 @@ def _last_word(conn: Any, proc: Any, seconds: float, clock: JobClock | None = No
                 msg = conn.recv()
                 if msg[0] in ("error", "result"):
                     return "reported", msg
-                if clock is not None:
-                    clock.heard(msg)
+                clock.heard(msg)
         except Exception:  # noqa: BLE001 - EOF, or a message cut in half by the Ctrl-C: no report
             return "ended", None
         if not _running(proc):
@@ -743,7 +740,7 @@ def run_job(
                 )
             else:
                 status, error, fields, finished = _run_in_child(
-                    spec, config, token_data, progress, Heartbeat(engine, run_id), placement, cancel, clock
+                    spec, config, token_data, progress, Heartbeat(engine, run_id), clock, placement, cancel
                 )
     except BaseException as exc:  # Ctrl-C, a scheduler's signal or a cancelled sweep: the job was stopped
         ended = getattr(exc, "perfsweep_outcome", None)  # it had reported (a result that crossed the Ctrl-C)

@@ -215,8 +215,8 @@ class Verdict(Figures):
 @dataclass(frozen=True)
 class JobPhases(Figures):
     """Where a job's wall time went besides its steps (``duration_s`` holds all of it, with the
-    data's preparation and the storing), from the sweep's clock as the job's messages arrived
-    (:class:`JobClock`). None where the job did not get that far."""
+    data's preparation and the storing), between the milestones of :class:`JobClock`. None where
+    the job did not get that far."""
 
     process_start_ms: float | None = None
     """From asking for the job's process to its first word: a spawned job's new interpreter and its
