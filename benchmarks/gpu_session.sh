@@ -103,8 +103,9 @@ case "$stage" in
     python3 benchmarks/suite_order.py "$OUT/junit.xml"
     # Where the suite ends early, what made this machine's tests 2.5 to 7 times slower than the
     # 2-core VM's on 2026-11-27: a sweep refused after its first imports took 8 s there against
-    # 1 s (a refusal before them 0.6 to 1.6 s), and the g++-bound tests 5 to 7 times longer. Each
-    # check is bounded, all of them by what is left of the device call's 600 s.
+    # 1 s (that tree imported torch in the command, as it is not now: docs/benchmarks.md, "A
+    # refusal on a GPU machine"), and the g++-bound tests 5 to 7 times longer. Each check is
+    # bounded, all of them by what is left of the device call's 600 s.
     if [ $((585 - SECONDS)) -gt 60 ]; then
       step "a sweep refused after its first imports: wall time, then its 15 slowest imports (cumulative us)"
       ls -l /dev/nvidiactl /dev/nvidia0 2>&1 | cut -c1-80  # perfsweep.job_start.may_use_cuda looks for these
