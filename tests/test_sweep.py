@@ -337,6 +337,8 @@ def test_a_postgresql_database_another_application_migrates_takes_perfsweep_in_a
 
 
 def test_ctrl_c_keeps_finished_jobs_and_leaves_no_process(tmp_path: Path):
+    """On the CPU: a GPU's default timing (CUDA events) says a window's steps only as it ends, and
+    this window never ends (steps.measure=100000000): the wait for its first step would not."""
     import os
     import signal
     import sys
@@ -346,12 +348,17 @@ def test_ctrl_c_keeps_finished_jobs_and_leaves_no_process(tmp_path: Path):
     # DataLoader workers in the job: stopping it must release their semaphores (no warning)
     said = tmp_path / "stderr.txt"
     proc = start_as_in_a_terminal(
-        [sys.executable, "-m", "perfsweep", "-m", "steps.measure=3,100000000", "workers=2", *tiny], tmp_path, said
+        [sys.executable, "-m", "perfsweep", "-m", "steps.measure=3,100000000", "workers=2", *tiny, "device=cpu"],
+        tmp_path,
+        said,
     )
     db = tmp_path / "results.db"
-    # the first job is stored and the second trains
-    wait_for(lambda: db.exists() and rows(db, "SELECT count(*) AS n FROM runs WHERE status = 'ok'")[0]["n"] == 1)
-    wait_for(lambda: training(said, serial_job="[2/2]"))
+    try:  # the first job is stored and the second trains
+        wait_for(lambda: db.exists() and rows(db, "SELECT count(*) AS n FROM runs WHERE status = 'ok'")[0]["n"] == 1)
+        wait_for(lambda: training(said, serial_job="[2/2]"))
+    except BaseException:  # the sweep would train on for ever
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends: the whole process group
     out, err = finish(proc, 60)
     assert proc.returncode == 130, err[-2000:]
@@ -379,15 +386,22 @@ def test_ctrl_c_keeps_finished_jobs_and_leaves_no_process(tmp_path: Path):
 
 def test_ctrl_c_in_a_single_run_says_to_run_it_again(tmp_path: Path):
     """A single run (no -m) cannot be resumed: its stored error and last line both say to run the
-    command again (the stored error once said perfsweep resume, which refuses single runs)."""
+    command again (the stored error once said perfsweep resume, which refuses single runs). On
+    the CPU, as the test above."""
     import signal
     import sys
 
     tiny = [o for o in TINY if not o.startswith("steps.measure")]
     said = tmp_path / "stderr.txt"
-    proc = start_as_in_a_terminal([sys.executable, "-m", "perfsweep", "steps.measure=100000000", *tiny], tmp_path, said)
+    proc = start_as_in_a_terminal(
+        [sys.executable, "-m", "perfsweep", "steps.measure=100000000", *tiny, "device=cpu"], tmp_path, said
+    )
     db = tmp_path / "results.db"
-    wait_for(lambda: training(said))  # the run trains
+    try:
+        wait_for(lambda: training(said))  # the run trains
+    except BaseException:  # it would train on for ever
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
     os.killpg(proc.pid, signal.SIGINT)
     _, err = finish(proc, 60)
     assert proc.returncode == 130, err[-2000:]
