@@ -19,8 +19,10 @@ import contextlib
 import logging
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -30,17 +32,28 @@ from typing import Any, TypeVar
 
 from perfsweep import interrupts, job_entry, slots
 from perfsweep.config import ConfigError, Device, PerfsweepConfig, StartMethod
-from perfsweep.names import CHECK_PROCESS_NAME, EARLY_JOB_SERVER_ENV
+from perfsweep.names import CHECK_PROCESS_NAME, EARLY_JOB_SERVER_ENV, JOB_SERVER_READY_ENV
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-FORKSERVER_PRELOAD = ("perfsweep.job_server", "torch", "torch._dynamo", "perfsweep.runner")
+FORKSERVER_PRELOAD = (
+    "perfsweep.job_server",
+    "torch",
+    "torch._dynamo",
+    "perfsweep.runner",
+    "perfsweep.job_server_ready",
+)
 """What the job server imports once for the sweep: its own side first (perfsweep.job_server: a
 quick exit, and no garbage collection during the rest), then torch, its Dynamo (torch.optim
 imports it with the first optimizer: 1.2 s of a tiny CPU job's 2.5 s on a 2-core Xeon) and
-perfsweep's runner."""
+perfsweep's runner; last, perfsweep.job_server_ready, which says they are done
+(:func:`wait_until_ready`)."""
+
+READY_WAIT_S = 60.0
+"""How long :func:`wait_until_ready` waits for the server's imports; after that the request is
+made as it was before there was a wait (it is answered once they end)."""
 
 JOB_ENV_DEFAULTS = {"KINETO_LOG_LEVEL": "5"}
 """Set in the sweep's process before any job starts (a job inherits them): the profiler's C++
@@ -57,6 +70,9 @@ _stop_registered = False
 """Whether :func:`_stop_unused` runs at exit."""
 _forked = 0
 """Jobs forked from the server: one started early and never used is stopped at exit."""
+_ready_file: str | None = None
+"""The file the server creates once its imports are done (perfsweep.job_server_ready), in a
+folder of this process's own; None until a server is started, or where no folder could be made."""
 
 
 def start_method(cfg: PerfsweepConfig, job_env: dict[str, str], cuda: bool) -> str:
@@ -220,16 +236,54 @@ def start_early(cfgs: list[PerfsweepConfig], job_env: dict[str, str]) -> bool:
 
 
 def _start_server() -> None:
-    """Start the job server (as a job's start would), its Ctrl-C and SIGTERM blocked."""
-    global _stop_registered
+    """Start the job server (as a job's start would), its Ctrl-C and SIGTERM blocked; where it
+    runs already, nothing. The server says when its imports are done by creating
+    :data:`_ready_file`: one path for the process's every server, set in the environment before
+    the first starts (a job is forked only where the environment is the server's), and removed
+    before a server that died is replaced."""
+    global _stop_registered, _ready_file
     apply_env_defaults()
     if not _stop_registered:
         atexit.register(_stop_unused)  # first: a Ctrl-C held in the start comes as it ends
         _stop_registered = True
+    if _ready_file is None:
+        try:
+            _ready_file = os.path.join(tempfile.mkdtemp(prefix="perfsweep-job-server-"), "ready")
+            os.environ[JOB_SERVER_READY_ENV] = _ready_file
+        except OSError as exc:  # no temporary folder: no wait, a Ctrl-C is held while it imports
+            log.debug("no folder for the job server's ready file (%s)", exc)
+            os.environ.pop(JOB_SERVER_READY_ENV, None)
+    pid = _server_pid()
+    if _ready_file is not None and (pid is None or not pid_running(pid)):
+        with contextlib.suppress(OSError):
+            os.unlink(_ready_file)  # a server that died said so; the one that replaces it says it anew
     forkserver_context()
     with interrupts.held(), signals_blocked():
         forkserver.ensure_running()
         server_started()
+
+
+def server_ready() -> None:
+    """The job server started where it is not running, and its imports done, before a request
+    for a process (a job, a check) is made with Ctrl-C and SIGTERM blocked: the server answers a
+    request only once its imports are done, and a Ctrl-C pressed meanwhile waited for them.
+    Raises OSError where the server cannot be started; what the caller does then is its own."""
+    _start_server()
+    wait_until_ready()
+
+
+def wait_until_ready() -> None:
+    """Until the job server has created :data:`_ready_file` (its imports are done), with Ctrl-C
+    and SIGTERM free to stop the sweep meanwhile; at most :data:`READY_WAIT_S`, and not past
+    the server's end: the request that follows then fails as it did, or waits as it did."""
+    if _ready_file is None:
+        return
+    deadline = time.monotonic() + READY_WAIT_S
+    while not os.path.exists(_ready_file):
+        pid = _server_pid()
+        if pid is None or not pid_running(pid) or time.monotonic() > deadline:
+            return
+        time.sleep(0.02)
 
 
 def call(fn: Callable[..., T], *args: Any) -> T:
@@ -249,8 +303,7 @@ def call(fn: Callable[..., T], *args: Any) -> T:
     proc = ctx.Process(target=_answer, args=(send, fn, args, os.getpid()), name=f"perfsweep-{name}")
     try:
         try:
-            if _server_pid() is None:
-                _start_server()
+            server_ready()
             with interrupts.held(), signals_blocked():
                 proc.start()
         finally:
@@ -341,12 +394,16 @@ def _server_pid() -> int | None:
 
 
 def _stop_unused() -> None:
-    """At exit: a server started before any job that no job was forked from is killed."""
+    """At exit: a server started before any job that no job was forked from is killed, and the
+    ready file's folder removed (a server that runs on has read it already: no job is forked
+    from one before its imports are done)."""
     pid = _server_pid()
     if not _forked and pid is not None:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
+    if _ready_file is not None:
+        shutil.rmtree(os.path.dirname(_ready_file), ignore_errors=True)
 
 
 def pid_running(pid: int) -> bool:

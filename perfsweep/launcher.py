@@ -409,12 +409,12 @@ def _start_job(spec: JobSpec, child_conn: Any, payload: bytes, job_env: dict[str
     (interrupts.held: the mask alone holds nothing once another thread of this process, the
     heartbeat's or OpenMP's, can take the signal) and raised out of this call: the caller then
     finds the job in ``started`` and stops it. (It lost the job, which trained on unwatched: after
-    a SIGTERM to the sweep alone until the sweep was gone; the first forked start waits for the
-    job server to import torch, 2 s.)
+    a SIGTERM to the sweep alone until the sweep was gone.)
 
     The job server, unless the sweep started it early (perfsweep.job_start.start_early), is
-    started with the first forked job, inside the same block: it and every job forked from it
-    start with Ctrl-C and SIGTERM blocked, as a spawned job does. A server that fails (it died, it
+    started with the first forked job, its Ctrl-C and SIGTERM blocked as a spawned job's are
+    (and so those of every job forked from it); the start waits for its imports to end before
+    the block, where a Ctrl-C stops the sweep before the job starts. A server that fails (it died, it
     cannot be reached) costs that job nothing: it is spawned instead, and so is every later job of
     this process. The choice and the start hold _SPAWN_LOCK, so a job thread's start never sees
     another's environment (:func:`_spawning`)."""
@@ -428,8 +428,8 @@ def _start_job(spec: JobSpec, child_conn: Any, payload: bytes, job_env: dict[str
         if job_start.start_method(spec.cfg, job_env, slots.wants_cuda(spec.cfg.device)) == "forkserver":
             proc = job_start.forkserver_context().Process(target=job_entry.main, args=args("forkserver"), name=name)
             try:
+                job_start.server_ready()  # a Ctrl-C while the server imports stops the sweep at once
                 with interrupts.held(), _spawning({}), signals_blocked():
-                    job_start.server_started()
                     proc.start()
                     started.append(proc)
                     job_start.job_forked()

@@ -83,6 +83,10 @@ EARLY_JOB_SERVER_ENV = "PERFSWEEP_EARLY_JOB_SERVER"
 (the sweep then imports torch for its own checks); unset: early where a core is spare, else when
 the sweep first needs torch (perfsweep.job_start.start_early)."""
 
+JOB_SERVER_READY_ENV = "PERFSWEEP_JOB_SERVER_READY"
+"""Set by the sweep as it starts its job server: the file the server creates once its imports
+are done (perfsweep.job_server_ready)."""
+
 
 DEVICE_TIME_BY_LAUNCH = "cuda_kernels_by_launch"
 """``stages.device_time_source`` of GPU time attributed to the stage whose CPU range launched each

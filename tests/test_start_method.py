@@ -7,6 +7,7 @@ database's ``runs.start_method``. The CUDA side (auto spawns there) is in tests/
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import textwrap
@@ -239,25 +240,18 @@ def test_a_jobs_result_outlives_its_job_servers_signal(signum: int, tmp_path: Pa
     assert [(r["status"], r["error"], r["start_method"]) for r in runs] == [("ok", None, "forkserver")] * jobs
 
 
-@pytest.mark.parametrize("when", ["inside-the-start", "while-the-server-imports"])
-def test_a_signal_held_while_a_job_starts_stops_that_job_too(
-    when: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-):
+def test_a_signal_held_while_a_job_starts_stops_that_job_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """A Ctrl-C or SIGTERM that comes while a job is being started is held (the job must start
     with both blocked) and raised once it has started. The sweep lost the job then: it stored
     the run interrupted and exited, and the job, which a SIGTERM to the sweep alone never
     reached, trained on unwatched until its next progress line found the sweep gone and died of
     a BrokenPipeError (its traceback in job.log), the sweep's exit waiting for that (3 s steps
-    here). The first forked start waits for the job server to import torch (2 s, the server
-    started with the first job here), so the window is not small. The SIGTERM comes from inside
-    the start (a driver), or from outside while the start waits for the server: the sweep's other
-    threads (its heartbeat's) do not block it, so it was raised at once, before the job was
-    handed over (a review found it). The sweep now stops the job as it stops a running one, and
-    nothing it started outlives it."""
+    here). The SIGTERM comes from inside the start (a driver wraps the block that holds it). The
+    sweep now stops the job as it stops a running one, and nothing it started outlives it."""
     import sys
 
     (tmp_path / "usermodels.py").write_text(SLOW.replace("time.sleep(0.7)", "time.sleep(3.0)"))
-    monkeypatch.setenv("PERFSWEEP_EARLY_JOB_SERVER", "0")  # the first job's start waits for the server's imports
+    monkeypatch.setenv("PERFSWEEP_EARLY_JOB_SERVER", "0")  # the server starts with the first job
     driver = (
         "import contextlib, os, signal, sys\n"
         "from perfsweep import launcher\n"
@@ -272,21 +266,12 @@ def test_a_signal_held_while_a_job_starts_stops_that_job_too(
         "from perfsweep.__main__ import cli\n"
         "cli()\n"
     )
-    command = ["-c", driver] if when == "inside-the-start" else ["-m", "perfsweep"]
     proc = start_as_in_a_terminal(
-        [sys.executable, *command, "-m", "model=custom", "model._target_=usermodels.slow"]
+        [sys.executable, "-c", driver, "-m", "model=custom", "model._target_=usermodels.slow"]
         + ["model.loss=cross_entropy", "steps.measure=2", "profile.enabled=false"]
         + [o for o in CPU if not o.startswith(("model=", "steps.measure", "profile."))],
         tmp_path,
     )
-    if when == "while-the-server-imports":
-        try:
-            job_server(proc.pid)  # the first job's start has begun; the server imports for 2 s
-            time.sleep(0.3)
-            os.kill(proc.pid, signal.SIGTERM)  # to the sweep alone
-        except BaseException:
-            os.killpg(proc.pid, signal.SIGKILL)
-            raise
     out, err = finish(proc, 120)
     time.sleep(0.5)  # the job server ends as the sweep does
     left = in_group(proc.pid)
@@ -299,6 +284,59 @@ def test_a_signal_held_while_a_job_starts_stops_that_job_too(
     assert "Traceback" not in err, err[-3000:]
     (log,) = tmp_path.glob("multirun/*/*/*/job.log")
     assert "Traceback" not in log.read_text(), log.read_text()[-3000:]  # stopped, not cut off
+
+
+@pytest.mark.parametrize(
+    ("server", "signum"),
+    [("early", signal.SIGINT), ("with-the-first-job", signal.SIGTERM)],
+    ids=["early-ctrl-c", "with-the-first-job-sigterm"],
+)
+def test_a_signal_while_the_job_server_imports_stops_the_sweep_at_once(
+    server: str, signum: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A request to the job server for a process (the CPU's matmul peak, a job) is made with
+    Ctrl-C and SIGTERM blocked, and the server answers only once its imports are done: a Ctrl-C
+    meanwhile waited for them (up to 1.1 s on a 2-core VM, 2026-11-28; longer for a CUDA
+    build of torch on a cold disk). The sweep now waits for the server's word that its imports
+    are done (perfsweep.job_server_ready) before the request, free to stop. The server is
+    stopped here (SIGSTOP) before its imports end, so a sweep that waits for them never ends:
+    it must end at once, with nothing it started left, no job started, and no traceback. Early:
+    the server started as the grid was composed, the request the CPU peak's; with the first job:
+    the request the job's, the signal a SIGTERM to the sweep alone."""
+    import sys
+
+    monkeypatch.setenv("PERFSWEEP_EARLY_JOB_SERVER", "1" if server == "early" else "0")
+    proc = start_as_in_a_terminal([sys.executable, "-m", "perfsweep", "-m", *CPU, "seed=0,1"], tmp_path)
+    stopped = None
+    try:
+        stopped = job_server(proc.pid)  # its imports take a second or more: stopped well before they end
+        os.kill(stopped, signal.SIGSTOP)
+        time.sleep(2.0)  # the sweep reaches its request (0.1 to 0.5 s after the server starts)
+        if signum == signal.SIGINT:
+            os.killpg(proc.pid, signum)  # as a terminal's Ctrl-C: the stopped server gets it too
+        else:
+            os.kill(proc.pid, signum)
+        sent = time.monotonic()
+        out, err = finish(proc, 30)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        if stopped is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stopped, signal.SIGCONT)
+    time.sleep(0.5)
+    left = in_group(proc.pid)
+    if left:
+        os.killpg(proc.pid, signal.SIGKILL)
+    assert not left, f"processes the sweep started outlived it: {left}"
+    assert proc.returncode == 128 + signum, err[-3000:]
+    assert took < 10, f"the sweep took {took:.1f} s to end after the signal"
+    assert "Traceback" not in err, err[-3000:]
+    assert not list(tmp_path.glob("multirun/*/*/*/job.log")), "a job started"
+    db = tmp_path / "results.db"
+    runs = sqlite_rows(db, "SELECT status FROM runs") if db.exists() else []
+    assert {r["status"] for r in runs} <= {"interrupted"}, runs
 
 
 def test_what_the_sweep_needs_torch_for_is_forked_from_the_job_server(tmp_path: Path):
