@@ -1,12 +1,12 @@
 """Imported last by the job server (perfsweep.job_start.FORKSERVER_PRELOAD): its imports are done.
 
-It creates the file :data:`perfsweep.names.JOB_SERVER_READY_ENV` names. The sweep waits for that
-file before it asks the server for a process (perfsweep.job_start.wait_until_ready), with Ctrl-C
-and SIGTERM free to stop it, because the request itself is made with both blocked, and the
-server answers it only once its imports are done: a Ctrl-C pressed while it still imported torch
-waited for those imports to end (about a second on a 2-core VM, longer for a CUDA build of torch
-on a cold disk). multiprocessing goes on past a preload that fails to import, so the file comes
-after a failed import too.
+It creates the file :data:`perfsweep.names.JOB_SERVER_READY_ENV` names, or, where it cannot,
+removes the file's folder. The sweep waits for either before it asks the server for a process
+(perfsweep.job_start.wait_until_ready), with Ctrl-C and SIGTERM free to stop it: the request
+itself is made with both blocked, and the server answers it only once its imports are done, so
+a Ctrl-C pressed while it still imported torch waited for those imports to end (up to 1.3 s on
+a 2-core VM; docs/benchmarks.md). multiprocessing goes on past a preload that fails to import,
+so the file comes after a failed import too.
 """
 
 from __future__ import annotations
@@ -17,5 +17,10 @@ import os
 from perfsweep.names import JOB_SERVER_READY_ENV
 
 if path := os.environ.get(JOB_SERVER_READY_ENV):
-    with contextlib.suppress(OSError):  # the sweep then waits its longest, and asks as before
+    try:
         open(path, "x").close()
+    except FileExistsError:
+        pass
+    except OSError:  # no file to be had (no inode left, the folder gone): the folder gone says so
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(path))

@@ -19,10 +19,8 @@ import contextlib
 import logging
 import multiprocessing as mp
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -51,9 +49,6 @@ imports it with the first optimizer: 1.2 s of a tiny CPU job's 2.5 s on a 2-core
 perfsweep's runner; last, perfsweep.job_server_ready, which says they are done
 (:func:`wait_until_ready`)."""
 
-READY_WAIT_S = 60.0
-"""How long :func:`wait_until_ready` waits for the server's imports; after that the request is
-made as it was before there was a wait (it is answered once they end)."""
 
 JOB_ENV_DEFAULTS = {"KINETO_LOG_LEVEL": "5"}
 """Set in the sweep's process before any job starts (a job inherits them): the profiler's C++
@@ -71,8 +66,13 @@ _stop_registered = False
 _forked = 0
 """Jobs forked from the server: one started early and never used is stopped at exit."""
 _ready_file: str | None = None
-"""The file the server creates once its imports are done (perfsweep.job_server_ready), in a
-folder of this process's own; None until a server is started, or where no folder could be made."""
+"""The file the server creates once its imports are done (perfsweep.job_server_ready); None
+until a server is started (:func:`_choose_ready_file`), or where no folder could be had."""
+_announcing: int | None = None
+"""The pid of the server :func:`_start_server` started knowing :data:`_ready_file`: only that
+one creates it."""
+_ready_pid: int | None = None
+"""The pid of the server :func:`wait_until_ready` last saw ready: no later request waits for it."""
 
 
 def start_method(cfg: PerfsweepConfig, job_env: dict[str, str], cuda: bool) -> str:
@@ -237,53 +237,94 @@ def start_early(cfgs: list[PerfsweepConfig], job_env: dict[str, str]) -> bool:
 
 def _start_server() -> None:
     """Start the job server (as a job's start would), its Ctrl-C and SIGTERM blocked; where it
-    runs already, nothing. The server says when its imports are done by creating
-    :data:`_ready_file`: one path for the process's every server, set in the environment before
-    the first starts (a job is forked only where the environment is the server's), and removed
-    before a server that died is replaced."""
-    global _stop_registered, _ready_file
+    runs already, nothing. A server started here says when its imports are done
+    (:func:`wait_until_ready`)."""
+    global _stop_registered, _announcing
     apply_env_defaults()
     if not _stop_registered:
         atexit.register(_stop_unused)  # first: a Ctrl-C held in the start comes as it ends
         _stop_registered = True
-    if _ready_file is None:
-        try:
-            _ready_file = os.path.join(tempfile.mkdtemp(prefix="perfsweep-job-server-"), "ready")
-            os.environ[JOB_SERVER_READY_ENV] = _ready_file
-        except OSError as exc:  # no temporary folder: no wait, a Ctrl-C is held while it imports
-            log.debug("no folder for the job server's ready file (%s)", exc)
-            os.environ.pop(JOB_SERVER_READY_ENV, None)
+    if _server_env is None:
+        _choose_ready_file()
     pid = _server_pid()
-    if _ready_file is not None and (pid is None or not pid_running(pid)):
+    fresh = pid is None or not _server_alive(pid)
+    if fresh and _ready_file is not None:
         with contextlib.suppress(OSError):
+            os.makedirs(os.path.dirname(_ready_file), exist_ok=True)
             os.unlink(_ready_file)  # a server that died said so; the one that replaces it says it anew
     forkserver_context()
     with interrupts.held(), signals_blocked():
         forkserver.ensure_running()
         server_started()
+    if fresh and _ready_file is not None:
+        _announcing = _server_pid()
 
 
-def server_ready() -> None:
+def _choose_ready_file() -> None:
+    """:data:`_ready_file`, in the folder of multiprocessing's own that holds the server's socket
+    (removed as this process exits), named in the environment before the first server starts:
+    the server reads it there, and a job is forked only where the environment is the server's
+    (:func:`start_method`), so it is chosen once and never changed while a server runs."""
+    global _ready_file
+    from multiprocessing import util
+
+    try:
+        _ready_file = os.path.join(util.get_temp_dir(), "job-server", "ready")
+        os.environ[JOB_SERVER_READY_ENV] = _ready_file
+    except OSError as exc:  # no temporary folder: the server's socket cannot be made either
+        log.debug("no folder for the job server's ready file (%s)", exc)
+        _ready_file = None
+        os.environ.pop(JOB_SERVER_READY_ENV, None)
+
+
+def server_ready(cancel: threading.Event | None = None) -> None:
     """The job server started where it is not running, and its imports done, before a request
     for a process (a job, a check) is made with Ctrl-C and SIGTERM blocked: the server answers a
     request only once its imports are done, and a Ctrl-C pressed meanwhile waited for them.
-    Raises OSError where the server cannot be started; what the caller does then is its own."""
+    Raises OSError where the server cannot be started or ends before it is ready; the caller
+    then spawns, or runs its check itself, as where the request fails. ``cancel``: as
+    :func:`wait_until_ready`'s."""
     _start_server()
-    wait_until_ready()
+    wait_until_ready(cancel)
 
 
-def wait_until_ready() -> None:
-    """Until the job server has created :data:`_ready_file` (its imports are done), with Ctrl-C
-    and SIGTERM free to stop the sweep meanwhile; at most :data:`READY_WAIT_S`, and not past
-    the server's end: the request that follows then fails as it did, or waits as it did."""
-    if _ready_file is None:
+def wait_until_ready(cancel: threading.Event | None = None) -> None:
+    """Until the job server this process started has created :data:`_ready_file` (its imports are
+    done; once per server), with Ctrl-C and SIGTERM free to stop the sweep meanwhile. Returns at
+    once for a server that was not started so (another's: a notebook's own forkserver), and where
+    the server could not create the file (it removes the folder: the request is then made as it
+    was before there was a wait); returns once ``cancel`` is set (a job thread's: the sweep is
+    stopping, and only its main thread takes signals). Raises OSError where the server ends
+    first: restarted inside the request, its imports would hold a Ctrl-C again."""
+    global _ready_pid
+    pid = _server_pid()
+    if pid is None or pid != _announcing or pid == _ready_pid or _ready_file is None:
         return
-    deadline = time.monotonic() + READY_WAIT_S
     while not os.path.exists(_ready_file):
-        pid = _server_pid()
-        if pid is None or not pid_running(pid) or time.monotonic() > deadline:
+        if not os.path.isdir(os.path.dirname(_ready_file)):
+            break
+        if not _server_alive(pid):
+            raise OSError(f"perfsweep's job server (pid {pid}) ended while it imported torch")
+        if cancel is not None and cancel.is_set():
             return
         time.sleep(0.02)
+    _ready_pid = pid
+
+
+def _server_alive(pid: int) -> bool:
+    """Whether this process's child ``pid`` (the server) has not exited, without collecting its
+    exit: multiprocessing collects it as it replaces the server. (Python before 3.13 has no
+    waitid on macOS: there, without /proc, a server that exited reads as alive until collected.)"""
+    if hasattr(os, "waitid"):
+        with contextlib.suppress(ChildProcessError):  # not this process's child, or collected already
+            return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+    if os.path.isdir("/proc"):
+        return pid_running(pid)
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
 
 
 def call(fn: Callable[..., T], *args: Any) -> T:
@@ -394,16 +435,12 @@ def _server_pid() -> int | None:
 
 
 def _stop_unused() -> None:
-    """At exit: a server started before any job that no job was forked from is killed, and the
-    ready file's folder removed (a server that runs on has read it already: no job is forked
-    from one before its imports are done)."""
+    """At exit: a server started before any job that no job was forked from is killed."""
     pid = _server_pid()
     if not _forked and pid is not None:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-    if _ready_file is not None:
-        shutil.rmtree(os.path.dirname(_ready_file), ignore_errors=True)
 
 
 def pid_running(pid: int) -> bool:

@@ -256,7 +256,7 @@ def _run_in_child(
         try:
             env = {**spec.env, **(placement.env() if placement is not None else {})}
             clock.launched = time.monotonic()
-            _start_job(spec, child_conn, payload, env, started)
+            _start_job(spec, child_conn, payload, env, started, cancel)
         finally:
             child_conn.close()  # the job holds the only sending end: its death closes the pipe
         proc = started[0]
@@ -403,7 +403,14 @@ SPAWN_START_METHODS = ("spawn", "fork", "forkserver")
 other (joblib's loky workers report ``loky``)."""
 
 
-def _start_job(spec: JobSpec, child_conn: Any, payload: bytes, job_env: dict[str, str], started: list[Any]) -> None:
+def _start_job(
+    spec: JobSpec,
+    child_conn: Any,
+    payload: bytes,
+    job_env: dict[str, str],
+    started: list[Any],
+    cancel: threading.Event | None = None,
+) -> None:
     """Start the job's process (:func:`start_method`), its signals blocked (:func:`signals_blocked`),
     and put it in ``started`` as soon as it runs (the only way out: see below). A Ctrl-C or SIGTERM meanwhile is held
     (interrupts.held: the mask alone holds nothing once another thread of this process, the
@@ -414,7 +421,8 @@ def _start_job(spec: JobSpec, child_conn: Any, payload: bytes, job_env: dict[str
     The job server, unless the sweep started it early (perfsweep.job_start.start_early), is
     started with the first forked job, its Ctrl-C and SIGTERM blocked as a spawned job's are
     (and so those of every job forked from it); the start waits for its imports to end before
-    the block, where a Ctrl-C stops the sweep before the job starts. A server that fails (it died, it
+    the block, where a Ctrl-C stops the sweep before the job starts (``cancel``: a concurrent
+    job's, set as the sweep stops: its thread takes no signal). A server that fails (it died, it
     cannot be reached) costs that job nothing: it is spawned instead, and so is every later job of
     this process. The choice and the start hold _SPAWN_LOCK, so a job thread's start never sees
     another's environment (:func:`_spawning`)."""
@@ -428,7 +436,9 @@ def _start_job(spec: JobSpec, child_conn: Any, payload: bytes, job_env: dict[str
         if job_start.start_method(spec.cfg, job_env, slots.wants_cuda(spec.cfg.device)) == "forkserver":
             proc = job_start.forkserver_context().Process(target=job_entry.main, args=args("forkserver"), name=name)
             try:
-                job_start.server_ready()  # a Ctrl-C while the server imports stops the sweep at once
+                job_start.server_ready(cancel)  # a Ctrl-C while the server imports stops the sweep at once
+                if cancel is not None and cancel.is_set():  # a concurrent job's: the sweep stopped meanwhile
+                    raise JobCancelled.now()
                 with interrupts.held(), _spawning({}), signals_blocked():
                     proc.start()
                     started.append(proc)

@@ -287,12 +287,12 @@ def test_a_signal_held_while_a_job_starts_stops_that_job_too(tmp_path: Path, mon
 
 
 @pytest.mark.parametrize(
-    ("server", "signum"),
-    [("early", signal.SIGINT), ("with-the-first-job", signal.SIGTERM)],
-    ids=["early-ctrl-c", "with-the-first-job-sigterm"],
+    ("server", "signum", "parallel"),
+    [("early", signal.SIGINT, 1), ("with-the-first-job", signal.SIGTERM, 1), ("with-the-first-job", signal.SIGINT, 2)],
+    ids=["early-ctrl-c", "with-the-first-job-sigterm", "two-at-a-time-ctrl-c"],
 )
 def test_a_signal_while_the_job_server_imports_stops_the_sweep_at_once(
-    server: str, signum: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    server: str, signum: int, parallel: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     """A request to the job server for a process (the CPU's matmul peak, a job) is made with
     Ctrl-C and SIGTERM blocked, and the server answers only once its imports are done: a Ctrl-C
@@ -302,11 +302,15 @@ def test_a_signal_while_the_job_server_imports_stops_the_sweep_at_once(
     stopped here (SIGSTOP) before its imports end, so a sweep that waits for them never ends:
     it must end at once, with nothing it started left, no job started, and no traceback. Early:
     the server started as the grid was composed, the request the CPU peak's; with the first job:
-    the request the job's, the signal a SIGTERM to the sweep alone."""
+    the request the job's, the signal a SIGTERM to the sweep alone. Two at a time
+    (launcher.parallel=2): the request is made in a job's thread, which takes no signal; the
+    sweep stopping must end its wait too (it held the sweep for ever)."""
     import sys
 
     monkeypatch.setenv("PERFSWEEP_EARLY_JOB_SERVER", "1" if server == "early" else "0")
-    proc = start_as_in_a_terminal([sys.executable, "-m", "perfsweep", "-m", *CPU, "seed=0,1"], tmp_path)
+    proc = start_as_in_a_terminal(
+        [sys.executable, "-m", "perfsweep", "-m", *CPU, "seed=0,1", f"launcher.parallel={parallel}"], tmp_path
+    )
     stopped = None
     try:
         stopped = job_server(proc.pid)  # its imports take a second or more: stopped well before they end
@@ -337,6 +341,60 @@ def test_a_signal_while_the_job_server_imports_stops_the_sweep_at_once(
     db = tmp_path / "results.db"
     runs = sqlite_rows(db, "SELECT status FROM runs") if db.exists() else []
     assert {r["status"] for r in runs} <= {"interrupted"}, runs
+
+
+def test_the_wait_for_the_job_servers_imports_is_once_per_server_and_ends_with_it(tmp_path: Path):
+    """What :func:`perfsweep.job_start.wait_until_ready` must not do, each found by a review:
+    wait again for a server it saw ready (a ready file removed meanwhile, by a cleaner of /tmp,
+    cost every later job 60 s, stored in its process_start_ms); wait for a forkserver the
+    process had before perfsweep's (a notebook's own, which never says it is ready: 60 s a job);
+    wait on a server that died while it imported (the request then restarted it with signals
+    blocked, and a Ctrl-C waited for the new one's imports): it raises OSError, and the job is
+    spawned, as where the request fails. The server is stopped (SIGSTOP) before it could be
+    ready, then killed."""
+    import subprocess
+    import sys
+
+    script = (
+        "import multiprocessing as mp, os, shutil, signal, threading, time\n"
+        "from perfsweep import job_start\n"
+        "from perfsweep.config import Device, PerfsweepConfig\n"
+        "os.environ['PERFSWEEP_EARLY_JOB_SERVER'] = '1'\n"
+        "assert job_start.start_early([PerfsweepConfig(device=Device.cpu)], {})\n"
+        "t = time.monotonic(); job_start.server_ready(); first = time.monotonic() - t\n"
+        "shutil.rmtree(os.path.dirname(job_start._ready_file))  # a cleaner of /tmp\n"
+        "t = time.monotonic(); job_start.server_ready(); again = time.monotonic() - t\n"
+        "server = job_start._server_pid()\n"
+        "os.kill(server, signal.SIGKILL); os.waitid(os.P_PID, server, os.WEXITED | os.WNOWAIT)\n"
+        "killer = threading.Timer(0.5, lambda: os.kill(job_start._server_pid(), signal.SIGKILL))\n"
+        "job_start._start_server()  # a new one, which is stopped before its imports end\n"
+        "os.kill(job_start._server_pid(), signal.SIGSTOP)\n"
+        "killer.start()\n"
+        "try:\n"
+        "    job_start.wait_until_ready()\n"
+        "    died = 'no error'\n"
+        "except OSError as exc:\n"
+        "    died = str(exc)\n"
+        "print(f'{first:.2f} {again:.3f}')\n"
+        "print(died)\n"
+    )
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    (first, again), died = res.stdout.splitlines()[0].split(), res.stdout.splitlines()[1]
+    assert float(first) > 0.2 and float(again) < 0.2, res.stdout  # the imports took a while; no second wait
+    assert died.startswith("perfsweep's job server (pid ") and died.endswith("ended while it imported torch"), died
+
+    foreign = (  # a forkserver of the process's own, started before perfsweep's sweep
+        "import multiprocessing as mp, os, time\n"
+        "from perfsweep import job_start\n"
+        "p = mp.get_context('forkserver').Process(target=os.getpid); p.start(); p.join()\n"
+        "t = time.monotonic(); job_start.server_ready(); print(f'{time.monotonic() - t:.3f}')\n"
+        "print(int(job_start._server_pid() == mp.forkserver._forkserver._forkserver_pid))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", foreign], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    took, same = res.stdout.split()
+    assert float(took) < 0.5 and same == "1", res.stdout
 
 
 def test_what_the_sweep_needs_torch_for_is_forked_from_the_job_server(tmp_path: Path):
