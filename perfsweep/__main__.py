@@ -202,14 +202,18 @@ def hydra_main(cfg: DictConfig) -> str:
         with interrupts.held(interrupts.STOPPING_NOTE):
             # the run may have finished as the signal came (its result is kept): then it is not to be run again
             try:
-                finished = summary.run_statuses(url, sweep_id) == ["ok"]
+                statuses: list[str] | None = summary.run_statuses(url, sweep_id)
             except Exception:  # noqa: BLE001 - the database went away: the run is not known to be stored
-                finished = False
-            exc.perfsweep_hint = (
-                f"the run finished and is stored; see it with: {summary.report_command(url, sweep_id)}"
-                if finished
-                else "the run is stored as interrupted; run the command again to measure it"
-            )
+                statuses = None
+            finished = statuses == ["ok"]
+            if finished:
+                exc.perfsweep_hint = (
+                    f"the run finished and is stored; see it with: {summary.report_command(url, sweep_id)}"
+                )
+            elif statuses == []:  # stopped before its row was written: nothing of it is stored
+                exc.perfsweep_hint = "the run had not started; run the command again to measure it"
+            else:
+                exc.perfsweep_hint = "the run is stored as interrupted; run the command again to measure it"
             if not summary.close_sweep(url, sweep_dir, "done" if finished else "interrupted") and finished:
                 exc.perfsweep_hint = summary.unclosed_hint(url, sweep_id)  # not "see it": close it first
         if not interrupts.repeated():  # a second Ctrl-C: the user wants out, not a table

@@ -413,6 +413,33 @@ def test_ctrl_c_in_a_single_run_says_to_run_it_again(tmp_path: Path):
     )
 
 
+def test_ctrl_c_before_a_single_runs_row_says_it_had_not_started(tmp_path: Path):
+    """A Ctrl-C that comes before the run's row is written (a review saw one 2.1 s in) stores
+    nothing of it; the last line said "the run is stored as interrupted" all the same. The
+    driver sends it from inside the run's start, just before the row."""
+    import signal
+    import sys
+
+    driver = (
+        "import os, signal, sys\n"
+        "from perfsweep import launcher\n"
+        "real = launcher.sweep_fields\n"
+        "def fields(spec):\n"
+        "    os.kill(os.getpid(), signal.SIGINT)  # as a Ctrl-C would, before the row is written\n"
+        "    return real(spec)\n"
+        "launcher.sweep_fields = fields\n"
+        "sys.argv = ['perfsweep', *sys.argv[1:]]\n"
+        "from perfsweep.__main__ import cli\n"
+        "cli()\n"
+    )
+    proc = start_as_in_a_terminal([sys.executable, "-c", driver, *TINY, "device=cpu"], tmp_path)
+    _, err = finish(proc, 120)
+    assert proc.returncode == 128 + signal.SIGINT, err[-2000:]
+    assert rows(tmp_path / "results.db", "SELECT status FROM runs") == []
+    assert err.strip().splitlines()[-1].endswith("the run had not started; run the command again to measure it"), err
+    assert "Traceback" not in err, err[-2000:]
+
+
 def test_cpu_out_of_memory_is_status_oom(tmp_path: Path):
     """A model too big to allocate (16 TiB of MLP weights) is an oom result, not a crash.
 
