@@ -352,11 +352,8 @@ def test_the_wait_for_the_job_servers_imports_is_once_per_server_and_ends_with_i
     blocked, and a Ctrl-C waited for the new one's imports): it raises OSError, and the job is
     spawned, as where the request fails. The server is stopped (SIGSTOP) before it could be
     ready, then killed."""
-    import subprocess
-    import sys
-
     script = (
-        "import multiprocessing as mp, os, shutil, signal, threading, time\n"
+        "import os, shutil, signal, threading, time\n"
         "from perfsweep import job_start\n"
         "from perfsweep.config import Device, PerfsweepConfig\n"
         "os.environ['PERFSWEEP_EARLY_JOB_SERVER'] = '1'\n"
@@ -378,10 +375,9 @@ def test_the_wait_for_the_job_servers_imports_is_once_per_server_and_ends_with_i
         "print(f'{first:.2f} {again:.3f}')\n"
         "print(died)\n"
     )
-    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert res.returncode == 0, res.stderr[-3000:]
-    (first, again), died = res.stdout.splitlines()[0].split(), res.stdout.splitlines()[1]
-    assert float(first) > 0.2 and float(again) < 0.2, res.stdout  # the imports took a while; no second wait
+    times, died = _printed(script, tmp_path)
+    first, again = times.split()
+    assert float(first) > 0.2 and float(again) < 0.2, times  # the imports took a while; no second wait
     assert died.startswith("perfsweep's job server (pid ") and died.endswith("ended while it imported torch"), died
 
     foreign = (  # a forkserver of the process's own, started before perfsweep's sweep
@@ -391,10 +387,18 @@ def test_the_wait_for_the_job_servers_imports_is_once_per_server_and_ends_with_i
         "t = time.monotonic(); job_start.server_ready(); print(f'{time.monotonic() - t:.3f}')\n"
         "print(int(job_start._server_pid() == mp.forkserver._forkserver._forkserver_pid))\n"
     )
-    res = subprocess.run([sys.executable, "-c", foreign], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    took, same = _printed(foreign, tmp_path)
+    assert float(took) < 0.5 and same == "1", (took, same)
+
+
+def _printed(script: str, cwd: Path) -> list[str]:
+    """The lines ``python -c script`` printed in ``cwd``; it must exit 0."""
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=cwd)
     assert res.returncode == 0, res.stderr[-3000:]
-    took, same = res.stdout.split()
-    assert float(took) < 0.5 and same == "1", res.stdout
+    return res.stdout.splitlines()
 
 
 def test_what_the_sweep_needs_torch_for_is_forked_from_the_job_server(tmp_path: Path):
