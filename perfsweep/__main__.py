@@ -101,6 +101,10 @@ except BaseException as exc:  # noqa: BLE001 - anything else is raised again
 logging.getLogger(LAUNCHER_LOGGERS[0]).addFilter(_SaidByPerfsweep())
 for _name in LAUNCHER_LOGGERS:
     logging.getLogger(_name).addFilter(_PasswordsHidden())
+# torch's loggers at WARNING, as torch's import sets them as it ends (with TORCH_LOGS's levels, which
+# it sets after): an import of torch in this process cut short by a Ctrl-C left them at Hydra's INFO,
+# and torch's exit handlers then printed "FakeTensor cache stats" under the sweep's last line
+logging.getLogger("torch").setLevel(logging.WARNING)
 log = logging.getLogger("perfsweep")
 
 

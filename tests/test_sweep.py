@@ -440,6 +440,32 @@ def test_ctrl_c_before_a_single_runs_row_says_it_had_not_started(tmp_path: Path)
     assert "Traceback" not in err, err[-2000:]
 
 
+def test_torchs_exit_lines_stay_off_the_terminal_after_an_import_cut_short(tmp_path: Path):
+    """A Ctrl-C while the sweep's process imported torch (PERFSWEEP_EARLY_JOB_SERVER=0: its
+    checks import it there) left torch's loggers at Hydra's INFO, never set to WARNING as the
+    import's end sets them, and torch's exit handler (FakeTensor's cache stats, registered as
+    that module is imported) printed its lines under the sweep's last one. The driver stands in
+    for the import cut short: a handler of a torch logger's, registered before the sweep runs."""
+    import sys
+
+    driver = (
+        "import atexit, logging, sys\n"
+        "atexit.register(lambda: logging.getLogger('torch._subclasses.fake_tensor').info('FakeTensor cache stats:'))\n"
+        "sys.argv = ['perfsweep', *sys.argv[1:]]\n"
+        "from perfsweep.__main__ import cli\n"
+        "cli()\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", driver, "-m", *TINY, "device=cpu", "seed=0"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "FakeTensor cache stats" not in res.stderr, res.stderr[-2000:]
+
+
 def test_cpu_out_of_memory_is_status_oom(tmp_path: Path):
     """A model too big to allocate (16 TiB of MLP weights) is an oom result, not a crash.
 
