@@ -128,6 +128,7 @@ def test_runs_stored_before_launch_attribution_get_no_gpu_stage_panel(tmp_path: 
     assert len(chart.figure.axes) == 1  # the CPU panel alone
     title = chart.figure.get_suptitle().replace("\n", " ")
     assert "no GPU time: stored by a perfsweep that missed backward's kernels; perfsweep trace gives it" in title
+    assert "On CPU" not in chart.caption and "leaves out backward's" in chart.caption, chart.caption  # H100 runs
     assert "older than the busy-time columns" in rep.charts["gpu"].skipped
 
 

@@ -1121,6 +1121,7 @@ def test_breakdown_and_loss_are_the_stored_stages_and_steps(engine: Any, tmp_pat
     rep = make_report(engine, [sid])
     breakdown = rep.charts["breakdown"]
     assert len(breakdown.figure.axes) == 1  # CPU runs: device time = CPU time, one panel
+    assert "On CPU the device time equals the CPU time" in breakdown.caption
     ax = breakdown.figure.axes[0]
     # one stacked segment per stage and config, in step order: what was stored (1, 30, 60, 8, 1 ms; AMP's half)
     assert bar_values(ax) == pytest.approx([1.0, 0.5, 30.0, 15.0, 60.0, 30.0, 8.0, 4.0, 1.0, 0.5])

@@ -278,7 +278,7 @@ BREAKDOWN = ChartSpec(
         Panel(tuple(f"gpu_ms_{s}" for s in STAGES), title="GPU kernel time, by launching stage", **STAGE_PANEL),
     ),
     frames.breakdown,
-    lambda f, note, r: {"panels": PANELS_TEXT["gpu_ms_forward" in f], "overhead": _profiler_overhead(f)},
+    lambda f, note, r: {"panels": _panels_text(f), "overhead": _profiler_overhead(f)},
     side_by_side=True,
     same_scale=True,  # CPU and GPU ms on one scale: 0-120 beside 0-70 under one label misled
     caption="Time per step in each stage (data_to_device, forward, backward, optimizer_step, zero_grad), averaged "
@@ -302,9 +302,21 @@ def _profiler_overhead(frame: pd.DataFrame) -> str:
     )
 
 
+def _panels_text(frame: pd.DataFrame) -> str:
+    """What the breakdown's panels are: CPU and GPU; the CPU's alone, whose device time is its CPU
+    time; or the CPU's alone on a GPU, where an older perfsweep stored GPU times without backward's
+    kernels (frames.breakdown leaves them out, and this caption once said "On CPU" of H100 runs)."""
+    if "gpu_ms_forward" in frame:
+        return PANELS_TEXT["gpu"]
+    return PANELS_TEXT["gpu time not drawn" if frame.attrs.get("gpu_time_not_drawn") else "cpu"]
+
+
 PANELS_TEXT = {
-    True: "Left panel: CPU (host) time; right panel: GPU kernel time attributed to the stage that launched it.",
-    False: "On CPU the device time equals the CPU time, so each config has one bar.",
+    "gpu": "Left panel: CPU (host) time; right panel: GPU kernel time attributed to the stage that launched it.",
+    "cpu": "On CPU the device time equals the CPU time, so each config has one bar.",
+    "gpu time not drawn": "Only the CPU (host) time is drawn: these runs' GPU time per stage was stored by a perfsweep "
+    "that counted only the kernels launched from the main thread, which leaves out backward's (launched from "
+    "autograd's thread); `perfsweep trace` on a run's trace.json.gz gives it.",
 }
 SCALING = ChartSpec(
     "scaling",

@@ -165,10 +165,13 @@ def breakdown(r: Any) -> tuple[pd.DataFrame, str]:
     for kind, rows, value in (("cpu", stages, "cpu_time_ms"), ("gpu", measured, "device_time_ms")):
         wide = rows.pivot_table(index="run_id", columns="stage", values=value, aggfunc="sum")
         cols |= {f"{kind}_ms_{s}": configs["id"].map(wide[s]) for s in STAGES if s in wide}
-    if (source == DEVICE_TIME_BEFORE_LAUNCH).any():  # an older perfsweep's: backward's kernels were missing
+    missed = bool((source == DEVICE_TIME_BEFORE_LAUNCH).any())  # an older perfsweep's: backward's kernels missing
+    if missed:
         old = "no GPU time: stored by a perfsweep that missed backward's kernels; perfsweep trace gives it"
         note = f"{note}; {old}" if note else old
-    return configs.assign(**cols)[configs["id"].isin(stages["run_id"])], note
+    frame = configs.assign(**cols)[configs["id"].isin(stages["run_id"])]
+    frame.attrs["gpu_time_not_drawn"] = missed  # the caption says why (perfsweep.report.build)
+    return frame, note
 
 
 def loss(r: Any) -> tuple[pd.DataFrame, str]:
