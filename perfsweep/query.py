@@ -117,6 +117,20 @@ def run_query(engine: Engine, sql: str) -> pd.DataFrame:
     return typed.set_axis(keys, axis=1)  # by position: a join may name two columns alike (a.phase, b.phase)
 
 
+def _older_schema(engine: Engine, db: str) -> str:
+    """For a refused query: where the database's schema is older than this perfsweep's, what says
+    so and how to upgrade it (a column it lacks, gpu_busy_ms in a database from before it, was
+    only "no such column"); else nothing. A query is not refused for an old schema: what it asks
+    of the older columns is answered."""
+    try:
+        revision = store.schema_revision(engine)
+        if revision is None or revision >= store.head_revision():
+            return ""
+        return f"; {store.older_schema(revision, store.existing_url(db), store.hide_password(db))}"
+    except Exception:  # noqa: BLE001 - the refusal stands as it is
+        return ""
+
+
 def records(db: str, sql: str) -> list[dict[str, Any]]:
     """The rows of a read-only ``sql`` on ``db`` (a SQLite file path or URL, or a PostgreSQL URL)
     as dicts: for a script or a notebook that wants plain rows, read as ``perfsweep query`` reads."""
@@ -192,7 +206,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         engine = read_only_engine(args.db)
         try:
-            df = run_query(engine, args.sql)
+            try:
+                df = run_query(engine, args.sql)
+            except QueryError as exc:
+                raise QueryError(f"{exc}{_older_schema(engine, args.db)}") from None
         finally:
             engine.dispose()
     except QueryError as exc:

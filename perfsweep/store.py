@@ -637,6 +637,16 @@ def _writable(url: str) -> bool:
     return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
 
 
+def older_schema(revision: str, url: str, db: str) -> str:
+    """What to say of a database at an older ``revision`` than this perfsweep's head (``db``: as
+    the user gave it, its password hidden): the command that upgrades it, or a copy of it."""
+    return (
+        f"schema revision {revision} is older than this perfsweep's {head_revision()}; "
+        f"upgrade it first with: perfsweep upgrade --db {db}"
+        + ("" if _writable(url) else " (the file is read-only here: upgrade a copy)")
+    )
+
+
 def open_existing(db: str) -> Engine:
     """Open an existing database read-only; a missing SQLite file is an error, not a new empty file.
 
@@ -659,11 +669,7 @@ def open_existing(db: str) -> Engine:
             raise UserError(f"--db {db}: not a perfsweep results database (no schema version)")
         if why := unknown_revision(revision, url):
             raise UserError(f"--db {db}: {why}")
-        raise UserError(
-            f"--db {db}: schema revision {revision} is older than this perfsweep's {head}; "
-            f"upgrade it first with: perfsweep upgrade --db {db}"
-            + ("" if _writable(url) else " (the file is read-only here: upgrade a copy)")
-        )
+        raise UserError(f"--db {db}: {older_schema(revision, url, db)}")
     try:  # a report read its tables as they came and failed halfway
         refuse_damage(url, engine)
     except DamagedDatabase as exc:

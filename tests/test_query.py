@@ -284,6 +284,33 @@ def _files(folder: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir() if p.is_file()}
 
 
+def test_a_query_an_older_schema_cannot_answer_names_the_upgrade(tmp_path: Path, capsys):
+    """The H100 run's database (schema 0001) has no gpu_busy_ms: a query of it said only "no such
+    column" (a review found it), where a report names the upgrade. It is still answered where the
+    older columns do, and nothing is written."""
+    folder = tmp_path / "db"
+    folder.mkdir()
+    db = folder / "results.db"
+    db.write_bytes((Path(__file__).parent / "fixtures" / "h100" / "results-fp16-seed-snapshot-gpt2.db").read_bytes())
+    before = _files(folder)
+    assert main(["SELECT gpu_busy_ms FROM runs", "--db", str(db)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "perfsweep query: the database refused the query (no such column: gpu_busy_ms); schema revision 0001 is "
+        f"older than this perfsweep's {store.head_revision()}; upgrade it first with: perfsweep upgrade --db {db}"
+    )
+    assert main(["SELECT count(*) AS n FROM runs", "--db", str(db)]) == 0
+    assert capsys.readouterr().out.split() == ["n", "6"]
+    assert _files(folder) == before
+    from perfsweep.upgrade import main as upgrade_main
+
+    assert upgrade_main(["--db", str(db)]) == 0
+    capsys.readouterr()
+    assert main(["SELECT no_such_column FROM runs", "--db", str(db)]) == 2  # at head: the refusal alone
+    assert capsys.readouterr().err.strip() == (
+        "perfsweep query: the database refused the query (no such column: no_such_column)"
+    )
+
+
 def test_report_never_writes_and_names_the_upgrade_command(tmp_path: Path, capsys):
     """An older database (the H100 run's, schema 0001) is not upgraded by a report: it says how."""
     from perfsweep.report.__main__ import main as report_main
