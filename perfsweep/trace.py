@@ -565,6 +565,20 @@ def short_kernel_name(name: str, width: int = 70) -> str:
     return n if len(n) <= width else n[: width - 3] + "..."
 
 
+STEP_MS_RANGE = (1e-3, 1e7)
+"""What ``--step-ms`` may be: a microsecond to almost three hours. A value outside it is no step
+time (1e-300 printed a busy share of 10^298 %)."""
+
+OVER_THE_STEP = {
+    "measured_step_ms": "is --step-ms this trace's step time?",
+    "measured_step_ms_in_trace": "is the measured step written in this trace its own run's?",
+    "profiled_step_wall_ms": "the kernels ran on past the end of the host's profiled steps; give the "
+    "measured step time with --step-ms",
+}
+"""What the warning of a busy share over 100% asks, by what the share was taken of
+(:meth:`TraceAnalysis.basis_ms`)."""
+
+
 def format_analysis(a: TraceAnalysis, step_ms: float | None = None) -> str:
     """The table ``perfsweep trace`` prints for people."""
     lines = [f"Trace: {a.path}"]
@@ -609,7 +623,6 @@ def format_analysis(a: TraceAnalysis, step_ms: float | None = None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """``perfsweep trace FILE``: the analysis for any torch.profiler Chrome trace."""
-    import math
     import sys
 
     from perfsweep.cli import OneLineParser
@@ -645,8 +658,11 @@ def main(argv: list[str] | None = None) -> int:
     stages = tuple(s.strip() for s in args.stages.split(",") if s.strip())
     if not stages:
         parser.error(f"--stages={args.stages!r}: give at least one range name")
-    if args.step_ms is not None and not (args.step_ms > 0 and math.isfinite(args.step_ms)):
-        parser.error(f"--step-ms={args.step_ms:g}: must be a positive, finite number of milliseconds")
+    if args.step_ms is not None and not STEP_MS_RANGE[0] <= args.step_ms <= STEP_MS_RANGE[1]:  # nan: not in it
+        parser.error(
+            f"--step-ms={args.step_ms:g}: must be a measured step time in milliseconds, "
+            f"from {STEP_MS_RANGE[0]:g} to {STEP_MS_RANGE[1]:g}"
+        )
     if args.top < 0:
         parser.error(f"--top={args.top}: must be >= 0")
     try:
@@ -670,10 +686,9 @@ def main(argv: list[str] | None = None) -> int:
     share = analysis.busy_fraction(args.step_ms)
     if share is not None and share > 1.0:
         basis_ms, kind = analysis.basis_ms(args.step_ms)
-        given = "--step-ms" if kind == "measured_step_ms" else "the step"
         print(
             f"perfsweep trace: the GPU is busy {analysis.gpu_busy_ms:.2f} ms per step, longer than the "
-            f"{basis_ms:.2f} ms step its share is taken of ({share:.0%}); is {given} this trace's step time?",
+            f"{basis_ms:.2f} ms step its share is taken of ({share:.0%}); {OVER_THE_STEP[kind]}",
             file=sys.stderr,
         )
     if analysis.skipped_events:

@@ -417,7 +417,8 @@ def test_malformed_events_do_not_crash(tmp_path):
 
 @pytest.mark.parametrize(
     "argv",
-    [["--step-ms", "nan"], ["--step-ms", "inf"], ["--step-ms", "0"], ["--top", "-1"], ["--stages", ","], ["--bogus"]],
+    [["--step-ms", "nan"], ["--step-ms", "inf"], ["--step-ms", "0"], ["--step-ms", "1e-300"], ["--step-ms", "1e308"]]
+    + [["--top", "-1"], ["--stages", ","], ["--bogus"]],
 )
 def test_cli_usage_mistakes_get_one_line(argv, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -625,6 +626,25 @@ def test_a_step_shorter_than_the_busy_time_is_questioned(capsys):
     assert len(err.splitlines()) == 1 and "longer than the 1.00 ms step" in err and "--step-ms" in err
     assert main([str(path), "--step-ms", "23.94"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_a_busy_time_past_the_profiled_step_asks_for_the_measured_one(tmp_path, capsys):
+    """No --step-ms and no measured step in the trace: the share is the profiled step's, and a
+    kernel that runs on past the host's step (launched at its end) made it 250%. The warning asked
+    "is the step this trace's step time?", of a step the user never gave (a review found it)."""
+    ev = [
+        _x("user_annotation", "ProfilerStep#1", 0, 100),
+        _x("user_annotation", "forward", 10, 80),
+        _x("cuda_runtime", "cudaLaunchKernel", 85, 1, correlation=1),
+        {**_x("kernel", "gemm_a", 90, 250, correlation=1), "pid": 0, "tid": 7},
+    ]
+    assert main([str(_write(tmp_path / "late.json", ev)), "--stages", "forward"]) == 0
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "perfsweep trace: the GPU is busy 0.25 ms per step, longer than the 0.10 ms step its share is taken of "
+        "(250%); the kernels ran on past the end of the host's profiled steps; give the measured step time with "
+        "--step-ms"
+    )
 
 
 def test_a_trace_merged_from_two_processes_is_read_one_process_at_a_time(tmp_path, capsys):
