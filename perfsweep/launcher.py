@@ -754,8 +754,8 @@ def run_job(
                 )
     except BaseException as exc:  # Ctrl-C, a scheduler's signal or a cancelled sweep: the job was stopped
         ended = getattr(exc, "perfsweep_outcome", None)  # it had reported (a result that crossed the Ctrl-C)
+        row.update(clock.phases().row())  # how far it got: its start, its setup, its window
         if ended is not None:
-            row.update(clock.phases().row())
             with interrupts.held():
                 _finish(engine, row, run_id, spec, fields_of_sweep, progress, started, *ended)
             status = ended[0]
@@ -773,7 +773,6 @@ def run_job(
                             engine,
                             {
                                 **row,
-                                **clock.phases().row(),  # how far it got: its start, its setup
                                 "status": status,
                                 "finished_at": utcnow(),
                                 "error": f"{why} {interrupted_tail(spec.multirun)}",

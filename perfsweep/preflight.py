@@ -320,23 +320,23 @@ def check_device(cfgs: list[PerfsweepConfig]) -> None:
     it in this process, seconds: :func:`check_all`)."""
     from perfsweep import slots
 
-    cuda_only = any(
-        c.device == Device.cuda or (c.amp and c.amp_dtype == AmpDtype.fp16) or c.timing == Timing.events for c in cfgs
-    )
-    if not cuda_only or slots.cuda_available():
+    wanted = next((needs for c in cfgs if (needs := _cuda_only(c))), None)
+    if wanted is None or slots.cuda_available():
         return
     why = f"torch {slots.torch_version()} sees no CUDA device on this machine"
-    for cfg in cfgs:
-        if cfg.device == Device.cuda:
-            raise ConfigError(f"invalid config: device='cuda': {why}; use device=cpu or device=auto")
-        if cfg.amp and cfg.amp_dtype == AmpDtype.fp16:
-            raise ConfigError(
-                f"invalid config: amp_dtype='fp16': fp16 autocast needs CUDA and {why}; use amp_dtype=bf16"
-            )
-        if cfg.timing == Timing.events:
-            raise ConfigError(
-                f"invalid config: timing='events': CUDA events need a GPU and {why}; use timing=sync or auto"
-            )
+    raise ConfigError(f"invalid config: {wanted.format(why=why)}")
+
+
+def _cuda_only(cfg: PerfsweepConfig) -> str | None:
+    """The setting of ``cfg`` that needs CUDA, as its refusal says it (``{why}``: that torch sees
+    no GPU here), or None: asking this needs no torch."""
+    if cfg.device == Device.cuda:
+        return "device='cuda': {why}; use device=cpu or device=auto"
+    if cfg.amp and cfg.amp_dtype == AmpDtype.fp16:
+        return "amp_dtype='fp16': fp16 autocast needs CUDA and {why}; use amp_dtype=bf16"
+    if cfg.timing == Timing.events:
+        return "timing='events': CUDA events need a GPU and {why}; use timing=sync or auto"
+    return None
 
 
 def cpu_sweep_fields(cfgs: list[PerfsweepConfig], job_cpus: int | None = None) -> dict[str, float]:
