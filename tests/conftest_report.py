@@ -42,14 +42,20 @@ class ReportSweeps:
         return f"sqlite:///{self.db}"
 
 
-def run_sweep(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+FIRST_SWEEP_STDERR = "amp_ckpt.stderr"
+"""The first sweep's stderr, kept beside results.db (tests/test_report.py reads it)."""
+FRESH_MATPLOTLIB = "matplotlib-config"
+"""The first sweep's matplotlib folder, empty as on a machine that never drew a chart."""
+
+
+def run_sweep(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     proc = subprocess.run(
         [sys.executable, "-m", "perfsweep", "-m", *args, *TINY_STEPS],
         cwd=cwd,
         capture_output=True,
         text=True,
         timeout=600,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
     )
     if proc.returncode != 0:
         raise AssertionError(f"sweep {args} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
@@ -57,7 +63,12 @@ def run_sweep(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 
 def _build(workdir: Path) -> tuple[int, int]:
-    run_sweep(["amp=true,false", "ckpt=true,false", "batch=4", "seq_len=32"], workdir)
+    first = run_sweep(
+        ["amp=true,false", "ckpt=true,false", "batch=4", "seq_len=32"],
+        workdir,
+        env={"MPLCONFIGDIR": str(workdir / FRESH_MATPLOTLIB)},  # its report is that machine's first chart
+    )
+    (workdir / FIRST_SWEEP_STDERR).write_text(first.stderr)
     run_sweep(["batch=2,4", "seq_len=16,32"], workdir)
     import sqlite3
 

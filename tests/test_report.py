@@ -178,7 +178,17 @@ def test_amp_ckpt_sweep_gets_its_charts_and_skips_the_rest(report_sweeps: Report
 
 
 @pytest.mark.slow
-def test_batch_seq_sweep_adds_scaling_and_heatmap(report_sweeps: ReportSweeps) -> None:
+def test_a_first_sweep_on_a_new_machine_prints_no_other_librarys_notes(report_sweeps: ReportSweeps) -> None:
+    """The sweep's report was its machine's first chart: matplotlib built its font list, and its
+    INFO line "matplotlib.font_manager: generated new fontManager" stood among the sweep's own
+    lines (Hydra sets the root logger to INFO). Every stderr line is perfsweep's: its notes, a
+    job's header, progress and outcome."""
+    from tests.conftest_report import FIRST_SWEEP_STDERR, FRESH_MATPLOTLIB
+
+    assert list((report_sweeps.workdir / FRESH_MATPLOTLIB).glob("fontlist*.json"))  # the font list was built then
+    lines = (report_sweeps.workdir / FIRST_SWEEP_STDERR).read_text().splitlines()
+    assert any(line.startswith("[4/4] ") for line in lines), lines
+    assert [line for line in lines if line and not line.startswith(("perfsweep", "[", "  "))] == []
     eng = store.connect(report_sweeps.url)
     rep = make_report(eng, [report_sweeps.batch_seq])
     drawn = {n for n, c in rep.charts.items() if c.figure is not None}
