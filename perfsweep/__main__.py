@@ -38,6 +38,7 @@ try:
     from omegaconf import DictConfig
 
     from perfsweep import interrupts, preflight, store
+    from perfsweep.cli import UserError
     from perfsweep.config import MAX_BATCH, ConfigError, register_configs, to_run_config
     from perfsweep.names import EXIT_0_STATUSES, NOT_OVERRIDES, STACKS_ENV, SWEEP_MARKER
 except BaseException as exc:  # noqa: BLE001 - anything else is raised again
@@ -178,7 +179,7 @@ def hydra_main(cfg: DictConfig) -> str:
             )
             if notice := preflight.cpu_notice(cpu):
                 print(notice, file=sys.stderr)
-    except ConfigError as exc:
+    except (ConfigError, UserError) as exc:  # UserError: a database path SQLAlchemy cannot name (store.sqlite_url)
         if not multirun and (claimed or not (Path(sweep_dir) / SWEEP_MARKER).exists()):
             (Path(sweep_dir) / SWEEP_MARKER).unlink(missing_ok=True)
             preflight.remove_refused_run_folder(Path(sweep_dir))  # only Hydra's own files: no trace left

@@ -542,11 +542,29 @@ DEFAULT_DB_ARG = "sqlite:///./results.db"
 """``--db`` of the commands that read or import: results.db in the current directory."""
 
 
+@functools.cache
+def _decodes_database() -> bool:
+    """Whether this SQLAlchemy decodes ``%XX`` in a URL's database part: 2.1 does; 2.0 (what
+    Python 3.10 installs) opens it as written (sqlalchemy/sqlalchemy#11234)."""
+    return make_url("sqlite:///%41").database == "A"
+
+
 def sqlite_url(path: str | Path) -> str:
-    """The ``sqlite:///`` URL of the file at ``path``. SQLAlchemy reads a URL as a URL: ``%41`` in
-    it is ``A`` and ``?`` starts its options, so a file named ``pct%41.db`` given as a path was
-    written as ``pctA.db``; those two characters are escaped."""
-    return "sqlite:///" + str(path).replace("%", "%25").replace("?", "%3F")
+    """The ``sqlite:///`` URL of the file at ``path``. SQLAlchemy 2.1 reads a URL as a URL: ``%41``
+    in it is ``A`` and ``?`` starts its options, so a file named ``pct%41.db`` given as a path was
+    written as ``pctA.db``; those two characters are escaped. SQLAlchemy 2.0 opens the path as
+    written (escaped, ``pct%2541.db`` was written) but still ends it at a ``?``: such a path is a
+    UserError there, where it wrote to the file named by the part before it."""
+    if _decodes_database():
+        return "sqlite:///" + str(path).replace("%", "%25").replace("?", "%3F")
+    if "?" in str(path):
+        import sqlalchemy
+
+        raise UserError(
+            f"{path}: SQLAlchemy {sqlalchemy.__version__} cannot open a SQLite file whose path holds a '?' "
+            "(it reads the rest as options; 2.1 or later can): rename it, or upgrade SQLAlchemy"
+        )
+    return "sqlite:///" + str(path)
 
 
 def default_url(launch_dir: str | Path) -> str:

@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import text
 
 from perfsweep import importer, store
+from perfsweep.cli import UserError
 from perfsweep.query import QueryError, main, read_only_engine, run_query
 from tests.util import read_only, run_row
 
@@ -246,6 +247,25 @@ def test_a_file_named_with_url_characters_is_the_file_read(tmp_path: Path, capsy
         assert store.display_url(engine) == store.url_from_arg(str(tmp_path / name))
         engine.dispose()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pct%41.db", "pctA.db", "res#1.db"]
+
+
+def test_a_path_with_a_question_mark_names_its_own_file_or_is_refused(tmp_path: Path, capsys):
+    """SQLAlchemy 2.0 (what Python 3.10 installs) ends a URL's file at a '?' and decodes no %XX:
+    'a?b.db' given as a path was written to a file 'a'. With 2.1 the '?' is escaped and the file is
+    the one named; with 2.0 the path is refused in one line, and nothing is written."""
+    path = tmp_path / "a?b.db"
+    if not store._decodes_database():
+        with pytest.raises(UserError, match=r"cannot open a SQLite file whose path holds a '\?'"):
+            store.url_from_arg(str(path))
+        assert main(["select 1", "--db", str(path)]) == 2
+        assert not list(tmp_path.iterdir())
+        return
+    engine = store.connect(store.url_from_arg(str(path)))
+    store.save_run(engine, run_row(store.get_or_create_sweep(engine, "/s", "s"), batch=5))
+    engine.dispose()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a?b.db"]
+    assert main(["select batch from runs", "--db", str(path), "--format", "csv"]) == 0
+    assert capsys.readouterr().out.split() == ["batch", "5"]
 
 
 def test_bad_database_and_bad_sql(tmp_path: Path):

@@ -843,7 +843,7 @@ def test_save_run_keeps_timezone_aware_datetimes(db_url, engines):
     sid = store.get_or_create_sweep(engine, "/sweeps/tz", "tz")
     ist = timezone(timedelta(hours=5, minutes=30))
     started = datetime(2026, 7, 1, 9, 0, 0, 250000, tzinfo=ist)
-    finished = "2026-07-01T03:31:00.5+00:00"  # save_run parses ISO strings
+    finished = "2026-07-01T03:31:00.500000+00:00"  # save_run parses ISO strings, as isoformat() writes them
     rid = store.save_run(engine, minimal_result(sid, started_at=started, finished_at=finished))
     with Session(engines(db_url, migrate=False)) as s:
         run = s.get(store.Run, rid)

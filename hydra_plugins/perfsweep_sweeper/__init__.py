@@ -66,7 +66,7 @@ class PerfsweepSweeper(BasicSweeper):
             env_set = OmegaConf.to_container(self.config.hydra.job.env_set, resolve=False)  # per job: ${hydra:job.num}
             job_start.start_early(run_cfgs, {str(k): str(v) for k, v in env_set.items()})  # imports while we do
         from perfsweep import importer, interrupts, launcher, schedule, search, store, summary  # torch, once composed
-        from perfsweep.cli import first_line
+        from perfsweep.cli import UserError, first_line
         from perfsweep.names import EXIT_0_STATUSES, MULTI_HOST_LAUNCHERS
 
         first = run_cfgs[0]
@@ -85,7 +85,7 @@ class PerfsweepSweeper(BasicSweeper):
             data_notes = preflight.data_keys_read(list(zip([list(j) for j in jobs], run_cfgs, strict=True)))
             checked = [_at_batch_1(c) if search.is_search(c) else c for c in run_cfgs]
             placements = preflight.check_all(checked, jobs_run_here=here, hydra_launcher=hydra_launcher)
-        except ConfigError as exc:
+        except (ConfigError, UserError) as exc:  # UserError: a database path SQLAlchemy cannot name (store.sqlite_url)
             _refuse(str(exc))
         for note in data_notes:
             print(note, file=sys.stderr)
