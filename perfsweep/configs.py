@@ -284,7 +284,9 @@ def throughputs(configs: pd.DataFrame, runs: pd.DataFrame, steps: pd.DataFrame) 
     """What each config's tokens/s interval is resampled from (:class:`perfsweep.metrics.Throughput`):
     its ok runs' tokens/s and their measured step times (``steps``: run_id, step_time_ms, in order)."""
     by_run = runs.set_index("id")["throughput_per_s"]
-    times = steps.groupby("run_id")["step_time_ms"].agg(list)
+    # a dict: a run id is a key, never a position. With no steps (runs an older perfsweep stored)
+    # the grouped Series had an object index, and pandas 2 took .get(3) as its fourth element
+    times = steps.groupby("run_id")["step_time_ms"].agg(list).to_dict()
     return [
         metrics.Throughput([by_run[i] for i in ids], [times.get(i, []) for i in ids]) for ids in configs["ok_run_ids"]
     ]
