@@ -171,6 +171,29 @@ def value_text(axis: str, value: Any) -> str:
     return str(value)
 
 
+OLD_MFU_NOTE = (
+    "* MFU an older perfsweep stored (schema before 0004): over the device's bf16 peak whatever the run's "
+    "dtype, so an fp32 run's share of its own peak is higher (on an H100 SXM: 989 against 67 TFLOP/s)"
+)
+
+
+def old_mfu(configs: pd.DataFrame) -> pd.Series:
+    """Rows whose MFU an older perfsweep stored: taken over the bf16 peak whatever the run's dtype,
+    and kept by the upgrade (migration 0004) without the peak it used. Shown marked, never as a
+    share of the run's own dtype's peak, which they are not."""
+    return configs["mfu"].notna() & configs["mfu_peak_flops"].isna()
+
+
+def mfu_text(mfu: Any, compute_dtype: Any, peak_flops: Any) -> str:
+    """A run's MFU as the summary and report show it: ``48.1% of fp32``; ``3.2% of bf16*`` for an
+    older row (:func:`old_mfu`, :data:`OLD_MFU_NOTE`); ``-`` where the device has no known peak."""
+    if mfu is None or mfu != mfu:
+        return "-"
+    if peak_flops is None or peak_flops != peak_flops:
+        return f"{mfu:.1%} of bf16*"
+    return f"{mfu:.1%}" + (f" of {compute_dtype}" if isinstance(compute_dtype, str) else "")
+
+
 def axis_text(axis: str, value: Any) -> str:
     """``amp=on``, ``batch=8``, ``model=tiny``, ``model.width=64``: one axis of a config label."""
     return f"{axis_name(axis)}={value_text(axis, value)}"

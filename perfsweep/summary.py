@@ -285,7 +285,7 @@ def format_summary(runs: pd.DataFrame, swept: Sequence[str] = ()) -> str:
             for f, bound in zip(per["data_wait_fraction"], per["data_bound"], strict=True)
         ]
     if per["mfu"].notna().any():  # GPUs with a known peak (perfsweep.envinfo.PEAK_FLOPS)
-        out["MFU"] = per["mfu"].map(lambda v: f"{v:.1%}" if pd.notna(v) else "-")
+        out["MFU"] = [configs.mfu_text(*r) for r in per[["mfu", "mfu_compute_dtype", "mfu_peak_flops"]].values]
     if per["bottleneck"].notna().any():  # GPU runs with a profiled window; never shown for CPU
         out["GPU busy"] = per["gpu_busy_fraction"].map(lambda v: f"{v:.0%}" if pd.notna(v) else "-")
         out["bound by"] = per["bottleneck"].fillna("-")
@@ -322,6 +322,8 @@ def format_summary(runs: pd.DataFrame, swept: Sequence[str] = ()) -> str:
             f"{rate} of a config with repeats: their median (their range); its step ms (IQR, CV), memory and the "
             "rest: the repeat nearest that median (on a tie, the earlier)"
         )
+    if per["mfu"].notna().any() and configs.old_mfu(per).any():
+        notes.append(configs.OLD_MFU_NOTE)
     if per["unsettled"].any():
         notes.append("~ the step time never settled in warmup (steps.max_warmup or steps.max_warmup_s reached)")
     if configs.unranked_samples(per).any():

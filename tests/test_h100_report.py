@@ -28,12 +28,47 @@ def h100_engine(tmp_path_factory: pytest.TempPathFactory):
 def test_summary_prints_busy_share_and_verdict(h100_engine):
     df = summary.summary_frame(h100_engine, 1)
     text = summary.format_summary(df)
-    header, *lines = text.splitlines()
+    header, *lines = text.splitlines()[: len(df) + 1]  # the notes follow the table
     assert "GPU busy" in header and "bound by" in header
     by_cfg = {(int(r.amp), int(r.ckpt)): line for r, line in zip(df.itertuples(), lines, strict=True)}
     assert "36%" in by_cfg[(1, 0)] and by_cfg[(1, 0)].rstrip().endswith("host")
     assert "16%" in by_cfg[(1, 1)] and "host" in by_cfg[(1, 1)]
     assert "95%" in by_cfg[(0, 0)] and "gpu" in by_cfg[(0, 0)]
+
+
+def test_mfu_an_older_perfsweep_stored_is_marked_as_over_the_bf16_peak(tmp_path: Path):
+    """These H100 rows' MFU was taken over the bf16 peak whatever the dtype (migration 0004 kept it,
+    with no peak): the fp32 baseline's 32 TFLOP/s read '3.2%' beside the AMP runs' figures, where
+    over its own fp32 peak it is about 48%. Marked '* of bf16' with the note, in the summary and the
+    report; a run whose peak is stored reads as a share of its own dtype's peak, unmarked."""
+    from perfsweep.configs import OLD_MFU_NOTE
+
+    engine = store.connect(build_h100_db(tmp_path / "results.db"))
+    try:
+        with engine.connect() as conn:
+            (tflops, mfu, peak) = conn.exec_driver_sql(
+                "SELECT model_tflops_per_s, mfu, mfu_peak_flops FROM runs WHERE amp = 0 AND ckpt = 0"
+            ).one()
+        assert peak is None and mfu == pytest.approx(tflops * 1e12 / 989e12)  # the bf16 peak, for an fp32 run
+        text = summary.format_summary(summary.summary_frame(engine, 1))
+        table, note = results_table(make_report(engine, [1]).configs)
+        for shown in (text, table):
+            assert f"{mfu:.1%} of bf16*" in shown and shown.count("of bf16*") == 4, shown
+        assert OLD_MFU_NOTE in text and OLD_MFU_NOTE in note
+        with engine.begin() as conn:  # as perfsweep stores it now: the fp32 peak it was taken over
+            conn.exec_driver_sql(
+                "UPDATE runs SET mfu = model_tflops_per_s * 1e12 / 67e12, mfu_peak_flops = 67e12, "
+                "mfu_compute_dtype = 'fp32' WHERE amp = 0"
+            )
+            conn.exec_driver_sql("UPDATE runs SET mfu_peak_flops = 989e12, mfu_compute_dtype = 'bf16' WHERE amp = 1")
+        text = summary.format_summary(summary.summary_frame(engine, 1))
+        table, note = results_table(make_report(engine, [1]).configs)
+        for shown in (text, table):
+            assert f"{tflops * 1e12 / 67e12:.1%}" in shown and "*" not in shown.split("\n")[0]
+            assert "of bf16*" not in shown and OLD_MFU_NOTE not in shown
+        assert f"{tflops * 1e12 / 67e12:.1%} of fp32" in table and OLD_MFU_NOTE not in note
+    finally:
+        engine.dispose()
 
 
 def test_gpu_chart_shows_why_amp_gains_less_than_its_gpu_work(h100_engine, tmp_path: Path):

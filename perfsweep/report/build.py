@@ -33,6 +33,7 @@ from sqlalchemy.engine import Engine
 from perfsweep import interrupts, metrics, store
 from perfsweep.cli import UserError, first_line
 from perfsweep.configs import (
+    OLD_MFU_NOTE,
     SAMPLES_ONLY_WHERE,
     SPEEDUP,
     axis_name,
@@ -40,6 +41,8 @@ from perfsweep.configs import (
     concurrency_note,
     config_key,
     label_axes,
+    mfu_text,
+    old_mfu,
     per_config,
     throughputs,
     unranked_samples,
@@ -685,8 +688,9 @@ def results_table(configs: pd.DataFrame, limit: int = TOP_TABLE) -> tuple[str, s
     div, unit = fmt.scale("bytes", rows["peak_mem_bytes"])
     out[f"peak mem {unit}"] = [fmt.num(v / div, "{:,.1f}") for v in rows["peak_mem_bytes"]]
     if rows["mfu"].notna().any():
-        mfu = rows[["mfu", "mfu_compute_dtype"]].values
-        out["MFU"] = [fmt.num(v, "{:.1%}") + (f" of {d}" if isinstance(d, str) else "") for v, d in mfu]
+        out["MFU"] = [mfu_text(*r) for r in rows[["mfu", "mfu_compute_dtype", "mfu_peak_flops"]].values]
+        if old_mfu(rows).any():
+            note = f"{note} {OLD_MFU_NOTE}.".strip()
     if rows["gpu_busy_fraction"].notna().any():
         out["GPU busy"] = [fmt.num(v, "{:.0%}") for v in rows["gpu_busy_fraction"]]
         out["bottleneck"] = rows["bottleneck"].fillna("-").to_numpy()
