@@ -184,6 +184,26 @@ def old_mfu(configs: pd.DataFrame) -> pd.Series:
     return configs["mfu"].notna() & configs["mfu_peak_flops"].isna()
 
 
+COMPILE_NOTE = (
+    "compile s: what the first compiled step took beyond a steady one (torch.compile's compile), and the steps "
+    "after which its faster steps repay it against the same config eager (none shown: no eager twin, or not faster)"
+)
+
+
+def compiled(configs: pd.DataFrame) -> pd.Series:
+    """Configs compiled with a measured compile time: the summary and report show that time."""
+    return configs["compile"].astype(bool) & configs["compile_time_ms"].notna()
+
+
+def compile_text(is_compiled: Any, compile_time_ms: Any, payback_steps: Any) -> str:
+    """``13.3 (403 steps)``: a compiled config's compile seconds and its payback (:data:`COMPILE_NOTE`),
+    ``13.3`` where none is stored; ``-`` for an eager config."""
+    if not is_compiled:
+        return "-"
+    paid = payback_steps is not None and payback_steps == payback_steps
+    return f"{compile_time_ms / 1000:,.1f}" + (f" ({payback_steps:,.0f} steps)" if paid else "")
+
+
 def mfu_text(mfu: Any, compute_dtype: Any, peak_flops: Any) -> str:
     """A run's MFU as the summary and report show it: ``48.1% of fp32``; ``3.2% of bf16*`` for an
     older row (:func:`old_mfu`, :data:`OLD_MFU_NOTE`); ``-`` where the device has no known peak."""
@@ -259,8 +279,8 @@ def baseline(
     intervals_for: int | None = None,
 ) -> tuple[pd.DataFrame, str]:
     """The configs with ``is_baseline`` and their ``speedup`` over it, and how it was chosen: the
-    first ok config in grid order matching ``spec``, by default amp, ckpt and compile off, else the
-    first ok config (the rule of the sweep's stored speedups, summary.BASELINE_RULE).
+    first ok config in grid order matching ``spec``, by default the first with the fewest of amp,
+    ckpt and compile on (the rule of the sweep's stored speedups, names.BASELINE_RULE).
 
     A given spec that matches no ok config is an error (the user asked for something absent).
     Where the baseline is the one a config's speedup was stored against (same sweep and
@@ -272,14 +292,18 @@ def baseline(
     median tokens/s.
     """
     ok = configs[configs["ok"]].sort_values(["sweep_id", "grid_index"], kind="stable")  # grid order, not run order
-    wanted = spec or dict.fromkeys(ON_OFF_AXES, False)
-    hits = ok[(ok[list(wanted)] == pd.Series(wanted)).all(axis=1)]
-    if spec and hits.empty:
-        raise ValueError(f"no ok run matches {','.join(f'{k}={v}' for k, v in spec.items())}")
-    how = "as requested" if spec else "default: amp, ckpt and compile off"
-    if hits.empty:
-        hits, how = ok, "first ok config (none has amp, ckpt and compile all off)"
-    elif len(hits) > 1:
+    if spec:
+        hits, how = ok[(ok[list(spec)] == pd.Series(spec)).all(axis=1)], "as requested"
+        if hits.empty:
+            raise ValueError(f"no ok run matches {','.join(f'{k}={v}' for k, v in spec.items())}")
+    else:
+        on = ok[list(ON_OFF_AXES)].astype(bool).sum(axis=1)
+        hits = ok[on == on.min()]
+        how = "default: amp, ckpt and compile off"
+        if len(hits) and on.min() > 0:
+            techniques = " and ".join(a for a in ON_OFF_AXES if hits[a].iloc[0])
+            how = f"default: the fewest techniques on ({techniques}; no config has amp, ckpt and compile all off)"
+    if len(hits) > 1:
         how += f"; first of {len(hits)} matching configs"
     base = hits.iloc[0] if len(hits) else pd.Series({"throughput_per_s": None}, name=None)
     stored = configs["speedup"].notna() & configs["sweep_id"].eq(base.get("sweep_id"))

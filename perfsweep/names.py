@@ -40,7 +40,14 @@ tells a sweep's configs apart (a factory's own keys, ``lr``); labels show it as 
 
 ON_OFF_AXES: tuple[str, ...] = ("amp", "ckpt", "compile")
 """Grid axes that switch a technique on or off: the factors of the factorial analysis; the
-default baseline has them all off."""
+default baseline has the fewest of them on (:data:`BASELINE_RULE`)."""
+
+BASELINE_RULE = (
+    "the first config in grid order with the fewest of amp, ckpt and compile on (all off where the grid has it)"
+)
+"""The default baseline of the stored speedups (perfsweep.summary.fill_speedups) and of a report
+(perfsweep.configs.baseline). The fewest, not all off: experiments/compile.yaml holds amp on, and
+its eager config was reported as 0.63x slower than the compiled one, its first."""
 
 ENVIRONMENT_COLUMNS: tuple[str, ...] = (
     "hostname",

@@ -88,13 +88,10 @@ def fill_cpu_utilisation(engine: Engine, sweep_id: int) -> None:
             )
 
 
-BASELINE_RULE = "the first config in grid order with amp, ckpt and compile off; else the grid's first ok config"
-
-
 def fill_speedups(engine: Engine, sweep_id: int) -> None:
     """Write every ok run's ``speedup`` over the sweep's baseline config, with its 95% interval
     and verdict (:func:`perfsweep.metrics.speedups`), so SQL sees what the summary and
-    the report show. Repeats of a config share one figure. Baseline: :data:`BASELINE_RULE`."""
+    the report show. Repeats of a config share one figure. Baseline: :data:`perfsweep.names.BASELINE_RULE`."""
     Run, Step = store.Run, store.Step
     with store.session(engine) as s:
         runs = s.scalars(
@@ -113,8 +110,7 @@ def fill_speedups(engine: Engine, sweep_id: int) -> None:
         configs: dict[str, list[store.Run]] = {}
         for r in runs:
             configs.setdefault(r.config_hash or f"run {r.id}", []).append(r)
-        base_key = next((k for k, rs in configs.items() if not any(getattr(rs[0], a) for a in ON_OFF_AXES)), None)
-        base_key = base_key or next(iter(configs))
+        base_key = min(configs, key=lambda k: sum(bool(getattr(configs[k][0], a)) for a in ON_OFF_AXES))  # the first
         times: dict[int, list[float]] = {}
         for run_id, ms in s.execute(
             select(Step.run_id, Step.step_time_ms)
@@ -266,6 +262,11 @@ def format_summary(runs: pd.DataFrame, swept: Sequence[str] = ()) -> str:
             "-" if pd.isna(p) else f"{p / 2**20:,.1f}" + ("" if pd.isna(e) else f" ({e:+.0%})")
             for p, e in zip(per["predicted_peak_bytes"], per["predicted_peak_error"], strict=True)
         ]
+    if (is_compiled := configs.compiled(per)).any():
+        out["compile s (payback)"] = [
+            configs.compile_text(*r)
+            for r in zip(is_compiled, per["compile_time_ms"], per["compile_payback_steps"], strict=True)
+        ]
     if per["numerics_runs"].gt(0).any():
         out["numerics"] = [
             numerics_cell(w, numerics_text(step, skipped, nonfinite), flagged, ok_runs)
@@ -322,6 +323,8 @@ def format_summary(runs: pd.DataFrame, swept: Sequence[str] = ()) -> str:
             f"{rate} of a config with repeats: their median (their range); its step ms (IQR, CV), memory and the "
             "rest: the repeat nearest that median (on a tie, the earlier)"
         )
+    if configs.compiled(per).any():
+        notes.append(configs.COMPILE_NOTE)
     if per["mfu"].notna().any() and configs.old_mfu(per).any():
         notes.append(configs.OLD_MFU_NOTE)
     if per["unsettled"].any():

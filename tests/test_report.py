@@ -1256,9 +1256,46 @@ def test_baseline_falls_back_to_first_ok_run(engine: Any, tmp_path: Path) -> Non
     store.save_run(engine, run_row(sid, 2, amp=True, batch=2, tokens_per_s=250.0))
     rep = make_report(engine, [sid])
     assert rep.configs.loc[rep.configs["is_baseline"], "label"].tolist() == ["batch=4"]
-    assert "first ok config" in rep.baseline
+    assert "the fewest techniques on (amp; no config has amp, ckpt and compile all off)" in rep.baseline
     with pytest.raises(UserError, match="no ok run matches amp=False"):
         make_report(engine, [sid], baseline={"amp": False})
+
+
+def test_without_a_config_all_off_the_baseline_has_the_fewest_techniques_on(engine: Any, tmp_path: Path) -> None:
+    """experiments/compile.yaml holds amp on and sweeps compile=true,false: its first config, the
+    compiled one, was the baseline, and eager read 0.63x slower, where compile is the technique
+    measured. The config with the fewest techniques on is the baseline, in the stored speedups
+    (the summary) and in the report alike; among equals, the first in grid order."""
+    sid = new_sweep(engine, tmp_path / "sw")
+    store.save_run(engine, run_row(sid, 0, amp=True, compile=True, tokens_per_s=800.0, grid_index=0))
+    store.save_run(engine, run_row(sid, 1, amp=True, compile=False, tokens_per_s=500.0, grid_index=1))
+    store.save_run(engine, run_row(sid, 2, amp=True, ckpt=True, compile=False, tokens_per_s=400.0, grid_index=2))
+    summary.fill_speedups(engine, sid)
+    rep = make_report(engine, [sid])
+    base = rep.configs[rep.configs["is_baseline"]]
+    assert base[["compile", "ckpt"]].values.tolist() == [[False, False]], rep.configs
+    assert "the fewest techniques on (amp;" in rep.baseline
+    with engine.connect() as conn:
+        stored = dict(conn.exec_driver_sql("SELECT grid_index, speedup FROM runs ORDER BY grid_index").all())
+    assert stored == {0: pytest.approx(1.6), 1: 1.0, 2: pytest.approx(0.8)}
+
+
+def test_compile_time_and_payback_are_shown_beside_the_speed(engine: Any, tmp_path: Path) -> None:
+    """experiments/compile.yaml says 'steady-state speed and compile latency reported apart', but
+    compile_time_ms and compile_payback_steps were in SQL and runs.csv only. Now the summary and
+    report.md show them for compiled configs: 13.3 s, repaid after 13,312 / (100 - 60) = 333 steps."""
+    sid = new_sweep(engine, tmp_path / "sw")
+    store.save_run(engine, run_row(sid, 0, amp=True, compile=True, step_time_ms_median=60.0, compile_time_ms=13312.0))
+    store.save_run(engine, run_row(sid, 1, amp=True, compile=False, step_time_ms_median=100.0, compile_time_ms=4.0))
+    summary.fill_compile_payback(engine, sid)
+    text = summary.format_summary(summary.summary_frame(engine, sid))
+    table, note = results_table(make_report(engine, [sid]).configs)
+    assert "compile s (payback)" in text and "13.3 (333 steps)" in text, text
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines() if line.startswith("|")]
+    header, body = rows[0], [r for r in rows[2:]]
+    cells = {r[header.index("compile")]: r[header.index("compile s (payback)")] for r in body}
+    assert cells == {"on": "13.3 (333 steps)", "off": "-"}  # an eager config's first-step excess is no compile
+    assert "compile s: what the first compiled step took" in text and "compile s: what the first" in note
 
 
 def test_single_config_skips_comparisons_and_says_why(engine: Any, tmp_path: Path) -> None:

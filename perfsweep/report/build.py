@@ -33,11 +33,14 @@ from sqlalchemy.engine import Engine
 from perfsweep import interrupts, metrics, store
 from perfsweep.cli import UserError, first_line
 from perfsweep.configs import (
+    COMPILE_NOTE,
     OLD_MFU_NOTE,
     SAMPLES_ONLY_WHERE,
     SPEEDUP,
     axis_name,
     axis_text,
+    compile_text,
+    compiled,
     concurrency_note,
     config_key,
     label_axes,
@@ -687,6 +690,10 @@ def results_table(configs: pd.DataFrame, limit: int = TOP_TABLE) -> tuple[str, s
     ]
     div, unit = fmt.scale("bytes", rows["peak_mem_bytes"])
     out[f"peak mem {unit}"] = [fmt.num(v / div, "{:,.1f}") for v in rows["peak_mem_bytes"]]
+    if (is_compiled := compiled(rows)).any():
+        cells = zip(is_compiled, rows["compile_time_ms"], rows["compile_payback_steps"], strict=True)
+        out["compile s (payback)"] = [compile_text(*r) for r in cells]
+        note = f"{note} {COMPILE_NOTE}.".strip()
     if rows["mfu"].notna().any():
         out["MFU"] = [mfu_text(*r) for r in rows[["mfu", "mfu_compute_dtype", "mfu_peak_flops"]].values]
         if old_mfu(rows).any():
