@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from perfsweep import metrics
 from perfsweep.names import STAGES
 
 if TYPE_CHECKING:
@@ -53,6 +54,24 @@ def test_notebook_runs_against_a_real_sweep(
     text = "\n".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", "")) for o in outputs)
     assert f"looking at sweep {report_sweeps.amp_ckpt}" in text
     assert "amp=1 ckpt=1" in text  # the runs table, labelled by the differing axes
+    # the runs table's range is the report's (metrics.throughput_range), not tokens per step over
+    # the p90 and p10 step times (which left out the time between steps: 3,089-4,775 against 2,101-3,247)
+    cell = next(c for c in nb.cells if c.cell_type == "code" and '"tokens_per_s_lo"' in c.source)
+    runs_text = next(o["data"]["text/plain"] for o in cell.outputs if "text/plain" in o.get("data", {}))
+    with sqlite3.connect(report_sweeps.db) as conn:
+        figures = conn.execute(
+            "SELECT tokens_per_s, step_time_ms_median, step_time_ms_p10, step_time_ms_p90 FROM runs "
+            "WHERE sweep_id = ? ORDER BY job_num",
+            (report_sweeps.amp_ckpt,),
+        ).fetchall()
+    first_block = runs_text.split("\n\n")[0].splitlines()[1:]  # pandas wraps wide frames in blocks of columns
+    columns = runs_text.splitlines()[0].removesuffix("\\").split()
+    after = len(columns) - columns.index("tokens_per_s")  # read from the right: a config's label has spaces
+    shown_rows = [[float(w) for w in line.removesuffix("\\").split()[-after:][:3]] for line in first_block]
+    assert len(shown_rows) == len(figures) == 4, runs_text
+    for shown_row, (tps, median, p10, p90) in zip(shown_rows, figures, strict=True):
+        lo, hi = metrics.throughput_range(tps, median, p10, p90)
+        assert shown_row == pytest.approx([tps, lo, hi], abs=0.05 + 1e-9), (shown_row, lo, hi)
     # the stage breakdown (the JOIN cell) shows each config's stage times as stored, to 2 decimals
     shown = _breakdown_cell(nb)
     with sqlite3.connect(report_sweeps.db) as conn:
