@@ -31,6 +31,7 @@ try:
     import os
     import socket
     from pathlib import Path
+    from typing import Any
 
     import hydra
     from hydra.core.hydra_config import HydraConfig
@@ -114,6 +115,15 @@ _task_started = False
 the run's folder, answered in one line (:func:`unwritable_run_folder`); one after it is a bug."""
 
 
+def _grid_left_out(hc: Any) -> str:
+    """The grid a config defines (``hydra.sweeper.params``, as experiments/*.yaml do) for keys a
+    plain run was not given: ``-cn amp_ckpt`` without ``-m`` ran one job, without a word of the
+    other three. Empty where the config has no grid or every key of it was given."""
+    given = {o.split("=", 1)[0].lstrip("+~") for o in hc.overrides.task}
+    params = hc.sweeper.get("params") or {}
+    return " ".join(f"{k}={v}" for k, v in params.items() if k not in given)
+
+
 @hydra.main(version_base="1.3", config_path="pkg://perfsweep.conf", config_name="config")
 def hydra_main(cfg: DictConfig) -> str:
     global _task_started
@@ -179,6 +189,12 @@ def hydra_main(cfg: DictConfig) -> str:
             )
             if notice := preflight.cpu_notice(cpu):
                 print(notice, file=sys.stderr)
+            if grid := _grid_left_out(hc):
+                print(
+                    f"perfsweep: this config defines a grid in hydra.sweeper.params ({grid}), which only -m "
+                    "runs; running one job with the config's own values",
+                    file=sys.stderr,
+                )
     except (ConfigError, UserError) as exc:  # UserError: a database path SQLAlchemy cannot name (store.sqlite_url)
         if not multirun and (claimed or not (Path(sweep_dir) / SWEEP_MARKER).exists()):
             (Path(sweep_dir) / SWEEP_MARKER).unlink(missing_ok=True)

@@ -293,6 +293,31 @@ def test_a_mistyped_or_misplaced_experiment_name_gets_one_line_naming_the_fix(tm
     assert not (tmp_path / "results.db").exists() and not (tmp_path / "outputs").exists()
 
 
+def test_an_experiment_run_without_m_says_its_grid_was_left_out(tmp_path: Path):
+    """``-cn amp_ckpt`` without ``-m`` ran one job (amp and ckpt off) and said nothing of the 2x2
+    grid in its hydra.sweeper.params; it still runs the one job (a plain run is how one point is
+    tried), and says so first. Keys given on the command line are that point's: not said."""
+    from omegaconf import OmegaConf
+
+    from perfsweep.__main__ import _grid_left_out
+
+    experiments = Path(__file__).parents[1] / "experiments"
+    res = run_perfsweep(["-cd", str(experiments), "-cn", "amp_ckpt", "device=cpu", *TINY], tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stderr.splitlines()[0] == (
+        "perfsweep: this config defines a grid in hydra.sweeper.params (amp=true,false ckpt=true,false), which "
+        "only -m runs; running one job with the config's own values"
+    ), res.stderr
+    assert "(1 run, 1 ok)" in res.stdout
+    hc = OmegaConf.create(
+        {"overrides": {"task": ["+amp=true", "batch=4"]}, "sweeper": {"params": {"amp": "true,false"}}}
+    )
+    assert _grid_left_out(hc) == ""  # every key of the grid given: the user chose the point
+    hc.sweeper.params.ckpt = "true,false"
+    assert _grid_left_out(hc) == "ckpt=true,false"
+    assert _grid_left_out(OmegaConf.create({"overrides": {"task": []}, "sweeper": {}})) == ""  # no grid
+
+
 def test_a_missing_defaults_entry_is_not_blamed_on_cn(tmp_path: Path):
     """``-cn mine`` is found, but its defaults list names a config that is not on the search path:
     Hydra raises the same MissingConfigException as for a missing ``-cn``, and the one line said
