@@ -27,6 +27,11 @@ class OneLineParser(argparse.ArgumentParser):
         print(f"{self.prog}: {message}; see {self.prog} --help", file=sys.stderr)
         sys.exit(2)
 
+    def format_help(self) -> str:
+        """The help without the docstrings' reStructuredText quotes (``perfsweep resume SWEEP``), which
+        the descriptions are taken from."""
+        return super().format_help().replace("``", "")
+
 
 class UserError(Exception):
     """A problem the user can fix (a wrong option value, a missing file, an empty selection):

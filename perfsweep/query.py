@@ -201,7 +201,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("sql", help='e.g. "SELECT amp, ckpt, tokens_per_s FROM runs WHERE sweep_id = 1"')
     parser.add_argument("--db", default="results.db", help="SQLite file or postgresql:// URL (default: %(default)s)")
-    parser.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    parser.add_argument(
+        "--format",
+        choices=("table", "csv", "json"),
+        default="table",
+        help="table: aligned for people (default); csv: a header and comma-separated rows; json: a list of "
+        "objects, one per row (booleans as 1/0 from either database, times in ISO 8601)",
+    )
     args = parser.parse_args(argv)
     try:
         engine = read_only_engine(args.db)

@@ -692,3 +692,22 @@ def test_a_plain_postgresql_url_uses_the_driver_that_is_installed(pg_url: str, t
     assert capsys.readouterr().out.splitlines()[-2:] == ["n", "1"]
     assert report_main(["--db", plain, "--out", str(tmp_path / "rep")]) == 0
     assert (tmp_path / "rep" / "report.md").is_file()
+
+
+@pytest.mark.parametrize("command", ["query", "resume", "import", "upgrade"])
+def test_help_reads_as_text_and_says_what_each_option_does(command: str, capsys) -> None:
+    """The descriptions come from docstrings: ``perfsweep resume SWEEP`` was printed with its
+    reStructuredText quotes, and query's --format had no help at all."""
+    import importlib
+
+    module = {"query": "perfsweep.query", "resume": "perfsweep.resume", "import": "perfsweep.importer"}
+    main_of = importlib.import_module(module.get(command, f"perfsweep.{command}")).main
+    with pytest.raises(SystemExit) as exit_:
+        main_of(["--help"])
+    text = capsys.readouterr().out
+    assert exit_.value.code == 0 and text.startswith(f"usage: perfsweep {command}")
+    assert "``" not in text, text
+    if command == "query":
+        assert "json: a list of objects" in text
+    else:  # the docstring's first line, its command written plainly
+        assert text.split("\n\n")[1].startswith(f"perfsweep {command} "), text
