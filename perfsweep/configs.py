@@ -9,6 +9,7 @@ every row shares. pandas only: importing this never imports torch or matplotlib.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 from typing import Any
 
@@ -259,7 +260,9 @@ def parse_config_spec(text: str) -> dict[str, Any]:
         if not equals:
             raise ValueError(f"{item!r} is not axis=value")
         if (axis := names.get(key)) is None:
-            raise ValueError(f"unknown axis {key!r} (axes: {', '.join(CONFIG_AXES)})")
+            like = difflib.get_close_matches(key, list(names), n=1)
+            hint = f"did you mean {names[like[0]]}? " if like else ""
+            raise ValueError(f"unknown axis {key!r} ({hint}axes: {', '.join(CONFIG_AXES)})")
         if axis in ON_OFF_AXES and value.lower() not in BOOL_WORDS:
             raise ValueError(f"{key}={value!r}: expected true or false")
         if axis in INT_AXES and not value.lstrip("-").isdigit():

@@ -1243,8 +1243,10 @@ def test_parse_baseline_spec() -> None:
     }
     with pytest.raises(ValueError, match="expected true or false"):
         parse_config_spec("amp=maybe")
-    with pytest.raises(ValueError, match="unknown axis"):
+    with pytest.raises(ValueError, match=r"unknown axis 'speed' \(axes: amp, ckpt, batch"):
         parse_config_spec("speed=11")
+    with pytest.raises(ValueError, match=r"unknown axis 'bach' \(did you mean batch\? axes: "):  # as a sweep's typo
+        parse_config_spec("bach=8")
     with pytest.raises(ValueError, match="batch is given twice"):  # the last value was kept without a word
         parse_config_spec("batch=4,batch=8")
 
