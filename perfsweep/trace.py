@@ -614,8 +614,9 @@ def format_analysis(a: TraceAnalysis, step_ms: float | None = None) -> str:
     total = a.gpu_kernel_ms or 1.0
     for c, st in sorted(a.categories.items(), key=lambda kv: kv[1].ms_per_step, reverse=True):
         lines.append(f"{c:<18}{st.ms_per_step:>10.2f}{st.ms_per_step / total:>8.0%}{st.kernels_per_step:>14.0f}")
-    lines.append("")
-    lines.append(f"{'top kernels':<72}{'ms/step':>9}{'calls':>7}  category")
+    if a.top_kernels:  # none with --top 0: no header over nothing
+        lines.append("")
+        lines.append(f"{'top kernels':<72}{'ms/step':>9}{'calls':>7}  category")
     for k in a.top_kernels:
         lines.append(f"{short_kernel_name(k.name):<72}{k.ms_per_step:>9.2f}{k.calls_per_step:>7.0f}  {k.category}")
     return "\n".join(lines)

@@ -709,3 +709,13 @@ def test_a_trace_merged_from_two_processes_is_read_one_process_at_a_time(tmp_pat
         match=r"events of 2 processes \(pids 1, 2\), and device 0's kernels were launched by pids 1, 2; analyse",
     ):
         analyze(_write(tmp_path / "shared_gpu.json", ev))
+
+
+def test_top_0_leaves_the_kernel_list_out_header_and_all(capsys):
+    """--top 0 asks for no top kernels: the table ended in a 'top kernels' header over nothing."""
+    path = trace_path("minigpt_seed_fp16_amp1_ckpt0")
+    assert main([str(path), "--top", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "top kernels" not in out and out.rstrip().splitlines()[-1].split()[0] in KERNEL_CATEGORIES, out
+    assert main([str(path), "--top", "2"]) == 0
+    assert capsys.readouterr().out.count("\n") == out.count("\n") + 4  # a blank line, the header, two kernels
