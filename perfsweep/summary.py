@@ -28,6 +28,7 @@ from perfsweep.names import (
     SETTING_PREFIX,
     UNSAVED_STATUS,
 )
+from perfsweep.report import fmt  # pandas and numpy only: no matplotlib
 from perfsweep.results import load_batch_searches, load_runs, search_label
 
 log = logging.getLogger(__name__)
@@ -189,7 +190,7 @@ def _speedup_text(verdict: str | None, value: float, lo: float, hi: float) -> st
         return "baseline"
     if pd.isna(value):
         return "-"
-    return f"{value:.2f}x" if pd.isna(lo) else f"{value:.2f}x ({lo:.2f}-{hi:.2f}) {verdict}"
+    return fmt.speedup(value, lo, hi) + ("" if pd.isna(lo) else f" {verdict}")
 
 
 def numerics_text(diverged_step: Any, scaler_skipped: Any, nonfinite: Any = None) -> str:

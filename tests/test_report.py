@@ -754,6 +754,19 @@ def test_numbers_on_charts_are_rounded_before_their_suffix_is_chosen() -> None:
     assert not fmt.alike(12300, 12360) and not fmt.alike(0, 0.001) and not fmt.alike(1.0, 2.0)
 
 
+def test_an_interval_clear_of_1_never_prints_a_bound_of_1() -> None:
+    """The H100 bf16 sweep's '1.02x (1.00-1.03) faster': its lower bound was 1.0049, and the
+    interval read as touching 1 beside a verdict that says it does not. The summary and report
+    write speedups alike (fmt.speedup)."""
+    from perfsweep.report import fmt
+
+    assert fmt.speedup(1.02, 1.0049, 1.03) == "1.02x (1.005-1.030)"
+    assert fmt.speedup(0.98, 0.95, 0.9996) == "0.98x (0.9500-0.9996)"
+    assert fmt.speedup(1.35, 1.31, 1.40) == "1.35x (1.31-1.40)" and fmt.speedup(1.0, 0.97, 1.0) == "1.00x (0.97-1.00)"
+    assert fmt.speedup(1.5, None, None) == "1.50x"
+    assert summary._speedup_text("faster", 1.02, 1.0049, 1.03) == "1.02x (1.005-1.030) faster"
+
+
 def test_scaling_lines_are_the_stored_runs(engine: Any, tmp_path: Path) -> None:
     sid = failing_grid(engine, tmp_path)
     rep = make_report(engine, [sid])
