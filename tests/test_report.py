@@ -763,6 +763,7 @@ def test_an_interval_clear_of_1_never_prints_a_bound_of_1() -> None:
     assert fmt.speedup(1.02, 1.0049, 1.03) == "1.02x (1.005-1.030)"
     assert fmt.speedup(0.98, 0.95, 0.9996) == "0.98x (0.9500-0.9996)"
     assert fmt.speedup(1.35, 1.31, 1.40) == "1.35x (1.31-1.40)" and fmt.speedup(1.0, 0.97, 1.0) == "1.00x (0.97-1.00)"
+    assert fmt.speedup(1.0, 0.996, 1.012) == "1.00x (1.00-1.01)"  # it holds 1: no more digits
     assert fmt.speedup(1.5, None, None) == "1.50x"
     assert summary._speedup_text("faster", 1.02, 1.0049, 1.03) == "1.02x (1.005-1.030) faster"
 

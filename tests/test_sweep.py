@@ -13,6 +13,7 @@ import pytest
 
 from perfsweep import metrics, store
 from perfsweep.names import STACKS_ENV, interrupted_tail
+from perfsweep.report import fmt
 from tests.util import TINY, finish, run_perfsweep, start_as_in_a_terminal, training, wait_for
 from tests.util import sqlite_rows as rows
 
@@ -620,7 +621,7 @@ def test_repeats_run_in_rounds_share_the_config_and_get_intervals(tmp_path: Path
         assert r["speedup_verdict"] == metrics.verdict(expected)
     summary = res.stdout[res.stdout.index("Sweep 1") :]
     assert "runs" in summary and "speedup (95% CI)" in summary and "baseline" in summary
-    assert f"{expected.value:.2f}x ({expected.lo:.2f}-{expected.hi:.2f})" in summary
+    assert fmt.speedup(expected.value, expected.lo, expected.hi) in summary  # written as the report writes it
 
 
 def test_a_sweep_that_seems_stuck_shows_where_each_thread_waits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

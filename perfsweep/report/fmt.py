@@ -97,12 +97,14 @@ def span(lo: Any, hi: Any, spec: str = "{:,.0f}") -> str:
 
 def speedup(value: Any, lo: Any, hi: Any) -> str:
     """'1.23x (1.10-1.35)': a speedup with its 95% interval where it has one. An interval clear of
-    1 never reads as touching it: a bound that would print as 1.00 gets more digits ('1.02x
-    (1.005-1.03)' where '(1.00-1.03) faster' looked like a tie called a win)."""
+    1 never reads as touching it: where a bound would print as 1.00, more digits ('1.02x
+    (1.005-1.030)', where '(1.00-1.03) faster' looked like a tie called a win). One that holds 1
+    keeps two: '1.00x (1.00-1.01)'."""
     if missing(lo) or missing(hi):
         return num(value, "{:.2f}x")
     digits = 2
-    while digits < 4 and any(b != 1 and f"{b:.{digits}f}" == f"{1:.{digits}f}" for b in (lo, hi)):
+    clear = lo > 1 or hi < 1  # the verdict says faster or slower: no bound may read as 1
+    while clear and digits < 4 and any(f"{b:.{digits}f}" == f"{1:.{digits}f}" for b in (lo, hi)):
         digits += 1
     return num(value, "{:.2f}x") + f" ({span(lo, hi, f'{{:.{digits}f}}')})"
 
