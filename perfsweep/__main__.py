@@ -36,7 +36,7 @@ try:
     import hydra
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
-    from omegaconf import DictConfig
+    from omegaconf import DictConfig, OmegaConf
 
     from perfsweep import interrupts, preflight, store
     from perfsweep.cli import UserError
@@ -115,13 +115,18 @@ _task_started = False
 the run's folder, answered in one line (:func:`unwritable_run_folder`); one after it is a bug."""
 
 
-def _grid_left_out(hc: Any) -> str:
+def _grid_left_out(hc: Any, cfg: Any) -> tuple[str, str]:
     """The grid a config defines (``hydra.sweeper.params``, as experiments/*.yaml do) for keys a
-    plain run was not given: ``-cn amp_ckpt`` without ``-m`` ran one job, without a word of the
-    other three. Empty where the config has no grid or every key of it was given."""
-    given = {o.split("=", 1)[0].lstrip("+~") for o in hc.overrides.task}
+    plain run was not given, and the values the run takes for them instead (from ``cfg``):
+    ``-cn amp_ckpt`` without ``-m`` ran one job (amp and ckpt off), without a word of the other
+    three. Empty where the config has no grid or every key of it was given a value; a key with
+    one value is no grid."""
+    given = {o.split("=", 1)[0].lstrip("+") for o in hc.overrides.task if not o.startswith("~")}
     params = hc.sweeper.get("params") or {}
-    return " ".join(f"{k}={v}" for k, v in params.items() if k not in given)
+    left = {k: str(v) for k, v in params.items() if k not in given and ("," in str(v) or "(" in str(v))}
+    values = {k: OmegaConf.select(cfg, k) for k in left}
+    taken = " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in values.items())
+    return " ".join(f"{k}={v}" for k, v in left.items()), taken
 
 
 @hydra.main(version_base="1.3", config_path="pkg://perfsweep.conf", config_name="config")
@@ -189,10 +194,11 @@ def hydra_main(cfg: DictConfig) -> str:
             )
             if notice := preflight.cpu_notice(cpu):
                 print(notice, file=sys.stderr)
-            if grid := _grid_left_out(hc):
+            grid, taken = _grid_left_out(hc, cfg)
+            if grid:
                 print(
                     f"perfsweep: this config defines a grid in hydra.sweeper.params ({grid}), which only -m "
-                    "runs; running one job with the config's own values",
+                    f"runs; running one job with {taken}",
                     file=sys.stderr,
                 )
     except (ConfigError, UserError) as exc:  # UserError: a database path SQLAlchemy cannot name (store.sqlite_url)

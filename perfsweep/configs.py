@@ -304,8 +304,7 @@ def baseline(
         hits = ok[on == on.min()]
         how = "default: amp, ckpt and compile off"
         if len(hits) and on.min() > 0:
-            techniques = " and ".join(a for a in ON_OFF_AXES if hits[a].iloc[0])
-            how = f"default: the fewest techniques on ({techniques}; no config has amp, ckpt and compile all off)"
+            how = "default: the fewest of amp, ckpt and compile on, none having all three off"
     if len(hits) > 1:
         how += f"; first of {len(hits)} matching configs"
     base = hits.iloc[0] if len(hits) else pd.Series({"throughput_per_s": None}, name=None)

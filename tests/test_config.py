@@ -296,7 +296,8 @@ def test_a_mistyped_or_misplaced_experiment_name_gets_one_line_naming_the_fix(tm
 def test_an_experiment_run_without_m_says_its_grid_was_left_out(tmp_path: Path):
     """``-cn amp_ckpt`` without ``-m`` ran one job (amp and ckpt off) and said nothing of the 2x2
     grid in its hydra.sweeper.params; it still runs the one job (a plain run is how one point is
-    tried), and says so first. Keys given on the command line are that point's: not said."""
+    tried), and says first which values it runs instead. Keys given on the command line are that
+    point's and a key with one value is no grid: neither is named; a key deleted (~) is not given."""
     from omegaconf import OmegaConf
 
     from perfsweep.__main__ import _grid_left_out
@@ -306,16 +307,22 @@ def test_an_experiment_run_without_m_says_its_grid_was_left_out(tmp_path: Path):
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stderr.splitlines()[0] == (
         "perfsweep: this config defines a grid in hydra.sweeper.params (amp=true,false ckpt=true,false), which "
-        "only -m runs; running one job with the config's own values"
+        "only -m runs; running one job with amp=false ckpt=false"
     ), res.stderr
     assert "(1 run, 1 ok)" in res.stdout
-    hc = OmegaConf.create(
-        {"overrides": {"task": ["+amp=true", "batch=4"]}, "sweeper": {"params": {"amp": "true,false"}}}
+    cfg = OmegaConf.create({"amp": True, "ckpt": False, "model": {"name": "Tiny"}})
+
+    def left(task: list[str], params: dict) -> tuple[str, str]:
+        return _grid_left_out(OmegaConf.create({"overrides": {"task": task}, "sweeper": {"params": params}}), cfg)
+
+    assert left(["+amp=true", "batch=4"], {"amp": "true,false"}) == ("", "")  # every key of the grid given
+    assert left(["amp=true"], {"amp": "true,false", "ckpt": "true,false"}) == ("ckpt=true,false", "ckpt=false")
+    assert left([], {"amp": "false", "model.name": "choice(Tiny,small)"}) == (
+        "model.name=choice(Tiny,small)",
+        "model.name=Tiny",
     )
-    assert _grid_left_out(hc) == ""  # every key of the grid given: the user chose the point
-    hc.sweeper.params.ckpt = "true,false"
-    assert _grid_left_out(hc) == "ckpt=true,false"
-    assert _grid_left_out(OmegaConf.create({"overrides": {"task": []}, "sweeper": {}})) == ""  # no grid
+    assert left(["~ckpt"], {"ckpt": "true,false"}) == ("ckpt=true,false", "ckpt=false")
+    assert _grid_left_out(OmegaConf.create({"overrides": {"task": []}, "sweeper": {}}), cfg) == ("", "")  # no grid
 
 
 def test_a_missing_defaults_entry_is_not_blamed_on_cn(tmp_path: Path):

@@ -760,12 +760,13 @@ def test_an_interval_clear_of_1_never_prints_a_bound_of_1() -> None:
     write speedups alike (fmt.speedup)."""
     from perfsweep.report import fmt
 
-    assert fmt.speedup(1.02, 1.0049, 1.03) == "1.02x (1.005-1.030)"
-    assert fmt.speedup(0.98, 0.95, 0.9996) == "0.98x (0.9500-0.9996)"
+    assert fmt.speedup(1.02, 1.0049, 1.03) == "1.020x (1.005-1.030)"
+    assert fmt.speedup(0.98, 0.95, 0.9996) == "0.9800x (0.9500-0.9996)"
+    assert fmt.speedup(1.003, 1.001, 1.005) == "1.003x (1.001-1.005)"  # '1.00x (1.001-1.005) faster' read as a tie
     assert fmt.speedup(1.35, 1.31, 1.40) == "1.35x (1.31-1.40)" and fmt.speedup(1.0, 0.97, 1.0) == "1.00x (0.97-1.00)"
     assert fmt.speedup(1.0, 0.996, 1.012) == "1.00x (1.00-1.01)"  # it holds 1: no more digits
     assert fmt.speedup(1.5, None, None) == "1.50x"
-    assert summary._speedup_text("faster", 1.02, 1.0049, 1.03) == "1.02x (1.005-1.030) faster"
+    assert summary._speedup_text("faster", 1.02, 1.0049, 1.03) == "1.020x (1.005-1.030) faster"
 
 
 def test_scaling_lines_are_the_stored_runs(engine: Any, tmp_path: Path) -> None:
@@ -1272,7 +1273,7 @@ def test_baseline_falls_back_to_first_ok_run(engine: Any, tmp_path: Path) -> Non
     store.save_run(engine, run_row(sid, 2, amp=True, batch=2, tokens_per_s=250.0))
     rep = make_report(engine, [sid])
     assert rep.configs.loc[rep.configs["is_baseline"], "label"].tolist() == ["batch=4"]
-    assert "the fewest techniques on (amp; no config has amp, ckpt and compile all off)" in rep.baseline
+    assert "default: the fewest of amp, ckpt and compile on, none having all three off" in rep.baseline
     with pytest.raises(UserError, match="no ok run matches amp=False"):
         make_report(engine, [sid], baseline={"amp": False})
 
@@ -1290,7 +1291,7 @@ def test_without_a_config_all_off_the_baseline_has_the_fewest_techniques_on(engi
     rep = make_report(engine, [sid])
     base = rep.configs[rep.configs["is_baseline"]]
     assert base[["compile", "ckpt"]].values.tolist() == [[False, False]], rep.configs
-    assert "the fewest techniques on (amp;" in rep.baseline
+    assert "the fewest of amp, ckpt and compile on" in rep.baseline
     with engine.connect() as conn:
         stored = dict(conn.exec_driver_sql("SELECT grid_index, speedup FROM runs ORDER BY grid_index").all())
     assert stored == {0: pytest.approx(1.6), 1: 1.0, 2: pytest.approx(0.8)}

@@ -97,16 +97,17 @@ def span(lo: Any, hi: Any, spec: str = "{:,.0f}") -> str:
 
 def speedup(value: Any, lo: Any, hi: Any) -> str:
     """'1.23x (1.10-1.35)': a speedup with its 95% interval where it has one. An interval clear of
-    1 never reads as touching it: where a bound would print as 1.00, more digits ('1.02x
-    (1.005-1.030)', where '(1.00-1.03) faster' looked like a tie called a win). One that holds 1
-    keeps two: '1.00x (1.00-1.01)'."""
+    1 never reads as touching it: where a bound would print as 1.00, more digits for it and the
+    speedup ('1.020x (1.005-1.030)', where '1.02x (1.00-1.03) faster' looked like a tie called a
+    win). One that holds 1 keeps two: '1.00x (1.00-1.01)'."""
     if missing(lo) or missing(hi):
         return num(value, "{:.2f}x")
     digits = 2
     clear = lo > 1 or hi < 1  # the verdict says faster or slower: no bound may read as 1
-    while clear and digits < 4 and any(f"{b:.{digits}f}" == f"{1:.{digits}f}" for b in (lo, hi)):
+    while clear and digits < 6 and any(f"{b:.{digits}f}" == f"{1:.{digits}f}" for b in (lo, hi)):
         digits += 1
-    return num(value, "{:.2f}x") + f" ({span(lo, hi, f'{{:.{digits}f}}')})"
+    spec = f"{{:.{digits}f}}"  # the speedup too: '1.00x (1.001-1.005) faster' read as a tie
+    return num(value, spec + "x") + f" ({span(lo, hi, spec)})"
 
 
 def listing(items: Any, n: int, sep: str = ", ") -> str:
