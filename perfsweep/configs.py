@@ -196,23 +196,33 @@ def compiled(configs: pd.DataFrame) -> pd.Series:
     return configs["compile"].astype(bool) & configs["compile_time_ms"].notna()
 
 
-def compile_text(is_compiled: Any, compile_time_ms: Any, payback_steps: Any) -> str:
-    """``13.3 (403 steps)``: a compiled config's compile seconds and its payback (:data:`COMPILE_NOTE`),
-    ``13.3`` where none is stored; ``-`` for an eager config."""
-    if not is_compiled:
-        return "-"
-    paid = payback_steps is not None and payback_steps == payback_steps
-    return f"{compile_time_ms / 1000:,.1f}" + (f" ({payback_steps:,.0f} steps)" if paid else "")
+def compile_column(configs: pd.DataFrame) -> list[str]:
+    """The summary's and report's ``compile s (payback)``: ``13.3 (403 steps)``, a compiled config's
+    compile seconds and its payback (:data:`COMPILE_NOTE`); ``13.3`` where none is stored; ``-``
+    for an eager config."""
+
+    def text(is_compiled: bool, compile_time_ms: float, payback_steps: Any) -> str:
+        if not is_compiled:
+            return "-"
+        paid = not pd.isna(payback_steps)
+        return f"{compile_time_ms / 1000:,.1f}" + (f" ({payback_steps:,.0f} steps)" if paid else "")
+
+    cells = zip(compiled(configs), configs["compile_time_ms"], configs["compile_payback_steps"], strict=True)
+    return [text(*c) for c in cells]
 
 
-def mfu_text(mfu: Any, compute_dtype: Any, peak_flops: Any) -> str:
-    """A run's MFU as the summary and report show it: ``48.1% of fp32``; ``3.2% of bf16*`` for an
-    older row (:func:`old_mfu`, :data:`OLD_MFU_NOTE`); ``-`` where the device has no known peak."""
-    if mfu is None or mfu != mfu:
-        return "-"
-    if peak_flops is None or peak_flops != peak_flops:
-        return f"{mfu:.1%} of bf16*"
-    return f"{mfu:.1%}" + (f" of {compute_dtype}" if isinstance(compute_dtype, str) else "")
+def mfu_column(configs: pd.DataFrame) -> list[str]:
+    """The summary's and report's MFU: ``48.1% of fp32``; ``3.2% of bf16*`` for an older row
+    (:func:`old_mfu`, :data:`OLD_MFU_NOTE`); ``-`` where the device has no known peak."""
+
+    def text(mfu: Any, compute_dtype: Any, peak_flops: Any) -> str:
+        if pd.isna(mfu):
+            return "-"
+        if pd.isna(peak_flops):
+            return f"{mfu:.1%} of bf16*"
+        return f"{mfu:.1%}" + (f" of {compute_dtype}" if isinstance(compute_dtype, str) else "")
+
+    return [text(*r) for r in configs[["mfu", "mfu_compute_dtype", "mfu_peak_flops"]].values]
 
 
 def axis_text(axis: str, value: Any) -> str:

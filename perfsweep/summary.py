@@ -263,11 +263,8 @@ def format_summary(runs: pd.DataFrame, swept: Sequence[str] = ()) -> str:
             "-" if pd.isna(p) else f"{p / 2**20:,.1f}" + ("" if pd.isna(e) else f" ({e:+.0%})")
             for p, e in zip(per["predicted_peak_bytes"], per["predicted_peak_error"], strict=True)
         ]
-    if (is_compiled := configs.compiled(per)).any():
-        out["compile s (payback)"] = [
-            configs.compile_text(*r)
-            for r in zip(is_compiled, per["compile_time_ms"], per["compile_payback_steps"], strict=True)
-        ]
+    if configs.compiled(per).any():
+        out["compile s (payback)"] = configs.compile_column(per)
     if per["numerics_runs"].gt(0).any():
         out["numerics"] = [
             numerics_cell(w, numerics_text(step, skipped, nonfinite), flagged, ok_runs)
@@ -287,7 +284,7 @@ def format_summary(runs: pd.DataFrame, swept: Sequence[str] = ()) -> str:
             for f, bound in zip(per["data_wait_fraction"], per["data_bound"], strict=True)
         ]
     if per["mfu"].notna().any():  # GPUs with a known peak (perfsweep.envinfo.PEAK_FLOPS)
-        out["MFU"] = [configs.mfu_text(*r) for r in per[["mfu", "mfu_compute_dtype", "mfu_peak_flops"]].values]
+        out["MFU"] = configs.mfu_column(per)
     if per["bottleneck"].notna().any():  # GPU runs with a profiled window; never shown for CPU
         out["GPU busy"] = per["gpu_busy_fraction"].map(lambda v: f"{v:.0%}" if pd.notna(v) else "-")
         out["bound by"] = per["bottleneck"].fillna("-")
@@ -326,7 +323,7 @@ def format_summary(runs: pd.DataFrame, swept: Sequence[str] = ()) -> str:
         )
     if configs.compiled(per).any():
         notes.append(configs.COMPILE_NOTE)
-    if per["mfu"].notna().any() and configs.old_mfu(per).any():
+    if configs.old_mfu(per).any():
         notes.append(configs.OLD_MFU_NOTE)
     if per["unsettled"].any():
         notes.append("~ the step time never settled in warmup (steps.max_warmup or steps.max_warmup_s reached)")

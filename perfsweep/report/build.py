@@ -39,12 +39,12 @@ from perfsweep.configs import (
     SPEEDUP,
     axis_name,
     axis_text,
-    compile_text,
+    compile_column,
     compiled,
     concurrency_note,
     config_key,
     label_axes,
-    mfu_text,
+    mfu_column,
     old_mfu,
     per_config,
     throughputs,
@@ -690,12 +690,11 @@ def results_table(configs: pd.DataFrame, limit: int = TOP_TABLE) -> tuple[str, s
     ]
     div, unit = fmt.scale("bytes", rows["peak_mem_bytes"])
     out[f"peak mem {unit}"] = [fmt.num(v / div, "{:,.1f}") for v in rows["peak_mem_bytes"]]
-    if (is_compiled := compiled(rows)).any():
-        cells = zip(is_compiled, rows["compile_time_ms"], rows["compile_payback_steps"], strict=True)
-        out["compile s (payback)"] = [compile_text(*r) for r in cells]
+    if compiled(rows).any():
+        out["compile s (payback)"] = compile_column(rows)
         note = f"{note} {COMPILE_NOTE}.".strip()
     if rows["mfu"].notna().any():
-        out["MFU"] = [mfu_text(*r) for r in rows[["mfu", "mfu_compute_dtype", "mfu_peak_flops"]].values]
+        out["MFU"] = mfu_column(rows)
         if old_mfu(rows).any():
             note = f"{note} {OLD_MFU_NOTE}.".strip()
     if rows["gpu_busy_fraction"].notna().any():
