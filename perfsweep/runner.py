@@ -101,18 +101,25 @@ def resolve_device(requested: Device) -> torch.device:
 
 
 def make_optimizer(model: torch.nn.Module, cfg: PerfsweepConfig) -> tuple[torch.optim.Optimizer, bool]:
-    """AdamW with weight decay on matrices only (as GPT-2 training does), fused where supported."""
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    groups = [
-        {"params": decay, "weight_decay": cfg.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
+    """AdamW with weight decay on matrices only (as GPT-2 training does), fused where supported.
+
+    The groups are built afresh for each try: torch's optimizer writes its defaults into the
+    dicts it is given (``fused: True`` too) before it refuses them, and a fallback handed the
+    same dicts ran the fused kernel anyway, failing at the first step where there is none."""
+
+    def groups() -> list[dict[str, Any]]:
+        decay = [p for p in model.parameters() if p.dim() >= 2]
+        no_decay = [p for p in model.parameters() if p.dim() < 2]
+        return [
+            {"params": decay, "weight_decay": cfg.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
+
     try:
-        return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=True), True
+        return torch.optim.AdamW(groups(), lr=cfg.lr, betas=(0.9, 0.95), fused=True), True
     except (RuntimeError, TypeError) as exc:
         log.info("fused AdamW unavailable here (%s); using the default implementation", exc)
-        return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95)), False
+        return torch.optim.AdamW(groups(), lr=cfg.lr, betas=(0.9, 0.95)), False
 
 
 @dataclass

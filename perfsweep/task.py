@@ -90,7 +90,8 @@ def is_oom(exc: BaseException) -> bool:
     file's under a 5 MiB limit), or the plain RuntimeError the CPU allocator raises; also, under
     an address-space limit, :data:`UNDER_ADDRESS_LIMIT`: the same exhaustion, reached through a
     thread pool or oneDNN instead."""
-    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+    # torch.cuda's name: torch.OutOfMemoryError, the same class, is newer than pyproject's lower bound
+    if isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError)):
         return True
     if isinstance(exc, OSError):
         return exc.errno == errno.ENOMEM

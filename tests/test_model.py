@@ -131,3 +131,23 @@ def test_checkpointing_saves_activation_memory():
         return total
 
     assert saved_bytes(True) < 0.6 * saved_bytes(False)
+
+
+def test_the_optimizer_is_fused_as_it_says_and_steps(tmp_path):
+    """The ``optimizer_fused`` a run stores is what its groups run. torch < 2.4, with no fused
+    AdamW on CPU, refuses ``fused=True`` there after writing it into the groups it was handed;
+    the fallback once reused them, ran the fused kernel anyway and failed every CPU job at the
+    first step (found running the suite under torch 2.3.1). Under a torch with fused AdamW on
+    CPU this checks the fused path."""
+    from perfsweep.runner import make_optimizer
+    from tests.test_profiling import tiny_cfg
+
+    torch.manual_seed(0)
+    model = GPT(CFG, vocab_size=100)
+    optimizer, fused = make_optimizer(model, tiny_cfg(tmp_path))
+    assert [bool(g["fused"]) for g in optimizer.param_groups] == [fused, fused]
+    idx = torch.randint(0, 100, (2, 8))
+    model(idx, idx)[1].backward()
+    before = model.head.weight.detach().clone()
+    optimizer.step()
+    assert not torch.equal(before, model.head.weight)
