@@ -181,7 +181,8 @@ def test_compile_counters_see_breaks_and_recompiles():
     torch.compile(broken, backend="eager")(torch.ones(3))
     d = compile_mod.diagnostics()
     assert d["n_graph_breaks"] == 1 and d["n_graphs"] == 2  # one graph on each side of the break
-    assert "graph_break()" in next(iter(d["graph_break_reasons"]))
+    # torch's wording: "graph_break()" (2.13), "skip function graph_break in file ..." (2.6)
+    assert "graph_break" in next(iter(d["graph_break_reasons"]))
     fresh()
 
 
