@@ -33,6 +33,7 @@ import importlib
 import inspect
 import logging
 import re
+import traceback
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
@@ -218,7 +219,14 @@ def to_device(batch: Batch, device: torch.device | str) -> Batch:
 
 
 def _first(exc: BaseException) -> str:
-    return str(exc).splitlines()[0] if str(exc) else ""
+    """The error's first line; one raised with no message (transformers' ``ImportError`` where it
+    has disabled itself for an older torch) is named by where it was raised, the line to open."""
+    if text := str(exc).strip():
+        return text.splitlines()[0]
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return "(no message)"
+    return f"(no message; raised at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name})"
 
 
 def _same_kind(seq: tuple | list, items: list[Any]) -> tuple | list:

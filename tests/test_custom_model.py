@@ -100,6 +100,10 @@ def raises_its_own(vocab_size):
     raise WeightsError("w.pt", "truncated")
 
 
+def raises_bare(vocab_size):
+    raise ImportError()  # as transformers does where it has disabled itself for an older torch
+
+
 def exits(vocab_size):
     os._exit(5)  # as a crash in native code ends a process: no exception, no word
 
@@ -229,6 +233,7 @@ def test_a_user_model_compiles_with_its_blocks_checkpointed(user_dir: Path) -> N
         (["model._target_=usermodels.logits_only"], "the forward must return a scalar loss tensor"),
         (["model._target_=usermodels.raises"], "the factory raised RuntimeError: weights file missing"),
         (["model._target_=usermodels.raises_its_own"], "the factory raised WeightsError: w.pt: truncated"),
+        (["model._target_=usermodels.raises_bare"], "ImportError: (no message; raised at {dir}/usermodels.py:"),
         (["model._target_=usermodels.exits"], "checking the model on one batch ended its process (exit code 5)"),
         (["model._target_=usermodels.build", "ckpt=true"], "model.ckpt_modules=[]: ckpt=true"),
         (["model._target_=usermodels.build", "+model.widht=8"], "TypeError: build() got an unexpected keyword"),
@@ -238,7 +243,8 @@ def test_a_user_model_compiles_with_its_blocks_checkpointed(user_dir: Path) -> N
         (["data=custom", "data._target_=usermodels.one_pass"], "returned a one-shot generator"),
     ],
     ids=[
-        *("import-error", "not-a-module", "no-loss", "factory-raises", "own-exception", "process-exits"),
+        *("import-error", "not-a-module", "no-loss", "factory-raises", "own-exception", "bare-exception"),
+        "process-exits",
         *("nothing-to-checkpoint", "bad-arg", "no-target"),
         *("data-ignores-seq-len", "data-ignores-batch", "one-shot-data"),
     ],
@@ -250,7 +256,7 @@ def test_bad_factories_are_refused_before_any_job(user_dir: Path, overrides: lis
     assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1, res.stderr
-    assert expected in lines[0] and lines[0].endswith("no job was started"), lines[0]
+    assert expected.format(dir=user_dir) in lines[0] and lines[0].endswith("no job was started"), lines[0]
     if "_target_=" in overrides[0]:
         assert overrides[0].split("=", 1)[1] in lines[0]  # names the factory
     assert not list(user_dir.glob("multirun/*/*/*_*"))  # no job folder
