@@ -192,7 +192,7 @@ def hydra_main(cfg: DictConfig) -> str:
                 parallel=1,
                 measure=lambda: preflight.cpu_sweep_fields([run_cfg]),
             )
-            if notice := preflight.cpu_notice(cpu):
+            for notice in preflight.start_notices(cpu):
                 print(notice, file=sys.stderr)
             grid, taken = _grid_left_out(hc, cfg)
             if grid:

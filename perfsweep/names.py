@@ -8,6 +8,12 @@ from __future__ import annotations
 
 import shlex
 
+OLDEST_TORCH: tuple[int, int] = (2, 6)
+"""The oldest torch release the whole suite has passed on (docs/benchmarks.md, "The suite under
+older torch"), and pyproject.toml's lower bound. Under 2.4.1 jobs trained but Dynamo's counters
+read differently: recompilations and compile-cache hits were stored as 0; under 2.3.1 no CPU job
+trained. A sweep under an older torch says so before its jobs start (preflight.torch_notice)."""
+
 GRID_AXES: tuple[str, ...] = ("amp", "ckpt", "batch", "seq_len", "compile", "workers")
 """The sweep axes: top-level keys of ``PerfsweepConfig`` and real columns of ``runs``."""
 

@@ -43,7 +43,7 @@ from perfsweep.config import (
     config_types,
     to_plain_dict,
 )
-from perfsweep.names import MULTI_HOST_LAUNCHERS, NETWORK_FILESYSTEMS, SEARCH_ANSWERED, SWEEP_MARKER
+from perfsweep.names import MULTI_HOST_LAUNCHERS, NETWORK_FILESYSTEMS, OLDEST_TORCH, SEARCH_ANSWERED, SWEEP_MARKER
 
 COMPOSE_ERRORS: tuple[type[BaseException], ...] = (ConfigError, HydraException, OmegaConfBaseException)
 """What composing and validating a grid point can raise for bad input (anything else is a bug)."""
@@ -368,6 +368,35 @@ def cpu_notice(fields: dict[str, float]) -> str | None:
     return (
         f"perfsweep: on this CPU bf16 matmuls run at {bf16 / 1e9:,.0f} GFLOP/s, {bf16 / fp32:.2f}x the fp32 rate "
         f"({fp32 / 1e9:,.0f}): bf16 is emulated here (no bf16 units), so the amp=true jobs will be slower than amp=false"
+    )
+
+
+def start_notices(cpu_fields: dict[str, float]) -> list[str]:
+    """What a sweep or a plain run says before its jobs start, once its row is written:
+    :func:`cpu_notice` and :func:`torch_notice`, where they have something to say."""
+    return [n for n in (cpu_notice(cpu_fields), torch_notice()) if n]
+
+
+def torch_notice(version: str | None = None) -> str | None:
+    """A warning where the installed torch (``version``; default: the installed distribution's,
+    read without importing torch) is older than :data:`perfsweep.names.OLDEST_TORCH`. pip keeps
+    pyproject's bound, but a conda environment or a ``--no-deps`` install need not, and there
+    the figures can be wrong without any error (see OLDEST_TORCH). None where it is not older,
+    or where no version can be read (a torch built from source may not register one)."""
+    if version is None:
+        from importlib import metadata
+
+        try:
+            version = metadata.version("torch")
+        except metadata.PackageNotFoundError:
+            return None
+    found = re.match(r"(\d+)\.(\d+)", version)
+    if found is None or (int(found[1]), int(found[2])) >= OLDEST_TORCH:
+        return None
+    oldest = ".".join(map(str, OLDEST_TORCH))
+    return (
+        f"perfsweep: torch {version} is older than {oldest}, the oldest release perfsweep is tested on: "
+        f"its jobs may fail, or store wrong compile counters (docs/benchmarks.md); install torch>={oldest}"
     )
 
 

@@ -1,7 +1,9 @@
-"""A regular (non-editable) install must carry the configs, migrations and the sweeper plugin."""
+"""A regular (non-editable) install must carry the configs, migrations and the sweeper plugin;
+its torch bound is the oldest torch the suite passed on."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import zipfile
@@ -60,3 +62,21 @@ def test_wheel_ships_configs_migrations_and_plugin(tmp_path: Path):
     assert any(n.startswith("perfsweep/migrations/versions/0002") for n in names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "perfsweep = perfsweep.__main__:cli" in zipfile.ZipFile(wheel).read(entry_points).decode()
+
+
+def test_the_torch_bound_is_the_oldest_tested_and_an_older_torch_is_named():
+    """pyproject's bound and names.OLDEST_TORCH are one fact; a sweep under an older torch (a
+    conda environment, ``--no-deps``) says so in one line before its jobs start."""
+    from perfsweep import preflight
+    from perfsweep.names import OLDEST_TORCH
+
+    bound = re.search(r'"torch>=(\d+)\.(\d+)"', (REPO / "pyproject.toml").read_text())
+    assert bound is not None and (int(bound[1]), int(bound[2])) == OLDEST_TORCH
+    older = f"{OLDEST_TORCH[0]}.{OLDEST_TORCH[1] - 1}.1+cu121"
+    line = preflight.torch_notice(older)
+    oldest = f"{OLDEST_TORCH[0]}.{OLDEST_TORCH[1]}"
+    assert line is not None and len(line.splitlines()) == 1
+    assert f"torch {older} is older than {oldest}" in line and line.endswith(f"install torch>={oldest}")
+    assert preflight.torch_notice(f"{oldest}.0+cu124") is None and preflight.torch_notice("2.13.0+cpu") is None
+    assert preflight.torch_notice("3.0.0") is None and preflight.torch_notice("nightly") is None
+    assert preflight.torch_notice() is None  # the suite's own torch is one it is tested on
