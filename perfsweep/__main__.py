@@ -180,7 +180,7 @@ def hydra_main(cfg: DictConfig) -> str:
             preflight.claim_folder(Path(sweep_dir), "hydra.run.dir")
             claimed = True
             preflight.data_keys_read([(list(hc.overrides.task), run_cfg)])  # one point: read, or refused
-            preflight.check_all([run_cfg])  # and nproc's ranks fit this machine
+            found = preflight.check_all([run_cfg])  # and nproc's ranks fit this machine
             sweep_id, cpu = preflight.reserve_sweep(
                 launcher.db_url(run_cfg, launch_dir),
                 sweep_dir,
@@ -192,7 +192,7 @@ def hydra_main(cfg: DictConfig) -> str:
                 parallel=1,
                 measure=lambda: preflight.cpu_sweep_fields([run_cfg]),
             )
-            for notice in preflight.start_notices(cpu):
+            for notice in preflight.start_notices(cpu, [run_cfg], found):
                 print(notice, file=sys.stderr)
             grid, taken = _grid_left_out(hc, cfg)
             if grid:

@@ -371,10 +371,29 @@ def cpu_notice(fields: dict[str, float]) -> str | None:
     )
 
 
-def start_notices(cpu_fields: dict[str, float]) -> list[str]:
+def start_notices(cpu_fields: dict[str, float], cfgs: list[PerfsweepConfig], found: list[Any]) -> list[str]:
     """What a sweep or a plain run says before its jobs start, once its row is written:
-    :func:`cpu_notice` and :func:`torch_notice`, where they have something to say."""
-    return [n for n in (cpu_notice(cpu_fields), torch_notice()) if n]
+    :func:`cpu_notice`, :func:`thread_notice` (``found``: :func:`check_all`'s placements; none
+    where the jobs run on other hosts) and :func:`torch_notice`, where they have something to say."""
+    threads = thread_notice(cfgs, found) if found else None
+    return [n for n in (cpu_notice(cpu_fields), threads, torch_notice()) if n]
+
+
+def thread_notice(cfgs: list[PerfsweepConfig], found: list[Any]) -> str | None:
+    """More torch threads than the cores a job may use, where :func:`placements` lets it through
+    (one job at a time, one rank; beside other jobs or ranks it is refused there). Allowed, as a
+    user may mean to measure it, but said: each core then runs several spinning OpenMP threads,
+    and the step times measure that contention rather than the settings."""
+    from perfsweep import slots
+
+    threads = max((c.threads or 0) for c in cfgs)
+    cores = len(found[0].cpus) if found[0].cpus else len(slots.allowed_cpus())
+    if threads <= cores:
+        return None
+    return (
+        f"perfsweep: threads={threads} is more than the {cores} CPU core(s) a job may use here: its torch "
+        f"threads will share cores, and its step times measure that contention; threads<={cores} or null avoids it"
+    )
 
 
 def torch_notice(version: str | None = None) -> str | None:

@@ -345,6 +345,26 @@ def test_a_mistaken_setting_is_answered_before_the_corpus_is_tokenized(tmp_path:
     assert not cache.exists() or not any(cache.rglob("*")), sorted(cache.rglob("*"))
 
 
+def test_more_threads_than_a_lone_job_has_cores_is_said_and_run(tmp_path: Path):
+    """One job at a time, one rank: threads above its cores are allowed (one may mean to measure
+    that), but said before the job starts; the job runs them and stores how many."""
+    from perfsweep import slots
+    from tests.util import sqlite_rows
+
+    threads = len(slots.allowed_cpus()) + 1
+    res = run_perfsweep(["-m", f"threads={threads}", "device=cpu", *TINY], tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    said = [line for line in res.stderr.splitlines() if f"threads={threads}" in line and "core(s)" in line]
+    assert len(said) == 1 and f"more than the {threads - 1} CPU core(s) a job may use here" in said[0], res.stderr
+    assert res.stderr.index(said[0]) < res.stderr.index("[1/1]")  # before the job
+    (run,) = sqlite_rows(tmp_path / "results.db", "SELECT status, torch_threads FROM runs")
+    assert (run["status"], run["torch_threads"]) == ("ok", threads)
+    plain = run_perfsweep([f"threads={threads}", "device=cpu", *TINY], tmp_path)  # a plain run says it too
+    assert plain.returncode == 0 and said[0] in plain.stderr.splitlines(), plain.stderr[-2000:]
+    quiet = run_perfsweep([f"threads={threads - 1}", "device=cpu", *TINY], tmp_path)  # within: nothing said
+    assert quiet.returncode == 0 and "core(s) a job may use" not in quiet.stderr, quiet.stderr[-2000:]
+
+
 @pytest.mark.parametrize("grid", [["repeat=1,2"], ["order=grid,shuffle"], ["report=false,true"]])
 def test_how_the_sweep_runs_is_not_a_grid_axis(grid: list[str], tmp_path: Path):
     res = run_perfsweep(["-m", *grid, *(o for o in TINY if o != "report=false")], tmp_path)

@@ -147,7 +147,7 @@ class PerfsweepSweeper(BasicSweeper):
         except ConfigError as exc:
             preflight.unclaim_folder(sweep_dir, created)
             _refuse(str(exc))
-        for notice in preflight.start_notices(cpu):
+        for notice in preflight.start_notices(cpu, run_cfgs, placements if here else []):
             print(notice, file=sys.stderr)
         # the sweep's size, start and id and each job's repeat reach the job through its config
         # (perfsweep.config.SweepContext); a job's number is its place in the plan
