@@ -46,6 +46,12 @@ def user_cache_dir() -> Path:
     return Path.home() / ".cache" / "perfsweep"
 
 
+def seconds_text(s: float) -> str:
+    """A duration people read at a glance, for progress lines and estimates: '42s', '1.9min'."""
+    s = max(0.0, s)
+    return f"{s:.0f}s" if s < 90 else f"{s / 60:.1f}min"
+
+
 def first_line(what: BaseException | str | None, width: int | None = None) -> str:
     """The first line of an error or a stored message, cut to ``width`` characters with "...".
 

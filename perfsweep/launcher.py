@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from perfsweep import corpus, importer, interrupts, job_entry, job_start, slots, store
-from perfsweep.cli import first_line
+from perfsweep.cli import first_line, seconds_text
 from perfsweep.config import PerfsweepConfig, short_dirname, to_plain_dict
 from perfsweep.envinfo import environ_set, oom_kills
 from perfsweep.job_start import signals_blocked  # by name: a test holds a signal in a job's start alone
@@ -139,8 +139,8 @@ class ProgressLine:
             per_job = (now - self.job_start) + job_left
         sweep_left = job_left + per_job * (self.spec.cfg.sweep.n_jobs - done_jobs - 1)
         text = (
-            f"  {self.tag}{phase:<7} step {step:>3}/{total} {ms:8.1f} ms  loss {loss:7.3f}  job ~{_fmt_s(job_left)} left"
-            + ("" if self.concurrent else f", sweep ~{_fmt_s(sweep_left)} left")
+            f"  {self.tag}{phase:<7} step {step:>3}/{total} {ms:8.1f} ms  loss {loss:7.3f}  job ~{seconds_text(job_left)} left"
+            + ("" if self.concurrent else f", sweep ~{seconds_text(sweep_left)} left")
         )
         if self.tty:
             print("\r" + text, end="", file=sys.stderr, flush=True)
@@ -159,11 +159,6 @@ class ProgressLine:
             else ""
         )
         print(f"  {self.tag}-> {status}{tps} in {time.time() - self.job_start:.1f} s", file=sys.stderr, flush=True)
-
-
-def _fmt_s(s: float) -> str:
-    s = max(0.0, s)
-    return f"{s:.0f}s" if s < 90 else f"{s / 60:.1f}min"
 
 
 class Heartbeat:

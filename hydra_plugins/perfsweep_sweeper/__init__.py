@@ -32,6 +32,10 @@ from omegaconf import OmegaConf
 log = logging.getLogger(__name__)
 
 
+_PACE_SAMPLE = 10
+"""Grid points composed before a large grid's time is estimated from their pace."""
+
+
 @dataclass
 class PerfsweepSweeperConf:
     _target_: str = "hydra_plugins.perfsweep_sweeper.PerfsweepSweeper"
@@ -45,7 +49,9 @@ ConfigStore.instance().store(group="hydra/sweeper", name="perfsweep", node=Perfs
 class PerfsweepSweeper(BasicSweeper):
     def sweep(self, arguments: list[str]) -> Any:
         from perfsweep import preflight
+        from perfsweep.cli import seconds_text
         from perfsweep.config import ConfigError, Order, to_plain_dict, to_run_config
+        from perfsweep.names import LARGE_GRID_POINTS
 
         assert self.hydra_context is not None and self.config is not None and self.launcher is not None
         params = self._parse_config() + list(arguments)
@@ -54,7 +60,16 @@ class PerfsweepSweeper(BasicSweeper):
         if not jobs:  # e.g. batch='range(4,0)'
             _refuse(f"the grid is empty: no grid point in {' '.join(arguments) or '(no overrides)'}; check its ranges")
         run_cfgs = []
+        started = time.perf_counter()
         for i, job in enumerate(jobs):
+            if i == _PACE_SAMPLE and len(jobs) >= LARGE_GRID_POINTS:  # a long silence otherwise
+                pace = (time.perf_counter() - started) / i
+                print(
+                    f"perfsweep: checking {len(jobs):,} grid points before any job starts; composing them "
+                    f"takes ~{seconds_text(pace * len(jobs))} at this machine's pace",
+                    file=sys.stderr,
+                    flush=True,
+                )
             try:
                 job_cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(job))
                 run_cfgs.append(to_run_config(OmegaConf.masked_copy(job_cfg, [k for k in job_cfg if k != "hydra"])))
