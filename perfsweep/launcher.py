@@ -118,7 +118,10 @@ class ProgressLine:
         self.concurrent = concurrent
         """Other jobs print too: whole lines named by job, no carriage-return updates, no sweep estimate."""
         self.tty = sys.stderr.isatty() and not concurrent
-        self.tag = f"[{spec.job_num + 1}/{spec.cfg.sweep.n_jobs}] " if concurrent else ""
+        self.searching = spec.cfg.sweep.batch_search_id is not None
+        """A try of a batch=max search: the jobs counted so far, more may come, no sweep estimate."""
+        self.count = f"{spec.job_num + 1}/{spec.cfg.sweep.n_jobs}" + (" so far" if self.searching else "")
+        self.tag = f"[{self.count}] " if concurrent else ""
         self.job_start = time.time()
         self.sweep_start = spec.cfg.sweep.started_at or self.job_start
         self.last_phase = ""
@@ -127,7 +130,7 @@ class ProgressLine:
         s = self.spec
         # Hydra escapes ':' in values (db.url=sqlite\:///); db.url's password is not for the terminal
         shown = " ".join(store.hide_password_in_word(re.sub(r"\\(.)", r"\1", o)) for o in s.overrides)
-        print(f"[{s.job_num + 1}/{s.cfg.sweep.n_jobs}] {shown or '(defaults)'}", file=sys.stderr, flush=True)
+        print(f"[{self.count}] {shown or '(defaults)'}", file=sys.stderr, flush=True)
 
     def update(self, phase: str, step: int, total: int, ms: float, loss: float) -> None:
         job_left = (total - step) * ms / 1000.0
@@ -140,7 +143,7 @@ class ProgressLine:
         sweep_left = job_left + per_job * (self.spec.cfg.sweep.n_jobs - done_jobs - 1)
         text = (
             f"  {self.tag}{phase:<7} step {step:>3}/{total} {ms:8.1f} ms  loss {loss:7.3f}  job ~{seconds_text(job_left)} left"
-            + ("" if self.concurrent else f", sweep ~{seconds_text(sweep_left)} left")
+            + ("" if self.concurrent or self.searching else f", sweep ~{seconds_text(sweep_left)} left")
         )
         if self.tty:
             print("\r" + text, end="", file=sys.stderr, flush=True)

@@ -3,6 +3,7 @@ capped address space, into the database, the summary and the report."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -229,6 +230,11 @@ def test_batch_max_sweep_end_to_end(tmp_path: Path) -> None:
     )
     assert res.returncode == 0, res.stderr[-3000:]
     assert "perfsweep: 1 batch=max search (a job per batch tried), one process each;" in res.stderr
+    # each try's count is the jobs so far, not a total ('[2/2]' read as the last of two), and the
+    # sweep's time left, unknowable while the search goes on, is not guessed
+    headers = re.findall(r"^\[(\d+)/(\d+)( so far)?\] ", res.stderr, re.MULTILINE)
+    assert len(headers) >= 3 and all(int(k) == int(n) and so_far for k, n, so_far in headers), headers
+    assert "sweep ~" not in res.stderr and "job ~" in res.stderr
     db = tmp_path / "results.db"
     (found,) = rows(db, "SELECT * FROM batch_searches")
     assert found["status"] == "done" and found["max_batch"] >= 2 and found["first_oom_batch"] == found["max_batch"] + 1
