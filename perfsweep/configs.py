@@ -285,6 +285,15 @@ def parse_config_spec(text: str) -> dict[str, Any]:
     return spec
 
 
+def fewest_on(settings: Sequence[Any]) -> list[int]:
+    """Where names.BASELINE_RULE looks, among ok configs in grid order (each a mapping of its
+    axes): the positions of those with the fewest of ON_OFF_AXES on. The first is the default
+    baseline, of the stored speedups (perfsweep.summary.fill_speedups) and of a report alike."""
+    on = [sum(bool(s[a]) for a in ON_OFF_AXES) for s in settings]
+    fewest = min(on, default=0)
+    return [i for i, n in enumerate(on) if n == fewest]
+
+
 def baseline(
     configs: pd.DataFrame,
     spec: dict[str, Any] | None = None,
@@ -310,10 +319,9 @@ def baseline(
         if hits.empty:
             raise ValueError(f"no ok run matches {','.join(f'{k}={v}' for k, v in spec.items())}")
     else:
-        on = ok[list(ON_OFF_AXES)].astype(bool).sum(axis=1)
-        hits = ok[on == on.min()]
+        hits = ok.iloc[fewest_on(ok[list(ON_OFF_AXES)].to_dict("records"))]
         how = "default: amp, ckpt and compile off"
-        if len(hits) and on.min() > 0:
+        if len(hits) and any(bool(hits.iloc[0][a]) for a in ON_OFF_AXES):
             how = "default: the fewest of amp, ckpt and compile on, none having all three off"
     if len(hits) > 1:
         how += f"; first of {len(hits)} matching configs"

@@ -18,7 +18,7 @@ from sqlalchemy.engine import Engine, make_url
 
 from perfsweep import audit, configs, interrupts, metrics, store
 from perfsweep.cli import first_line, waiting_for_database
-from perfsweep.configs import per_config, prepare_runs, value_text
+from perfsweep.configs import fewest_on, per_config, prepare_runs, value_text
 from perfsweep.names import (
     DATA_BOUND_WAIT_FRACTION,
     FINAL_STATUSES,
@@ -111,7 +111,8 @@ def fill_speedups(engine: Engine, sweep_id: int) -> None:
         configs: dict[str, list[store.Run]] = {}
         for r in runs:
             configs.setdefault(r.config_hash or f"run {r.id}", []).append(r)
-        base_key = min(configs, key=lambda k: sum(bool(getattr(configs[k][0], a)) for a in ON_OFF_AXES))  # the first
+        keys = list(configs)  # grid order
+        base_key = keys[fewest_on([{a: getattr(configs[k][0], a) for a in ON_OFF_AXES} for k in keys])[0]]
         times: dict[int, list[float]] = {}
         for run_id, ms in s.execute(
             select(Step.run_id, Step.step_time_ms)
