@@ -506,6 +506,9 @@ class SweepContext:
     which ``order=shuffle`` changes)."""
     batch_search_id: int | None = None
     """``batch_searches.id`` of the ``batch=max`` search this job is a try of."""
+    searches: int = 0
+    """``batch=max`` searches this launch of the sweep runs after its other jobs: while any is to
+    come, how many jobs are left is not known, and the progress line gives no sweep estimate."""
 
     def __post_init__(self) -> None:
         _require(self.n_jobs >= 1, "sweep.n_jobs", self.n_jobs, "must be >= 1")

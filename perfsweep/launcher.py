@@ -118,9 +118,10 @@ class ProgressLine:
         self.concurrent = concurrent
         """Other jobs print too: whole lines named by job, no carriage-return updates, no sweep estimate."""
         self.tty = sys.stderr.isatty() and not concurrent
-        self.searching = spec.cfg.sweep.batch_search_id is not None
-        """A try of a batch=max search: the jobs counted so far, more may come, no sweep estimate."""
-        self.count = f"{spec.job_num + 1}/{spec.cfg.sweep.n_jobs}" + (" so far" if self.searching else "")
+        searching = spec.cfg.sweep.batch_search_id is not None  # a try: the jobs so far, more may come
+        self.open_ended = searching or spec.cfg.sweep.searches > 0
+        """A batch=max search is running or to come: the jobs left are unknown, so no sweep estimate."""
+        self.count = f"{spec.job_num + 1}/{spec.cfg.sweep.n_jobs}" + (" so far" if searching else "")
         self.tag = f"[{self.count}] " if concurrent else ""
         self.job_start = time.time()
         self.sweep_start = spec.cfg.sweep.started_at or self.job_start
@@ -143,7 +144,7 @@ class ProgressLine:
         sweep_left = job_left + per_job * (self.spec.cfg.sweep.n_jobs - done_jobs - 1)
         text = (
             f"  {self.tag}{phase:<7} step {step:>3}/{total} {ms:8.1f} ms  loss {loss:7.3f}  job ~{seconds_text(job_left)} left"
-            + ("" if self.concurrent or self.searching else f", sweep ~{seconds_text(sweep_left)} left")
+            + ("" if self.concurrent or self.open_ended else f", sweep ~{seconds_text(sweep_left)} left")
         )
         if self.tty:
             print("\r" + text, end="", file=sys.stderr, flush=True)

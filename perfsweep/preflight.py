@@ -387,7 +387,9 @@ def thread_notice(cfgs: list[PerfsweepConfig], found: list[Any]) -> str | None:
     from perfsweep import slots
 
     threads = max((c.threads or 0) for c in cfgs)
-    cores = len(found[0].cpus) if found[0].cpus else len(slots.allowed_cpus())
+    cpus = found[0].cpus or slots.allowed_cpus()
+    allotted = slots.cpu_share(cpus)["cpus_allotted"]  # as the job stores it: SLURM_CPUS_PER_TASK too
+    cores = allotted if isinstance(allotted, int) else len(cpus)
     if threads <= cores:
         return None
     return (
@@ -397,18 +399,14 @@ def thread_notice(cfgs: list[PerfsweepConfig], found: list[Any]) -> str | None:
 
 
 def torch_notice(version: str | None = None) -> str | None:
-    """A warning where the installed torch (``version``; default: the installed distribution's,
-    read without importing torch) is older than :data:`perfsweep.names.OLDEST_TORCH`. pip keeps
+    """A warning where the installed torch (``version``; default: its ``torch/version.py``, read
+    without importing torch) is older than :data:`perfsweep.names.OLDEST_TORCH`. pip keeps
     pyproject's bound, but a conda environment or a ``--no-deps`` install need not, and there
-    the figures can be wrong without any error (see OLDEST_TORCH). None where it is not older,
-    or where no version can be read (a torch built from source may not register one)."""
+    the figures can be wrong without any error (see OLDEST_TORCH). None where it is not older."""
     if version is None:
-        from importlib import metadata
+        from perfsweep import slots
 
-        try:
-            version = metadata.version("torch")
-        except metadata.PackageNotFoundError:
-            return None
+        version = slots.torch_version()  # as runs.torch_version stores it: "2.4.1+cu121"
     found = re.match(r"(\d+)\.(\d+)", version)
     if found is None or (int(found[1]), int(found[2])) >= OLDEST_TORCH:
         return None

@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from perfsweep.cli import first_line
 from perfsweep.config import CkptImpl, ConfigError, Loss, ModelConfig, Unit
 from perfsweep.names import CPU_CHECK_MAX_PARAMS
 
@@ -221,8 +222,8 @@ def to_device(batch: Batch, device: torch.device | str) -> Batch:
 def _first(exc: BaseException) -> str:
     """The error's first line; one raised with no message (transformers' ``ImportError`` where it
     has disabled itself for an older torch) is named by where it was raised, the line to open."""
-    if text := str(exc).strip():
-        return text.splitlines()[0]
+    if str(exc).strip():
+        return first_line(str(exc))
     frames = traceback.extract_tb(exc.__traceback__)
     if not frames:
         return "(no message)"

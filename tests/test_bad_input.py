@@ -359,8 +359,10 @@ def test_more_threads_than_a_lone_job_has_cores_is_said_and_run(tmp_path: Path):
     assert res.stderr.index(said[0]) < res.stderr.index("[1/1]")  # before the job
     (run,) = sqlite_rows(tmp_path / "results.db", "SELECT status, torch_threads FROM runs")
     assert (run["status"], run["torch_threads"]) == ("ok", threads)
-    plain = run_perfsweep([f"threads={threads}", "device=cpu", *TINY], tmp_path)  # a plain run says it too
-    assert plain.returncode == 0 and said[0] in plain.stderr.splitlines(), plain.stderr[-2000:]
+    # a plain run says it too, of the cores the job is allotted: fewer under SLURM_CPUS_PER_TASK
+    plain = run_perfsweep(["threads=2", "device=cpu", *TINY], tmp_path, env={"SLURM_CPUS_PER_TASK": "1"})
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    assert "threads=2 is more than the 1 CPU core(s) a job may use here" in plain.stderr, plain.stderr[-2000:]
     quiet = run_perfsweep([f"threads={threads - 1}", "device=cpu", *TINY], tmp_path)  # within: nothing said
     assert quiet.returncode == 0 and "core(s) a job may use" not in quiet.stderr, quiet.stderr[-2000:]
 

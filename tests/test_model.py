@@ -133,18 +133,28 @@ def test_checkpointing_saves_activation_memory():
     assert saved_bytes(True) < 0.6 * saved_bytes(False)
 
 
-def test_the_optimizer_is_fused_as_it_says_and_steps(tmp_path):
-    """The ``optimizer_fused`` a run stores is what its groups run. torch < 2.4, with no fused
-    AdamW on CPU, refuses ``fused=True`` there after writing it into the groups it was handed;
-    the fallback once reused them, ran the fused kernel anyway and failed every CPU job at the
-    first step (found running the suite under torch 2.3.1). Under a torch with fused AdamW on
-    CPU this checks the fused path."""
+@pytest.mark.parametrize("fused_refused", [False, True], ids=["this-torch", "refused-as-in-2.3"])
+def test_the_optimizer_is_fused_as_it_says_and_steps(tmp_path, monkeypatch, fused_refused: bool):
+    """The ``optimizer_fused`` a run stores is what its groups run. torch 2.3, with no fused AdamW
+    on CPU, refused ``fused=True`` there after writing it into the groups it was handed; the
+    fallback once reused them, ran the fused kernel anyway and failed every CPU job at the first
+    step (found running the suite under torch 2.3.1). torch >= 2.4 takes it on CPU, so that
+    refusal is played here by an AdamW that does what 2.3's did: take the groups, then refuse."""
     from perfsweep.runner import make_optimizer
     from tests.test_profiling import tiny_cfg
 
+    class RefusesFused(torch.optim.AdamW):
+        def __init__(self, params, *args, fused=None, **kwargs):
+            super().__init__(params, *args, fused=fused, **kwargs)  # writes fused into the groups
+            if fused:
+                raise RuntimeError("`fused=True` requires all the params to be ... of supported devices")
+
+    if fused_refused:
+        monkeypatch.setattr(torch.optim, "AdamW", RefusesFused)
     torch.manual_seed(0)
     model = GPT(CFG, vocab_size=100)
     optimizer, fused = make_optimizer(model, tiny_cfg(tmp_path))
+    assert fused is not fused_refused
     assert [bool(g["fused"]) for g in optimizer.param_groups] == [fused, fused]
     idx = torch.randint(0, 100, (2, 8))
     model(idx, idx)[1].backward()

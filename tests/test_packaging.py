@@ -80,3 +80,18 @@ def test_the_torch_bound_is_the_oldest_tested_and_an_older_torch_is_named():
     assert preflight.torch_notice(f"{oldest}.0+cu124") is None and preflight.torch_notice("2.13.0+cpu") is None
     assert preflight.torch_notice("3.0.0") is None and preflight.torch_notice("nightly") is None
     assert preflight.torch_notice() is None  # the suite's own torch is one it is tested on
+
+
+def test_a_sweep_says_its_torch_is_older_among_its_notices(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """What the sweep and a plain run print before their jobs (preflight.start_notices) holds the
+    torch notice, of the version a job stores (``runs.torch_version``, read from torch's
+    version.py). An older torch cannot be installed beside the suite's, so its version is given."""
+    from perfsweep import preflight, slots
+    from tests.util import tiny_job
+
+    cfg = tiny_job(tmp_path).cfg
+    found = [slots.Placement(0)]
+    assert not any("torch" in n for n in preflight.start_notices({}, [cfg], found))
+    monkeypatch.setattr(slots, "torch_version", lambda: "2.4.1+cu121")
+    notices = preflight.start_notices({}, [cfg], found)
+    assert [n for n in notices if "torch" in n] == [preflight.torch_notice("2.4.1+cu121")]

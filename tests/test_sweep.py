@@ -647,22 +647,44 @@ def test_a_sweep_that_seems_stuck_shows_where_each_thread_waits(tmp_path: Path, 
 def test_a_large_grid_says_how_long_its_checks_take_before_composing_them(tmp_path: Path):
     """From names.LARGE_GRID_POINTS points the first line, after ten are composed, says how many
     will be checked and how long composing them takes at that pace: 6,000 points were silent for
-    112 s, 1,000 for 94 s. Nothing is claimed or written before the checks end."""
+    112 s, 1,000 for 94 s. Said early: here before the grid's half-way point, which is refused,
+    and nothing is claimed or written."""
     import re
-    import threading
 
     from perfsweep.names import LARGE_GRID_POINTS
-    from tests.util import start_perfsweep
 
-    proc = start_perfsweep(["-m", f"seed=range({LARGE_GRID_POINTS})", *TINY], tmp_path)
-    watchdog = threading.Timer(120, proc.kill)  # no line: readline ends empty, and the test fails
-    watchdog.start()
-    try:
-        first = proc.stderr.readline()
-    finally:
-        watchdog.cancel()
-        proc.kill()
-        proc.communicate()
-    said = rf"perfsweep: checking {LARGE_GRID_POINTS} grid points before any job starts; composing them takes ~\d+(s|\.\dmin) at this machine's pace"
-    assert re.fullmatch(said, first.rstrip("\n")), first
+    half = LARGE_GRID_POINTS // 2
+    res = run_perfsweep(["-m", "workers=0,-1", f"seed=range({half})", *TINY], tmp_path)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 2, res.stderr[-2000:]
+    said = (
+        rf"perfsweep: checking {2 * half} grid points before any job starts; composing them takes "
+        r"~\d+(s|\.\dmin) at this machine's pace"
+    )
+    assert re.fullmatch(said, lines[0]), lines[0]
+    assert f"workers=-1: must be >= 0 [grid point {half + 1}/{2 * half}: workers=-1 seed=0" in lines[1], lines[1]
     assert not (tmp_path / "results.db").exists() and not (tmp_path / "multirun").exists()
+
+
+def test_no_sweep_estimate_while_a_batch_max_search_is_running_or_to_come(tmp_path: Path, capsys):
+    """A search decides after each try whether another comes, so the jobs left are unknown both
+    during it and before it (its grid's other jobs run first): no 'sweep ~' then, where a plain
+    sweep's progress line has one. A try's count reads as the jobs so far."""
+    from perfsweep import launcher
+    from perfsweep.config import SweepContext
+    from tests.util import tiny_job
+
+    said = {}
+    contexts = {
+        "plain": SweepContext(n_jobs=3, id=1),
+        "before a search": SweepContext(n_jobs=3, id=1, searches=1),
+        "a try": SweepContext(n_jobs=3, id=1, searches=1, batch_search_id=1),
+    }
+    for name, context in contexts.items():
+        progress = launcher.ProgressLine(tiny_job(tmp_path, job_num=1, sweep=context))
+        progress.header()
+        progress.update("measure", 5, 10, 100.0, 1.0)
+        said[name] = capsys.readouterr().err
+    assert said["plain"].startswith("[2/3] ") and "job ~" in said["plain"] and "sweep ~" in said["plain"]
+    assert said["before a search"].startswith("[2/3] ") and "sweep ~" not in said["before a search"]
+    assert said["a try"].startswith("[2/3 so far] ") and "sweep ~" not in said["a try"] and "job ~" in said["a try"]

@@ -162,11 +162,14 @@ class PerfsweepSweeper(BasicSweeper):
         except ConfigError as exc:
             preflight.unclaim_folder(sweep_dir, created)
             _refuse(str(exc))
-        for notice in preflight.start_notices(cpu, run_cfgs, placements if here else []):
+        to_run = [run_cfgs[order[p][0]] for p in todo]  # a resume's notices are of the jobs left
+        for notice in preflight.start_notices(cpu, to_run, placements if here else []):
             print(notice, file=sys.stderr)
+        searches = [p for p in todo if search.is_search(run_cfgs[order[p][0]])]
         # the sweep's size, start and id and each job's repeat reach the job through its config
         # (perfsweep.config.SweepContext); a job's number is its place in the plan
         context = [f"sweep.n_jobs={len(order)}", f"sweep.started_at={time.time()}", f"sweep.id={sweep_id}"]
+        context.append(f"sweep.searches={len(searches)}")
         jobs = [[*jobs[i], *context, f"sweep.repeat_index={r}", f"sweep.grid_index={i}"] for i, r in order]
         if hasattr(self.launcher, "params") and "timeout_min" in self.launcher.params:  # submitit's launchers
             _fit_time_limit(self.launcher.params, run_cfgs, list(self.config.hydra.overrides.hydra))
@@ -179,7 +182,6 @@ class PerfsweepSweeper(BasicSweeper):
                 file=sys.stderr,
             )
         at_once = f", {len(placements)} at a time" if len(placements) > 1 else ""
-        searches = [p for p in todo if search.is_search(run_cfgs[order[p][0]])]
         print(f"perfsweep: {_plan(len(todo), len(searches))}{at_once}; job folders under {sweep_dir}", file=sys.stderr)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         preflight.hide_passwords_in_files(sweep_dir / "multirun.yaml")  # as Hydra's files in each job's folder
