@@ -56,8 +56,9 @@ BASELINE_RULE = (
     "the first config in grid order with the fewest of amp, ckpt and compile on (all off where the grid has it)"
 )
 """The default baseline of the stored speedups (perfsweep.summary.fill_speedups) and of a report
-(perfsweep.configs.baseline), both through perfsweep.configs.fewest_on. The fewest, not all off: experiments/compile.yaml holds amp on, and
-its eager config was reported as 0.63x slower than the compiled one, its first."""
+(perfsweep.configs.baseline), both through perfsweep.configs.fewest_on. The fewest, not all off:
+experiments/compile.yaml holds amp on, and its eager config was reported as 0.63x slower than
+the compiled one, its first."""
 
 ENVIRONMENT_COLUMNS: tuple[str, ...] = (
     "hostname",

@@ -92,7 +92,8 @@ def is_oom(exc: BaseException) -> bool:
     file's under a 5 MiB limit), or the plain RuntimeError the CPU allocator raises; also, under
     an address-space limit, :data:`UNDER_ADDRESS_LIMIT`: the same exhaustion, reached through a
     thread pool or oneDNN instead."""
-    # torch.cuda's name: torch.OutOfMemoryError, the same class, is newer than pyproject's lower bound
+    # torch.cuda's name, in every torch: torch.OutOfMemoryError (the same class) is not in 2.3, where an
+    # old install's errors must still be classified (names.OLDEST_TORCH)
     if isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError)):
         return True
     if isinstance(exc, OSError):
