@@ -159,7 +159,13 @@ def held(note: str | None = None) -> Iterator[None]:
     """Ctrl-C and SIGTERM during this bookkeeping are held until it is done, then delivered as
     they would have been (the first one that came, to the handler that was in place). ``note``
     is printed when one arrives, so a user who presses Ctrl-C again knows why nothing stopped.
-    Only the main thread receives signals; elsewhere this holds nothing."""
+    Only the main thread receives signals; elsewhere this holds nothing.
+
+    A signal the process ignores (SIGINT where it was started in the background: a script's
+    ``&``, ``nohup``) stays ignored: none arrives to hold, and the job server and spawned jobs,
+    started under this hold, inherit its disposition. A handler of ours there became theirs as
+    the default, and a Ctrl-C meant for the terminal's foreground interrupted the jobs of a
+    sweep that went on."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -174,7 +180,7 @@ def held(note: str | None = None) -> Iterator[None]:
     outermost = not _holding
     _holding.append(hold)
     try:
-        with handled(HELD_SIGNALS, hold) as previous:
+        with handled([s for s in HELD_SIGNALS if signal.getsignal(s) != signal.SIG_IGN], hold) as previous:
             yield
     finally:
         _holding.pop()

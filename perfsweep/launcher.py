@@ -630,10 +630,13 @@ def _stop(proc: Any, grace_s: float) -> bool:
 
     SIGINT first: the job unwinds as from Ctrl-C, so its DataLoader shuts its workers down and
     their semaphores are released; a plain SIGTERM left them behind and Python's resource
-    tracker warned about "leaked semaphore objects" at exit.
+    tracker warned about "leaked semaphore objects" at exit. Not where this process ignores
+    SIGINT (started in a script's background): its jobs ignore it too (interrupts.held), and
+    each stop waited 5 s for nothing.
     """
     _join(proc, grace_s)
-    for i, sig in enumerate((signal.SIGINT, signal.SIGTERM)):
+    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    for i, sig in enumerate((signal.SIGTERM,) if ignored else (signal.SIGINT, signal.SIGTERM)):
         if not _running(proc):
             return i > 0
         with contextlib.suppress(ProcessLookupError):

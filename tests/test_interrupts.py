@@ -61,6 +61,81 @@ def test_an_ignored_signal_stays_ignored_and_nothing_held_raises_nothing():
         signal.signal(signal.SIGTERM, previous)
 
 
+def test_an_ignored_signal_stays_ignored_during_the_hold_for_what_starts_there():
+    """The job server and spawned jobs start under a hold and inherit the disposition it leaves:
+    a handler of ours there became the default in them (an exec keeps only SIG_IGN)."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with interrupts.held():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN  # not ignored: held
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_a_sweep_started_with_ctrl_c_ignored_keeps_its_jobs_ignoring_it(tmp_path, start_method: str):
+    """A sweep started in the background of a script (``perfsweep -m ... &``: the shell ignores
+    SIGINT for it) ignores Ctrl-C, and so must its jobs: a Ctrl-C meant for the terminal's
+    foreground command reached the whole group and interrupted the running job, while the sweep
+    went on to the next (its job server and spawned jobs were started under a handler of ours,
+    which they took as the default)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from tests.util import TINY, finish, sqlite_rows, training
+
+    err = tmp_path / "stderr.txt"
+    args = ["-m", "seed=0", f"launcher.start_method={start_method}", "device=cpu", "profile.enabled=false"]
+    with open(err, "w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "perfsweep", *args, *TINY, "steps.measure=400"],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            start_new_session=True,  # its own group, as a script's: the Ctrl-C goes to all of it
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),  # as `&` in a script does
+        )
+    proc.args_stderr_file = err  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 120
+    while not training(err) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, said = finish(proc, timeout=300)
+    assert proc.returncode == 0, said[-3000:]
+    (run,) = sqlite_rows(tmp_path / "results.db", "SELECT status FROM runs")
+    assert run["status"] == "ok" and "interrupted" not in said, said[-3000:]
+
+
+def test_a_job_timed_out_where_ctrl_c_is_ignored_is_stopped_without_waiting_on_it(tmp_path):
+    """The sweep stops a job that ran past timeout_s with SIGINT first, then SIGTERM 5 s later;
+    where its jobs ignore SIGINT (the sweep does), the stop starts at SIGTERM: it took 16.1 s
+    against 6.1 s for timeout_s=6 before."""
+    import re
+    import subprocess
+    import sys
+
+    from tests.util import TINY, sqlite_rows
+
+    args = ["-m", "seed=0", "device=cpu", "profile.enabled=false", "timeout_s=4", *TINY, "steps.measure=100000"]
+    res = subprocess.run(
+        [sys.executable, "-m", "perfsweep", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),  # as `&` in a script does
+    )
+    (run,) = sqlite_rows(tmp_path / "results.db", "SELECT status FROM runs")
+    took = re.search(r"-> timeout in ([\d.]+) s", res.stderr)
+    assert run["status"] == "timeout" and took is not None, res.stderr[-3000:]
+    assert float(took[1]) < 4 + 3, took[0]  # no 5 s wait on a SIGINT the job ignores
+
+
 def test_the_first_signal_decides_how_the_sweep_stopped():
     """SIGTERM, then a Ctrl-C held while the jobs stopped: it ends as terminated (exit 143)."""
     try:
