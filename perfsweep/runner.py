@@ -644,6 +644,12 @@ def job_main(
     # SLURM signals every process of the job step; the launching process decides what a signal
     # means for the run (perfsweep.launcher.scheduler_signals), and stops this one itself.
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # started where Ctrl-C is ignored (a script's `&`; perfsweep.interrupts.held keeps it so):
+        # the sweep stops this job with SIGTERM instead (launcher._stop), which must then unwind
+        # it as Ctrl-C does, its DataLoader workers shut down. Killed outright, they were left
+        # running and the resource tracker warned of leaked semaphores.
+        signal.signal(signal.SIGTERM, interrupts.raise_terminated)
     conn.send(("ready", time.monotonic()))  # interpreter and imports are up: the job's timeout clock starts now
     progress = Reporter(conn)
     partial: dict[str, Any] = {"start_method": start_method}
