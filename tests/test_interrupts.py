@@ -139,7 +139,7 @@ def test_a_job_timed_out_where_ctrl_c_is_ignored_is_stopped_without_waiting_on_i
     # unwound by the SIGTERM, not killed: its workers were shut down (killed, the job left them
     # running, and the resource tracker warned of leaked semaphores once they were gone)
     assert "leaked semaphore" not in res.stderr, res.stderr[-3000:]
-    left = subprocess.run(["pgrep", "-f", "pt_data_worker"], capture_output=True, text=True).stdout.split()
+    left = subprocess.run(["pgrep", "pt_data_worker"], capture_output=True, text=True).stdout.split()  # by name
     assert not [p for p in left if str(tmp_path) in Path(f"/proc/{p}/cwd").resolve().as_posix()], left
 
 
