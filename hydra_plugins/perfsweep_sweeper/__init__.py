@@ -165,7 +165,7 @@ class PerfsweepSweeper(BasicSweeper):
         to_run = [run_cfgs[order[p][0]] for p in todo]  # a resume's notices are of the jobs left
         for notice in preflight.start_notices(cpu, to_run, placements if here else []):
             print(notice, file=sys.stderr)
-        searches = [p for p in todo if search.is_search(run_cfgs[order[p][0]])]
+        searches = [p for p, c in zip(todo, to_run, strict=True) if search.is_search(c)]
         # the sweep's size, start and id and each job's repeat reach the job through its config
         # (perfsweep.config.SweepContext); a job's number is its place in the plan
         context = [f"sweep.n_jobs={len(order)}", f"sweep.started_at={time.time()}", f"sweep.id={sweep_id}"]
