@@ -75,13 +75,35 @@ def test_an_ignored_signal_stays_ignored_during_the_hold_for_what_starts_there()
         signal.signal(signal.SIGINT, previous)
 
 
-@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
-def test_a_sweep_started_with_ctrl_c_ignored_keeps_its_jobs_ignoring_it(tmp_path, start_method: str):
+def _agent_takes_signals() -> bool:
+    from torch.distributed.launcher.api import LaunchConfig
+
+    return "signals_to_handle" in LaunchConfig.__dataclass_fields__
+
+
+@pytest.mark.parametrize(
+    ("start_method", "ranks"),
+    [
+        ("forkserver", []),
+        ("spawn", []),
+        pytest.param(
+            "forkserver",
+            ["nproc=2"],
+            marks=pytest.mark.skipif(
+                not _agent_takes_signals(),
+                reason="this torch's elastic agent has no signals_to_handle: it handles SIGINT whatever it is told",
+            ),
+            id="nproc",
+        ),
+    ],
+)
+def test_a_sweep_started_with_ctrl_c_ignored_keeps_its_jobs_ignoring_it(tmp_path, start_method: str, ranks: list):
     """A sweep started in the background of a script (``perfsweep -m ... &``: the shell ignores
     SIGINT for it) ignores Ctrl-C, and so must its jobs: a Ctrl-C meant for the terminal's
     foreground command reached the whole group and interrupted the running job, while the sweep
     went on to the next (its job server and spawned jobs were started under a handler of ours,
-    which they took as the default)."""
+    which they took as the default). An ``nproc`` job's elastic agent installed its own SIGINT
+    handler, and was stored ``interrupted (SignalException: ... got signal: 2)``."""
     import os
     import subprocess
     import sys
@@ -90,7 +112,7 @@ def test_a_sweep_started_with_ctrl_c_ignored_keeps_its_jobs_ignoring_it(tmp_path
     from tests.util import TINY, finish, sqlite_rows, training
 
     err = tmp_path / "stderr.txt"
-    args = ["-m", "seed=0", f"launcher.start_method={start_method}", "device=cpu", "profile.enabled=false"]
+    args = ["-m", "seed=0", f"launcher.start_method={start_method}", "device=cpu", "profile.enabled=false", *ranks]
     with open(err, "w") as stderr:
         proc = subprocess.Popen(
             [sys.executable, "-m", "perfsweep", *args, *TINY, "steps.measure=400"],
