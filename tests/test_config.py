@@ -372,3 +372,21 @@ def test_a_launcher_whose_plugin_is_missing_names_the_extra_to_install():
     )
     typo = MissingConfigException("", missing_cfg_file="hydra/launcher/joblb", options=["basic", "joblib"])
     assert error_line(typo).startswith("hydra/launcher=joblb: no such preset; did you mean hydra/launcher=joblib?")
+
+
+def test_job_folder_names_leave_out_what_perfsweep_sets_itself():
+    """A job folder is named from its overrides (Hydra's override_dirname) less exclude_keys: the
+    sweep.* and launcher.* keys the sweeper sets or that do not change what a job measures. One
+    left out of the list (sweep.searches) put ``sweep.searches=0`` in every folder name, and a
+    resume, where it differs, reran a grid point into a new folder."""
+    from dataclasses import fields
+
+    from hydra import compose, initialize_config_module
+
+    from perfsweep.config import LauncherConfig, SweepContext
+
+    with initialize_config_module(version_base="1.3", config_module="perfsweep.conf"):
+        hc = compose(config_name="config", return_hydra_config=True).hydra
+    excluded = set(hc.job.config.override_dirname.exclude_keys)
+    ours = {f"sweep.{f.name}" for f in fields(SweepContext)} | {f"launcher.{f.name}" for f in fields(LauncherConfig)}
+    assert ours - excluded == set()
