@@ -224,7 +224,7 @@ def hydra_main(cfg: DictConfig) -> str:
     assert sweep_id is not None  # reserved above for a single run
     try:
         with interrupts.unmasked(), launcher.SweepHeartbeat(url, sweep_id):
-            run_id, status = launcher.run_job(spec)
+            run_id, status = launcher.run_until_output_closed(spec)
     except KeyboardInterrupt as exc:
         with interrupts.held(interrupts.STOPPING_NOTE):
             # the run may have finished as the signal came (its result is kept): then it is not to be run again
@@ -433,11 +433,14 @@ def main() -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         # The sweeper has printed the summary of the jobs that finished; they are stored.
-        terminated = isinstance(interrupts.first_cause(exc), interrupts.Terminated)  # what stopped it first
+        first = interrupts.first_cause(exc)  # what stopped it first
+        terminated = isinstance(first, interrupts.Terminated)
         how = "terminated (SIGTERM)" if terminated else "interrupted"
         # what to do next, set where it is known: the sweeper (resume), the summary (the report), a plain run
         hint = _hint(exc) or "before any job started"
         print(f"perfsweep: {how}{' ' if hint.startswith('before') else '; '}{hint}", file=sys.stderr)
+        if isinstance(first, interrupts.OutputClosed):  # nobody reads that line: the pipe's exit code
+            sys.exit(128 + signal.SIGPIPE)
         sys.exit(128 + (signal.SIGTERM if terminated else signal.SIGINT))
 
 

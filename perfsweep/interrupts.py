@@ -11,6 +11,7 @@ after. Torch-free: the sweeper and the entry point use it before torch is import
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -30,6 +31,31 @@ HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 class Terminated(KeyboardInterrupt):
     """SIGTERM to a sweep or run on this machine: unwound like Ctrl-C. (Under submitit each job
     handles its scheduler's signals itself: perfsweep.launcher.scheduler_signals.)"""
+
+
+class OutputClosed(KeyboardInterrupt):
+    """The pipe or terminal the sweep prints to is gone (``perfsweep -m ... | head``, a closed
+    SSH session's EIO): unwound as Ctrl-C is, so the running job is stored ``interrupted`` and the
+    sweep closed ``interrupted`` for ``perfsweep resume``, with exit code 141 (128 + SIGPIPE, as a
+    command killed by its pipe). Before, every later job failed on its first line and the sweep
+    was stored ``done`` with its grid points missing. Raise it with :func:`output_closed`."""
+
+
+def output_gone(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is a write to a closed pipe (EPIPE) or a hung-up terminal (EIO)."""
+    return isinstance(exc, BrokenPipeError) or (isinstance(exc, OSError) and exc.errno == errno.EIO)
+
+
+def output_closed(exc: BaseException) -> OutputClosed:
+    """The :class:`OutputClosed` to raise for ``exc``; what is printed from now on (the summary,
+    the last line, a job's own output) goes to /dev/null, so it cannot fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+    closed = OutputClosed()
+    closed.__cause__ = exc
+    return closed
 
 
 _received: list[int] = []
@@ -256,6 +282,8 @@ def signal_name(exc: BaseException) -> str:
     first = first_cause(exc)
     if isinstance(first, Terminated):
         return "SIGTERM"
+    if isinstance(first, OutputClosed) or output_gone(first):
+        return "its output was closed"
     if type(first) is KeyboardInterrupt:
         return "SIGINT"
     return type(first).__name__

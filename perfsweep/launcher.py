@@ -840,6 +840,7 @@ class ConcurrentJobs:
         self._futures: list[concurrent.futures.Future] = []
 
     def submit(self, spec: JobSpec) -> concurrent.futures.Future:
+        self._raise_if_output_closed()
         placement = self.pool.acquire()
 
         def job() -> str:
@@ -856,6 +857,15 @@ class ConcurrentJobs:
         """Until every submitted job has ended (timed waits: Ctrl-C reaches the main thread)."""
         while not all(f.done() for f in self._futures):
             concurrent.futures.wait(self._futures, timeout=0.5)
+            self._raise_if_output_closed()
+        self._raise_if_output_closed()
+
+    def _raise_if_output_closed(self) -> None:
+        """A job's thread that could not print (a closed pipe or terminal) stops the sweep here, in
+        the main thread, as :func:`run_until_output_closed` does for a job run in it."""
+        for f in self._futures:
+            if f.done() and not f.cancelled() and interrupts.output_gone(error := f.exception()):
+                raise interrupts.output_closed(error) from error
 
     def stop(self) -> None:
         """Interrupt the jobs still running (each marks its row ``interrupted``) and wait for them."""
@@ -892,7 +902,19 @@ def launch(spec: JobSpec) -> Any:
     interrupts.raise_if_lost()  # a Ctrl-C swallowed while the last job ended: no new job
     if _concurrent is not None:
         return _concurrent.submit(spec)
-    return run_job(spec)[1]
+    return run_until_output_closed(spec)[1]
+
+
+def run_until_output_closed(spec: JobSpec) -> tuple[int | None, str]:
+    """:func:`run_job`, with a write to a closed pipe or terminal (the job is then stopped and
+    stored ``interrupted``) raised as :class:`perfsweep.interrupts.OutputClosed`: a Ctrl-C to the
+    sweep, not an error of this job that Hydra would catch before starting the next."""
+    try:
+        return run_job(spec)
+    except OSError as exc:
+        if not interrupts.output_gone(exc):
+            raise
+        raise interrupts.output_closed(exc) from exc
 
 
 def _begin(engine: Any, row: dict[str, Any]) -> int | None:

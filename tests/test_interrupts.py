@@ -505,3 +505,41 @@ def test_a_ctrl_c_in_the_commands_first_imports_is_one_line_not_a_traceback(modu
     )
     assert res.stderr.strip().splitlines() == ["perfsweep: interrupted"], res.stderr[-3000:]
     assert res.returncode == 130 and not res.stdout, (res.returncode, res.stdout[-500:])
+
+
+def test_a_sweep_whose_output_pipe_closes_stops_as_interrupted_and_resumes(tmp_path):
+    """``perfsweep -m ... 2>&1 | head``: once the reader is gone every print fails (EPIPE). That
+    failed each later job on its first line, with no row, and the sweep was stored ``done`` with
+    its grid points missing. It now stops as for Ctrl-C: the running job is stopped and stored,
+    the sweep is stored interrupted, the exit code is 141 (SIGPIPE's), and ``perfsweep resume``
+    runs the rest."""
+    import subprocess
+    import sys
+
+    from tests.util import TINY, sqlite_rows
+
+    args = ["-m", "amp=true,false", "ckpt=true,false", "device=cpu", "profile.enabled=false", *TINY]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "perfsweep", *args, "steps.measure=200"],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    for line in proc.stderr:  # as `head` does: read until the first job trains, then stop reading
+        if "measure step" in line:
+            break
+    proc.stderr.close()
+    assert proc.wait(timeout=120) == 128 + signal.SIGPIPE
+    (sweep,) = sqlite_rows(tmp_path / "results.db", "SELECT id, status FROM sweeps")
+    runs = sqlite_rows(tmp_path / "results.db", "SELECT status, error FROM runs ORDER BY job_num")
+    assert sweep["status"] == "interrupted" and len(runs) < 4, runs
+    # the job it stopped: interrupted, or ok where its result crossed the stop (kept, not rerun)
+    assert all(r["status"] == "ok" or "(its output was closed)" in r["error"] for r in runs), runs
+    res = subprocess.run(
+        [sys.executable, "-m", "perfsweep", "resume", str(sweep["id"])], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    ok = sqlite_rows(tmp_path / "results.db", "SELECT DISTINCT job_num FROM runs WHERE status = 'ok'")
+    assert len(ok) == 4, res.stderr[-3000:]
