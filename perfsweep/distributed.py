@@ -161,7 +161,7 @@ def run(
         monitor_interval=0.2,
         start_method="spawn",
         logs_specs=DefaultLogsSpecs(log_dir=str(job_dir / "ranks")),
-        **_keep_ctrl_c_ignored(LaunchConfig),
+        **_keep_ignored(LaunchConfig),
     )
     affinity = slots.allowed_cpus()  # the ranks split these: within the cgroup's CPU quota too
     try:
@@ -174,18 +174,20 @@ def run(
     return {**results[0], **slots.cpu_share()}
 
 
-def _keep_ctrl_c_ignored(launch_config: type) -> dict[str, str]:
-    """LaunchConfig's ``signals_to_handle`` without SIGINT where this job ignores Ctrl-C (a sweep
-    started with a script's ``&``; perfsweep.interrupts keeps it so): the agent otherwise turns
-    SIGINT into its SignalException, and its ranks, spawned under that handler, into a
-    KeyboardInterrupt, so a Ctrl-C meant for the terminal's foreground command stopped the job.
-    Kept ignored, the agent's ranks inherit it ignored too. Nothing where torch's LaunchConfig has
-    no such field (2.6 does not; 2.13 does): its agent handles SIGINT whatever it is told."""
-    fields = getattr(launch_config, "__dataclass_fields__", {})
-    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN or "signals_to_handle" not in fields:
+def _keep_ignored(launch_config: type) -> dict[str, str]:
+    """LaunchConfig's ``signals_to_handle`` less the signals this job ignores (a sweep started with
+    a script's ``&`` ignores SIGINT and SIGQUIT, ``nohup`` SIGHUP; perfsweep.interrupts keeps them
+    so): the agent otherwise handles each as its SignalException, and its ranks, spawned under that
+    handler, take the default, so a Ctrl-C meant for the terminal's foreground command stopped the
+    job. Kept ignored, the ranks inherit them ignored too. Nothing where torch's LaunchConfig has
+    no such field (2.6 and 2.8 do not; 2.13 does): its agent handles them whatever it is told."""
+    field = getattr(launch_config, "__dataclass_fields__", {}).get("signals_to_handle")
+    if field is None:
         return {}
-    handled = [s.strip() for s in fields["signals_to_handle"].default.split(",")]
-    return {"signals_to_handle": ",".join(s for s in handled if s != "SIGINT")}
+    handled = [s.strip() for s in field.default.split(",")]
+    ignored = {s for s in handled if hasattr(signal, s) and signal.getsignal(getattr(signal, s)) is signal.SIG_IGN}
+    ignored.discard("SIGTERM")  # the sweep stops a job with it: its agent must then stop the ranks
+    return {"signals_to_handle": ",".join(s for s in handled if s not in ignored)} if ignored else {}
 
 
 def _first_failure(job_dir: Path, exc: Any) -> RankFailed:

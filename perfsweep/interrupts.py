@@ -77,6 +77,18 @@ def raise_terminated(signum: int, _frame: object) -> None:
     raise Terminated
 
 
+def unwind_once(signum: int, _frame: object) -> None:
+    """The SIGINT and SIGTERM handler of a data-parallel job's rank. The agent stops its ranks with
+    SIGTERM, and a Ctrl-C reaches them too: killed outright, a rank left its DataLoader workers
+    running and the resource tracker warned of leaked semaphores. Unwound, the workers are shut
+    down; the first signal unwinds it, and later ones (the agent's SIGTERM after a Ctrl-C) are
+    ignored, so they cannot cut that shutdown short. The agent's SIGKILL, 30 s on, still ends a
+    rank stuck in a collective."""
+    for sig in HELD_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+
+
 def install() -> None:
     """Make Ctrl-C and SIGTERM unwind the ``perfsweep`` process, recorded for :func:`raise_if_lost`;
     one swallowed by a finalizer is raised again (:func:`redeliver_lost`)."""

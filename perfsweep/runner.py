@@ -607,6 +607,9 @@ def rank_main(
     """One rank of a data-parallel job (perfsweep.distributed.run starts them): the same training
     as a single-process job, in DDP; rank 0 reports progress and returns the run's result."""
     r = int(os.environ["RANK"])
+    for sig in interrupts.HELD_SIGNALS:
+        if signal.getsignal(sig) is not signal.SIG_IGN:  # an ignored Ctrl-C stays ignored
+            signal.signal(sig, interrupts.unwind_once)
     partial: dict[str, Any] = {}
     try:
         cfg = to_run_config(cfg_dict)
