@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from perfsweep import slots
+from perfsweep import envinfo, slots
 from perfsweep.config import PerfsweepConfig
 
 log = logging.getLogger(__name__)
@@ -164,12 +164,13 @@ def run(
         **_keep_ignored(LaunchConfig),
     )
     affinity = slots.allowed_cpus()  # the ranks split these: within the cgroup's CPU quota too
+    kills_before = envinfo.oom_kills()  # a rank killed by SIGKILL: was it the kernel's OOM killer?
     try:
         results = elastic_launch(config, entrypoint)(
             to_plain_dict(cfg), token_data, str(job_dir), label, launch_dir, affinity, conn
         )
     except ChildFailedError as exc:
-        raise _first_failure(job_dir, exc) from None
+        raise _first_failure(job_dir, exc, kills_before) from None
     # the row is the job's: the cores the job had (its ranks split them; torch_threads is a rank's)
     return {**results[0], **slots.cpu_share()}
 
@@ -190,12 +191,22 @@ def _keep_ignored(launch_config: type) -> dict[str, str]:
     return {"signals_to_handle": ",".join(s for s in handled if s not in ignored)} if ignored else {}
 
 
-def _first_failure(job_dir: Path, exc: Any) -> RankFailed:
-    """The outcome of the rank that failed first, by the time each wrote its error file: when one
-    rank raises, the others' collectives fail at once too, and the agent names only the first
-    dead process it finds in rank order. A rank killed without writing one (a signal, the OOM
-    killer) is named with its exit code."""
+def _first_failure(job_dir: Path, exc: Any, kills_before: int | None = None) -> RankFailed:
+    """The outcome of the rank that failed first. A rank killed by a signal (SIGKILL: a user, the
+    kernel's OOM killer) writes nothing, and the others then fail in their collectives and write
+    that (``Connection reset by peer``), so the killed rank is named, as a job process killed so
+    is (:func:`perfsweep.envinfo.sigkill_outcome`). Else the rank that wrote its error first:
+    when one rank raises, the others' collectives fail at once too, and the agent names only the
+    first dead process it finds in rank order. SIGTERM is the agent's own stop of the others."""
     written = [json.loads(p.read_text()) for p in job_dir.glob(ERROR_FILE.format(rank="*"))]
+    wrote = {e.get("rank") for e in written}
+    for r, failure in sorted(exc.failures.items()):
+        if failure.exitcode < 0 and r not in wrote and -failure.exitcode != signal.SIGTERM:
+            if -failure.exitcode == signal.SIGKILL:
+                status, message, _ = envinfo.sigkill_outcome(f"rank {r}", kills_before, envinfo.oom_kills())
+            else:
+                status, message = "failed", f"rank {r} died (signal {failure.signal_name()}) without reporting an error"
+            return RankFailed(message, status, {}, "")
     if written:
         e = min(written, key=lambda e: e.get("time", float("inf")))
         return RankFailed(e["message"], e["status"], e["partial"], e["traceback"])

@@ -46,6 +46,33 @@ def oom_kills(root: Path | None = None) -> int | None:
     return None
 
 
+def sigkill_outcome(who: str, kills_before: int | None, kills_after: int | None) -> tuple[str, str, dict]:
+    """(status, error, fields) of ``who`` ("job process", "rank 1") that died of SIGKILL, by its
+    memory cgroup's OOM kill count before and after (:func:`oom_kills`): ``oom`` when the kernel's
+    OOM killer struck while it ran, else ``failed`` naming the signal (and, when the count is
+    unknown, the likely cause).
+
+    The count is the cgroup's, not the process's: with jobs side by side (``launcher.parallel``) an
+    OOM kill of one while another was killed by hand counts for both. Killers in user space
+    (systemd-oomd, earlyoom) send SIGKILL without moving it: their kills read as "not the kernel's"."""
+    if kills_before is not None and kills_after is not None and kills_after > kills_before:
+        return (
+            "oom",
+            f"{who} killed by the kernel's OOM killer: memory ran out, the host's or the cgroup's limit (the "
+            f"memory cgroup's OOM kill count rose by {kills_after - kills_before} while it ran); lower batch or "
+            "seq_len, or run fewer jobs at once",
+            {},
+        )
+    if kills_before is not None and kills_before == kills_after:
+        return (
+            "failed",
+            f"{who} killed by SIGKILL, not by the kernel's OOM killer (the memory cgroup's OOM kill count did "
+            "not change): another process, a user or a scheduler sent it",
+            {},
+        )
+    return ("failed", f"{who} killed by SIGKILL (often the kernel's OOM killer; check dmesg)", {})
+
+
 def git_state(path: str | Path) -> tuple[str | None, bool | None]:
     """(HEAD, dirty) of the git checkout at ``path`` (the launch directory); (None, None) outside
     one. ``dirty``: tracked files differ from HEAD (untracked files do not count)."""

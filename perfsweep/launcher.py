@@ -32,7 +32,7 @@ from typing import Any
 from perfsweep import corpus, importer, interrupts, job_entry, job_start, slots, store
 from perfsweep.cli import first_line, seconds_text
 from perfsweep.config import PerfsweepConfig, short_dirname, to_plain_dict
-from perfsweep.envinfo import environ_set, oom_kills
+from perfsweep.envinfo import environ_set, oom_kills, sigkill_outcome
 from perfsweep.job_start import signals_blocked  # by name: a test holds a signal in a job's start alone
 from perfsweep.metrics import JobClock
 from perfsweep.names import (
@@ -309,7 +309,7 @@ def _run_in_child(
     elif signalled:
         outcome = ("failed", "job process stopped reporting without a result and was stopped by perfsweep", {})
     elif code == -signal.SIGKILL:
-        outcome = _killed(kills_before, oom_kills())
+        outcome = sigkill_outcome("job process", kills_before, oom_kills())
     elif code is not None and code < 0:
         outcome = ("failed", f"job process {killed_by(code)}", {})
     elif (limit := spec.cfg.job_memory_limit_mib) is not None and _no_thread_for_openmp(spec.job_dir, log_from):
@@ -596,32 +596,6 @@ def _outcome_of(msg: tuple) -> tuple[str, str | None, dict[str, Any]]:
     _, status, message, tb, partial = msg
     log.debug("job traceback:\n%s", tb)
     return status, f"{message}\n{tb}" if tb else message, partial
-
-
-def _killed(kills_before: int | None, kills_after: int | None) -> tuple[str, str, dict[str, Any]]:
-    """The outcome of a job that died of SIGKILL, by its memory cgroup's OOM kill count before and
-    after (:func:`perfsweep.envinfo.oom_kills`): ``oom`` when the kernel's OOM killer struck while
-    it ran, else ``failed`` naming the signal (and, when the count is unknown, the likely cause).
-
-    The count is the cgroup's, not the job's: with jobs side by side (``launcher.parallel``) an OOM
-    kill of one while another was killed by hand counts for both. Killers in user space
-    (systemd-oomd, earlyoom) send SIGKILL without moving it: their kills read as "not the kernel's"."""
-    if kills_before is not None and kills_after is not None and kills_after > kills_before:
-        return (
-            "oom",
-            "job process killed by the kernel's OOM killer: memory ran out, the host's or the cgroup's limit (the "
-            f"memory cgroup's OOM kill count rose by {kills_after - kills_before} while it ran); lower batch or "
-            "seq_len, or run fewer jobs at once",
-            {},
-        )
-    if kills_before is not None and kills_before == kills_after:
-        return (
-            "failed",
-            "job process killed by SIGKILL, not by the kernel's OOM killer (the memory cgroup's OOM kill count did "
-            "not change): another process, a user or a scheduler sent it",
-            {},
-        )
-    return ("failed", "job process killed by SIGKILL (often the kernel's OOM killer; check dmesg)", {})
 
 
 def _stop(proc: Any, grace_s: float) -> bool:

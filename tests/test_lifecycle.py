@@ -242,12 +242,16 @@ def test_a_kernel_oom_kill_is_an_oom_run_and_the_count_is_read_from_the_cgroup(t
     """The OOM killer's SIGKILL (the cgroup's count rose while the job ran) is status ``oom``: the
     config does not fit the host's memory. The count is read from cgroup v1's memory.oom_control
     or v2's memory.events, whichever this process's /proc/self/cgroup names, at the group's root."""
-    from perfsweep.envinfo import oom_kills
-    from perfsweep.launcher import _killed
+    from perfsweep.envinfo import oom_kills, sigkill_outcome
 
-    status, error, _ = _killed(3, 4)
+    status, error, _ = sigkill_outcome("job process", 3, 4)
     assert status == "oom" and "kernel's OOM killer: memory ran out" in error and "rose by 1 while" in error
-    assert _killed(3, 3)[0] == "failed" and _killed(None, 3)[0] == "failed"
+    assert sigkill_outcome("rank 1", 3, 3)[:2] == (
+        "failed",
+        "rank 1 killed by SIGKILL, not by the kernel's OOM "
+        "killer (the memory cgroup's OOM kill count did not change): another process, a user or a scheduler sent it",
+    )
+    assert sigkill_outcome("job process", None, 3)[0] == "failed"
     groups = Path("/proc/self/cgroup").read_text()
     (tmp_path / "memory").mkdir()
     (tmp_path / "memory" / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 7\n")

@@ -272,6 +272,23 @@ def test_a_failing_rank_fails_the_run_with_its_error(tmp_path: Path):
     assert time.monotonic() - started < 120  # rank 0, waiting in its allreduce, was stopped
 
 
+@two_cores
+@pytest.mark.slow
+def test_a_rank_killed_mid_training_is_named_not_the_rank_whose_collective_broke(tmp_path: Path):
+    """Rank 1 killed by SIGKILL (a user, the kernel's OOM killer) writes nothing; rank 0's
+    allreduce then fails and writes ``Connection reset by peer``, and that was the stored error.
+    The killed rank is named, with the OOM killer's count read as for a killed job process."""
+    model = USER_MODEL.replace(
+        'raise RuntimeError("rank one broke on its third step")', "os.kill(os.getpid(), 9)  # SIGKILL, as `kill -9`"
+    )
+    (tmp_path / "brokenmodel.py").write_text(model)
+    tiny = [o for o in TINY if not o.startswith(("model=", "steps.stable_window"))]
+    res = run_perfsweep([*TWO_RANKS, "model=custom", "model._target_=brokenmodel.build", *tiny], tmp_path, timeout=300)
+    assert res.returncode == 1, res.stderr[-3000:]
+    (run,) = rows(tmp_path / "results.db", "SELECT status, error FROM runs")
+    assert run["status"] == "failed" and run["error"].startswith("rank 1 killed by SIGKILL"), run["error"]
+
+
 def test_profile_ranks_and_slurm_gpus_must_fit_the_job():
     from hydra_plugins.perfsweep_sweeper import _check_gpus_per_job
     from perfsweep.config import PerfsweepConfig, ProfileConfig
