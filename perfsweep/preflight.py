@@ -516,6 +516,22 @@ def check_models(cfgs: list[PerfsweepConfig], prepared: dict[str, Any]) -> None:
         task.check(cfg.model, batch, vocab, cfg.seq_len, ckpt=cfg.ckpt)
 
 
+def check_compile_backends(backends: list[str]) -> None:
+    """Each ``compile_backend`` a ``compile=true`` grid point names is one torch.compile knows here
+    (its registry, entry points included): a mistyped one failed every such job at its compile."""
+    from torch._dynamo import list_backends
+    from torch._dynamo.backends.registry import lookup_backend
+
+    for name in backends:
+        try:
+            lookup_backend(name)
+        except Exception:  # noqa: BLE001 - InvalidBackend, or a backend whose own import fails
+            known = ", ".join(b for b in list_backends(exclude_tags=()) if "TESTING" not in b)
+            raise ConfigError(
+                f"invalid config: compile_backend={name!r}: not a torch.compile backend here; allowed: {known}"
+            ) from None
+
+
 def _check_batch_shape(cfg: PerfsweepConfig, where: str, tokens: int | None, samples: int) -> None:
     """A batch holds ``batch`` samples of ``seq_len`` tokens, or the stored batch, seq_len and every
     figure per token would describe a run that did not happen (a loader with its own batch size,
@@ -741,6 +757,8 @@ def check_all(
         check_device(cfgs)
     found = placements(cfgs, hydra_launcher)
     prepared = check_data(cfgs)
+    if backends := sorted({c.compile_backend for c in cfgs if c.compile and c.compile_backend != "inductor"}):
+        job_start.call(check_compile_backends, backends)  # with torch, where the jobs will be
     if checked := sorted({c.model._target_ for c in cfgs if c.model._target_ != GPT_TARGET or c.ckpt}):
         try:
             job_start.call(check_models, cfgs, prepared)

@@ -92,6 +92,8 @@ CASES = {
     "data_value_of_wrong_type": (["data.synthetic_vocab=abc"], "data.synthetic_vocab='abc'"),
     # was blamed on data.synthetic_tokens, the key that names the data
     "token_cache_unwritable": (["data.cache_dir={tmp}/afile/cache"], "data.cache_dir='{tmp}/afile/cache'"),
+    # every compile=true job failed at its compile with InvalidBackend, after the sweep had started
+    "compile_backend_unknown": (["compile=true", "compile_backend=nope"], "compile_backend='nope'"),
 }
 HINTS = {  # what is allowed or what to do, beyond naming key and value
     "device_cuda_without_cuda": "device=cpu",
@@ -122,6 +124,7 @@ HINTS = {  # what is allowed or what to do, beyond naming key and value
     "added_key_of_another_kind": "only data.kind=textfile reads it",
     "data_value_of_wrong_type": "must be an integer",
     "token_cache_unwritable": "cannot write the token cache there",
+    "compile_backend_unknown": "allowed: aot_eager,",
 }
 
 
@@ -138,6 +141,7 @@ PLAIN_RUN = (
     "data_shorter_than_a_batch",  # check_data: the tokens
     "token_cache_unwritable",  # check_data: the cache
     "data_value_of_wrong_type",  # the untyped data node
+    "compile_backend_unknown",  # check_compile_backends, with torch
     "model_preset_typo",  # Hydra's composition (error_line)
     "key_typo_holding_a_password",  # ...with a password hidden
     "added_key_of_another_kind",  # data_keys_read
