@@ -700,8 +700,13 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
     # DDL outside them, and a job killed mid-migration would leave tables without a version row.
     dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA busy_timeout=30000")
+    if cur.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+        # WAL is written into the file: only into a new one or perfsweep's, so that a file of
+        # another application's, which upgrade() then refuses, is left exactly as it was
+        tables = {r[0] for r in cur.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if not tables or {"alembic_version", "sweeps"} <= tables:
+            cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()
 

@@ -413,6 +413,28 @@ def test_a_foreign_table_of_our_name_is_refused_at_once_and_unrelated_tables_are
     assert set(inspect(ours).get_table_names()) == TABLES | {"alembic_version", "their_notes"}
 
 
+def test_a_refused_sqlite_file_of_another_application_is_left_byte_for_byte(tmp_path: Path):
+    """The refusal above came after the connection had switched the file to WAL: a refused sweep or
+    upgrade still rewrote another application's file (journal_mode delete -> wal)."""
+    import hashlib
+    import sqlite3
+
+    from perfsweep.upgrade import main as upgrade_main
+
+    path = tmp_path / "theirs.db"
+    con = sqlite3.connect(path)  # as their application made it: a rollback journal, not WAL
+    con.execute("CREATE TABLE runs (id INTEGER PRIMARY KEY, note TEXT)")
+    con.execute("INSERT INTO runs (id, note) VALUES (1, 'theirs')")
+    con.commit()
+    con.close()
+    before = hashlib.md5(path.read_bytes()).hexdigest()
+    with pytest.raises(store.ForeignDatabase, match="holds table runs but no perfsweep schema version"):
+        store.connect(f"sqlite:///{path}", check=True)
+    assert upgrade_main(["--db", str(path)]) == 2
+    assert hashlib.md5(path.read_bytes()).hexdigest() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["theirs.db"]  # no -wal, no -shm left
+
+
 @pytest.mark.parametrize(
     ("version", "said"),
     [
