@@ -25,6 +25,7 @@ from perfsweep.names import RUN_STATUSES
 from tests.util import (
     REFUSE_CLOSE,
     TINY,
+    failing_model,
     finish,
     job_process,
     read_only,
@@ -125,9 +126,9 @@ def test_a_sweep_whose_end_the_database_refused_exits_1_and_resume_closes_it(mod
     db = tmp_path / "results.db"
     store.connect(f"sqlite:///{db}").dispose()
     sqlite_script(db, REFUSE_CLOSE)
-    # a free-form torch.compile backend passes every check and fails inside the job
-    grid = ["-m", "compile=false,true"] if mode == "multirun" else ["compile=true"]
-    res = run_perfsweep([*grid, "compile_backend=no_such_backend", "device=cpu", *TINY], tmp_path)
+    # a model that raises on its second forward passes every check and fails inside the job
+    grid = ["-m", "+model.fail_at=0,2"] if mode == "multirun" else ["+model.fail_at=2"]
+    res = run_perfsweep([*grid, "device=cpu", *failing_model(tmp_path)], tmp_path)
     assert res.returncode == 1, res.stderr[-3000:]
     close = f"perfsweep resume 1 --close --db {db}"
     unclosed = (

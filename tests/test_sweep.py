@@ -14,7 +14,7 @@ import pytest
 from perfsweep import metrics, store
 from perfsweep.names import STACKS_ENV, interrupted_tail
 from perfsweep.report import fmt
-from tests.util import TINY, finish, run_perfsweep, start_as_in_a_terminal, training, wait_for
+from tests.util import TINY, failing_model, finish, run_perfsweep, start_as_in_a_terminal, training, wait_for
 from tests.util import sqlite_rows as rows
 
 
@@ -179,22 +179,11 @@ def test_rerun_adds_a_sweep_and_loses_nothing(default_sweep: Path):
 
 
 def test_failures_are_results_and_the_sweep_goes_on(tmp_path: Path):
-    # A misspelled torch.compile backend passes every check before the jobs (it is a free-form
-    # name) and fails inside the job; a huge step count overruns the timeout. device=cpu: the 12 s
-    # timeout is sized to a CPU job's start. On an H100 machine (device=auto: CUDA) under the
-    # suite's 8 workers, one of the two jobs with the missing backend timed out instead.
-    tiny = [o for o in TINY if not o.startswith("steps.measure")] + ["device=cpu"]
-    res = run_perfsweep(
-        [
-            "-m",
-            "steps.measure=3,100000000",
-            "compile_backend=eager,no_such_backend",
-            "compile=true",
-            "timeout_s=12",
-            *tiny,
-        ],
-        tmp_path,
-    )
+    # A model that raises on its second forward passes every check before the jobs and fails
+    # inside the job; a huge step count overruns the timeout. device=cpu: the 12 s timeout is
+    # sized to a CPU job's start.
+    tiny = [o for o in failing_model(tmp_path) if not o.startswith("steps.measure")] + ["device=cpu"]
+    res = run_perfsweep(["-m", "steps.measure=3,100000000", "+model.fail_at=0,2", "timeout_s=12", *tiny], tmp_path)
     # exit 1 after the summary: some jobs did not finish ok
     assert res.returncode == 1, res.stderr[-2000:]
     assert res.stderr.strip().splitlines()[-1] == (
@@ -207,7 +196,7 @@ def test_failures_are_results_and_the_sweep_goes_on(tmp_path: Path):
     status = [r["status"] for r in runs]
     assert status == ["ok", "failed", "timeout", "failed"], [(r["status"], r["error"]) for r in runs]
     assert runs[0]["tokens_per_s"] > 0
-    assert "no_such_backend" in runs[1]["error"]
+    assert "the model broke on its forward number 2" in runs[1]["error"]
     assert "timeout_s=12" in runs[2]["error"]
     # the stored time of a timed-out job ends at its deadline (start-up excluded), not after the kill
     assert 12 <= runs[2]["duration_s"] < 12 + 10, runs[2]["duration_s"]
@@ -218,12 +207,12 @@ def test_failures_are_results_and_the_sweep_goes_on(tmp_path: Path):
 
 
 def test_every_job_failing_exits_1_after_the_summary(tmp_path: Path):
-    res = run_perfsweep(["-m", "compile=true", "compile_backend=no_such_a,no_such_b", *TINY], tmp_path)
+    res = run_perfsweep(["-m", "+model.fail_at=2,3", *failing_model(tmp_path)], tmp_path)
     assert res.returncode == 1, res.stderr[-2000:]
     assert res.stderr.strip().splitlines()[-1].startswith("perfsweep: 2 of 2 jobs did not finish ok (2 failed)")
     assert "(2 runs, 0 ok)" in res.stdout  # the summary was printed first
     assert [r["status"] for r in rows(tmp_path / "results.db", "SELECT status FROM runs")] == ["failed", "failed"]
-    res = run_perfsweep(["-m", "compile=true", "compile_backend=no_such_a", "allow_failures=true", *TINY], tmp_path)
+    res = run_perfsweep(["-m", "+model.fail_at=2", "allow_failures=true", *failing_model(tmp_path)], tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
 
 

@@ -33,6 +33,37 @@ TINY = [
 ]
 
 
+FAILING_MODEL = """
+from torch import nn
+
+
+class Fails(nn.Module):
+    def __init__(self, vocab_size, fail_at):
+        super().__init__()
+        self.emb, self.head = nn.Embedding(vocab_size, 16), nn.Linear(16, vocab_size)
+        self.fail_at, self.calls = fail_at, 0
+
+    def forward(self, idx, targets):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError(f"the model broke on its forward number {self.calls}")
+        return nn.functional.cross_entropy(self.head(self.emb(idx)).flatten(0, 1), targets.flatten())
+
+
+def build(vocab_size, seq_len, fail_at=0):
+    return Fails(vocab_size, fail_at)
+"""
+
+
+def failing_model(folder: Path) -> list[str]:
+    """:data:`TINY` with a model of the user's that raises on its forward number ``+model.fail_at``
+    (0: never; the check before the jobs runs one forward, so 2 passes it and fails in the job):
+    a job that fails inside, after every check, for the tests of failed jobs. Written to ``folder``,
+    the launch directory its factory is imported from."""
+    (folder / "failmodel.py").write_text(FAILING_MODEL)
+    return ["model=custom", "model._target_=failmodel.build", *(o for o in TINY if not o.startswith("model="))]
+
+
 def run_perfsweep(
     args: list[str], cwd: Path, timeout: float = 600, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
