@@ -32,6 +32,25 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+"""/proc/cpuinfo flags of bf16 arithmetic units: x86's AVX-512 BF16 and AMX, Arm's BF16 feature."""
+
+
+def cpu_bf16_units(cpuinfo: str | None = None) -> list[str] | None:
+    """The bf16 unit flags the CPU lists (:data:`BF16_FLAGS`; ``cpuinfo``: the text of
+    /proc/cpuinfo), [] where it lists none, None where there is no list to read (not Linux)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+    for line in cpuinfo.splitlines():
+        if line.startswith(("flags", "Features")):  # x86, Arm
+            listed = set(line.split(":", 1)[1].split())
+            return [f for f in BF16_FLAGS if f in listed]
+    return None
+
+
 def oom_kills(root: Path | None = None) -> int | None:
     """How many processes of this process's memory cgroup the kernel's OOM killer has killed so
     far (cgroup v2 ``memory.events``, v1 ``memory.oom_control``: ``oom_kill N``), or None where

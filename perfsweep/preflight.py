@@ -357,18 +357,25 @@ def cpu_sweep_fields(cfgs: list[PerfsweepConfig], job_cpus: int | None = None) -
     return job_start.call(cpu_peak.sweep_fields, on_cpu[0].threads or job_cpus or slots.default_threads(), dtypes)
 
 
-def cpu_notice(fields: dict[str, float]) -> str | None:
+def cpu_notice(fields: dict[str, float], units: list[str] | None) -> str | None:
     """What people should know before a CPU sweep's jobs start: a CPU without bf16 units emulates
     bf16, so its AMP jobs run slower than fp32. Said when the measured bf16 matmul rate (of
-    :func:`cpu_sweep_fields`) is under half the fp32 one, far below what noise could do: with bf16
-    units it is about twice the fp32 rate, emulated it was 0.12x on an AVX2-only VM."""
+    :func:`cpu_sweep_fields`) is under half the fp32 one: with bf16 units it is about twice the
+    fp32 rate, emulated it was 0.12x on an AVX2-only VM. Whether it is emulated is read from the
+    CPU's flags (``units``: :func:`perfsweep.envinfo.cpu_bf16_units`, None where unknown), not guessed from the rates:
+    on a busy machine with AVX-512 BF16 the rate was measured at 0.38x, and the notice had called
+    bf16 emulated there."""
     fp32, bf16 = fields.get("cpu_matmul_fp32_flops"), fields.get("cpu_matmul_bf16_flops")
     if not (fp32 and bf16 and bf16 < 0.5 * fp32):
         return None
-    return (
-        f"perfsweep: on this CPU bf16 matmuls run at {bf16 / 1e9:,.0f} GFLOP/s, {bf16 / fp32:.2f}x the fp32 rate "
-        f"({fp32 / 1e9:,.0f}): bf16 is emulated here (no bf16 units), so the amp=true jobs will be slower than amp=false"
-    )
+    rates = f"on this CPU bf16 matmuls run at {bf16 / 1e9:,.0f} GFLOP/s, {bf16 / fp32:.2f}x the fp32 rate ({fp32 / 1e9:,.0f})"
+    if units:
+        return (
+            f"perfsweep: {rates}, though it has bf16 units ({', '.join(units)}): other work on this machine may "
+            "have slowed the measurement, and would slow the jobs' timings too"
+        )
+    why = "no bf16 units among its flags" if units == [] else "it seems to have no bf16 units"
+    return f"perfsweep: {rates}: bf16 is emulated here ({why}), so the amp=true jobs will be slower than amp=false"
 
 
 def start_notices(cpu_fields: dict[str, float], cfgs: list[PerfsweepConfig], found: list[Any]) -> list[str]:
@@ -376,7 +383,10 @@ def start_notices(cpu_fields: dict[str, float], cfgs: list[PerfsweepConfig], fou
     :func:`cpu_notice`, :func:`thread_notice` (``found``: :func:`check_all`'s placements; none
     where the jobs run on other hosts) and :func:`torch_notice`, where they have something to say."""
     threads = thread_notice(cfgs, found) if found else None
-    return [n for n in (cpu_notice(cpu_fields), threads, torch_notice()) if n]
+    from perfsweep import envinfo
+
+    cpu = cpu_notice(cpu_fields, envinfo.cpu_bf16_units()) if cpu_fields else None
+    return [n for n in (cpu, threads, torch_notice()) if n]
 
 
 def thread_notice(cfgs: list[PerfsweepConfig], found: list[Any]) -> str | None:

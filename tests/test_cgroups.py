@@ -193,3 +193,25 @@ def test_the_cpu_peak_is_timed_with_the_jobs_default_threads(tmp_path: Path, mon
     monkeypatch.delenv("SLURM_CPUS_PER_TASK")
     if cgroups.quota_cores() is None and len(os.sched_getaffinity(0)) == os.cpu_count():
         assert slots.default_threads() is None  # the whole machine: torch's default
+
+
+def test_bf16_is_called_emulated_only_where_the_cpus_flags_lack_bf16_units():
+    """The notice before a CPU sweep read "bf16 is emulated here (no bf16 units)" from a measured
+    bf16 rate under half the fp32 one; on a busy machine whose flags list avx512_bf16 it was
+    measured at 0.38x and said so. Emulation is read from the flags; the rates only say when."""
+    from perfsweep import envinfo, preflight
+
+    x86 = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_tile\n"
+    assert envinfo.cpu_bf16_units(x86) == ["avx512_bf16"]
+    assert envinfo.cpu_bf16_units("flags\t\t: fpu avx2\n") == []
+    assert envinfo.cpu_bf16_units("Features\t: fp asimd bf16 i8mm\n") == ["bf16"]  # Arm
+    assert envinfo.cpu_bf16_units("processor : 0\n") is None  # no list: not known
+    slow = {"cpu_matmul_fp32_flops": 184e9, "cpu_matmul_bf16_flops": 71e9}
+    rates = "on this CPU bf16 matmuls run at 71 GFLOP/s, 0.39x the fp32 rate (184)"
+    busy = preflight.cpu_notice(slow, ["avx512_bf16"])
+    assert busy is not None and rates in busy and "emulated" not in busy and "(avx512_bf16)" in busy
+    emulated = preflight.cpu_notice(slow, [])
+    assert emulated is not None and rates in emulated and "bf16 is emulated here (no bf16 units" in emulated
+    assert "bf16 is emulated here (it seems to have no bf16 units)" in (preflight.cpu_notice(slow, None) or "")
+    fast = {"cpu_matmul_fp32_flops": 184e9, "cpu_matmul_bf16_flops": 413e9}
+    assert preflight.cpu_notice(fast, []) is None and preflight.cpu_notice({}, []) is None
