@@ -295,6 +295,13 @@ def error_line(exc: BaseException) -> str:
         close = difflib.get_close_matches(key, config_keys(), n=1)
         hint = f"did you mean {close[0]}? " if close else ""
         return f"{as_typed}: no such key; {hint}python -m perfsweep --help lists them"
+    # a group of settings given one value (steps=5): OmegaConf named the schema class, not the keys
+    group = re.search(
+        r"override ([\w.]+)=(\S*)\W+Invalid type assigned: \w+ is not a subclass", f"{exc} {exc.__cause__}"
+    )
+    if group is not None and (keys := sorted(k for k in config_keys() if k.startswith(f"{group.group(1)}."))):
+        shown = ", ".join(keys[:6]) + (", ..." if len(keys) > 6 else "")
+        return f"{group.group(1)}={group.group(2)}: {group.group(1)} is a group of settings; set one of them: {shown}"
     # \s+, not \W+: amp=[true,false] was echoed as amp=[true,false
     wrong_type = r"override ([\w.]+)=(.*?)\s+Value '.*' (?:is not a valid (bool)|.* converted to (Integer|Float))"
     if (bad := re.search(wrong_type, f"{exc} {exc.__cause__}")) is not None:  # one line: key, value, allowed

@@ -94,6 +94,8 @@ CASES = {
     "token_cache_unwritable": (["data.cache_dir={tmp}/afile/cache"], "data.cache_dir='{tmp}/afile/cache'"),
     # every compile=true job failed at its compile with InvalidBackend, after the sweep had started
     "compile_backend_unknown": (["compile=true", "compile_backend=nope"], "compile_backend='nope'"),
+    # OmegaConf's "int is not a subclass of StepsConfig" named a class, not the keys to set
+    "group_given_a_value": (["steps=5"], "steps=5"),
 }
 HINTS = {  # what is allowed or what to do, beyond naming key and value
     "device_cuda_without_cuda": "device=cpu",
@@ -125,6 +127,7 @@ HINTS = {  # what is allowed or what to do, beyond naming key and value
     "data_value_of_wrong_type": "must be an integer",
     "token_cache_unwritable": "cannot write the token cache there",
     "compile_backend_unknown": "allowed: aot_eager,",
+    "group_given_a_value": "steps is a group of settings; set one of them: steps.max_warmup,",
 }
 
 
