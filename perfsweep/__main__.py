@@ -441,6 +441,8 @@ def main() -> None:
         print(f"perfsweep: {how}{' ' if hint.startswith('before') else '; '}{hint}", file=sys.stderr)
         if isinstance(first, interrupts.OutputClosed):  # nobody reads that line: the pipe's exit code
             sys.exit(128 + signal.SIGPIPE)
+        if isinstance(first, interrupts.HungUp):  # nor here: the terminal is gone
+            sys.exit(128 + signal.SIGHUP)
         sys.exit(128 + (signal.SIGTERM if terminated else signal.SIGINT))
 
 

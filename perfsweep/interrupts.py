@@ -25,12 +25,20 @@ logger = logging.getLogger(__name__)
 STOPPING_NOTE = "perfsweep: stopping the running jobs and storing them first"
 """Printed when a second Ctrl-C or SIGTERM arrives while the first one's bookkeeping runs."""
 
-HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""The signals that stop a sweep (SIGHUP: its terminal closed), held during its bookkeeping."""
 
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM to a sweep or run on this machine: unwound like Ctrl-C. (Under submitit each job
     handles its scheduler's signals itself: perfsweep.launcher.scheduler_signals.)"""
+
+
+class HungUp(Terminated):
+    """SIGHUP: the terminal the sweep ran in closed (an SSH session dropped). Stopped as for
+    SIGTERM, with exit code 129; its output goes to /dev/null first, since the terminal is gone.
+    Before, SIGHUP's default killed the sweep on the spot and left its rows ``running`` until the
+    next command marked them. Not where it is ignored (``nohup``): that sweep goes on."""
 
 
 class OutputClosed(KeyboardInterrupt):
@@ -46,13 +54,18 @@ def output_gone(exc: BaseException | None) -> bool:
     return isinstance(exc, BrokenPipeError) or (isinstance(exc, OSError) and exc.errno == errno.EIO)
 
 
-def output_closed(exc: BaseException) -> OutputClosed:
-    """The :class:`OutputClosed` to raise for ``exc``; what is printed from now on (the summary,
-    the last line, a job's own output) goes to /dev/null, so it cannot fail again."""
+def silence_output() -> None:
+    """Send what this process prints from now on (the summary, the last line, a job's own output)
+    to /dev/null: where it went is gone, and each print there would fail again."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     for fd in (1, 2):
         os.dup2(devnull, fd)
     os.close(devnull)
+
+
+def output_closed(exc: BaseException) -> OutputClosed:
+    """The :class:`OutputClosed` to raise for ``exc``, the output silenced (:func:`silence_output`)."""
+    silence_output()
     closed = OutputClosed()
     closed.__cause__ = exc
     return closed
@@ -77,6 +90,13 @@ def raise_terminated(signum: int, _frame: object) -> None:
     raise Terminated
 
 
+def raise_hung_up(signum: int, _frame: object) -> None:
+    """The SIGHUP handler of the ``perfsweep`` process (:class:`HungUp`)."""
+    _received.append(signum)
+    silence_output()
+    raise HungUp
+
+
 def unwind_once(signum: int, _frame: object) -> None:
     """The SIGINT and SIGTERM handler of a data-parallel job's rank. The agent stops its ranks with
     SIGTERM, and a Ctrl-C reaches them too: killed outright, a rank left its DataLoader workers
@@ -95,6 +115,8 @@ def install() -> None:
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where it was ignored (`nohup`, `&`)
         signal.signal(signal.SIGINT, raise_interrupt)
     signal.signal(signal.SIGTERM, raise_terminated)
+    if signal.getsignal(signal.SIGHUP) is signal.SIG_DFL:  # not under nohup
+        signal.signal(signal.SIGHUP, raise_hung_up)
     if sys.unraisablehook is not redeliver_lost:
         _unraisable.append(sys.unraisablehook)
         sys.unraisablehook = redeliver_lost
@@ -292,6 +314,8 @@ def signal_name(exc: BaseException) -> str:
     that began the unwinding (:func:`first_cause`), else the exception's type (a cancel, a rank's
     ``SignalException``)."""
     first = first_cause(exc)
+    if isinstance(first, HungUp):
+        return "SIGHUP"
     if isinstance(first, Terminated):
         return "SIGTERM"
     if isinstance(first, OutputClosed) or output_gone(first):

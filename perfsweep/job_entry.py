@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from perfsweep import interrupts
 from perfsweep.names import JOB_PROCESS_NAME
 
 
@@ -70,9 +71,9 @@ def main(job_dir: str, conn: Any, payload: bytes, start_method: str = "spawn", p
         conn.send(("error", "failed", why, "", {"start_method": start_method}))
         conn.close()
         return
-    # the sweep started this process with Ctrl-C and SIGTERM blocked (perfsweep.job_start.signals_blocked):
-    # one that came while the interpreter started is raised here, its traceback in job.log
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM))
+    # the sweep started this process with Ctrl-C, SIGTERM and SIGHUP blocked (perfsweep.job_start.
+    # signals_blocked): one that came while the interpreter started is raised here, its traceback in job.log
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, interrupts.HELD_SIGNALS)
     cfg_dict, token_data, label, launch_dir, cpus = pickle.loads(payload)  # imports torch (spawned)
     from perfsweep import runner
 

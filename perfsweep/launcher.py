@@ -304,8 +304,8 @@ def _run_in_child(
     # while starting) before the sweep, unwinding, sets cancel: a short wait tells the two apart
     if cancel is not None and cancel.wait(timeout=CANCEL_GRACE_S):
         raise JobCancelled.now()
-    if code == -signal.SIGINT and not signalled:  # Ctrl-C reached the job before it could report
-        outcome = ("interrupted", "interrupted (SIGINT)", {})
+    if code in (-signal.SIGINT, -signal.SIGHUP) and not signalled:  # Ctrl-C, a closed terminal, before it reported
+        outcome = ("interrupted", f"interrupted ({signal.Signals(-code).name})", {})
     elif signalled:
         outcome = ("failed", "job process stopped reporting without a result and was stopped by perfsweep", {})
     elif code == -signal.SIGKILL:

@@ -580,3 +580,45 @@ def test_an_nproc_agent_is_told_to_leave_every_ignored_signal_alone():
     finally:
         for n, handler in before.items():
             signal.signal(getattr(signal, n), handler)
+
+
+@pytest.mark.parametrize("under_nohup", [False, True], ids=["terminal", "nohup"])
+def test_a_closed_terminal_stops_the_sweep_as_sigterm_does_unless_under_nohup(tmp_path, under_nohup: bool):
+    """SIGHUP (the terminal closed, an SSH session dropped) killed the sweep on the spot by its
+    default action: exit 129 with its rows left ``running`` until the next command. It now stops
+    as for SIGTERM: the job is stored interrupted (SIGHUP), the sweep too, exit code 129. Under
+    ``nohup`` (SIGHUP ignored) the sweep and its jobs go on."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from tests.util import TINY, finish, sqlite_rows, training
+
+    err = tmp_path / "stderr.txt"
+    args = ["-m", "amp=true,false", "device=cpu", "profile.enabled=false", *TINY, "steps.measure=400"]
+    with open(err, "w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "perfsweep", *args],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            start_new_session=True,  # its own group, as a terminal's session: the hangup reaches all of it
+            preexec_fn=(lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if under_nohup else None,
+        )
+    proc.args_stderr_file = err  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 120
+    while not training(err, serial_job="[1/2]") and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGHUP)
+    _, said = finish(proc, timeout=300)
+    (sweep,) = sqlite_rows(tmp_path / "results.db", "SELECT status FROM sweeps")
+    runs = sqlite_rows(tmp_path / "results.db", "SELECT status, error FROM runs ORDER BY job_num")
+    if under_nohup:
+        assert proc.returncode == 0 and sweep["status"] == "done", said[-3000:]
+        assert [r["status"] for r in runs] == ["ok", "ok"], runs
+        return
+    assert proc.returncode == 128 + signal.SIGHUP, said[-3000:]
+    assert sweep["status"] == "interrupted" and len(runs) == 1, runs
+    assert runs[0]["status"] == "interrupted" and runs[0]["error"].startswith("interrupted (SIGHUP)"), runs
