@@ -136,7 +136,13 @@ def redeliver_lost(unraisable: Any) -> None:
     if isinstance(exc, KeyboardInterrupt) and _received:
         # from another thread, a moment later: sent from here, the handler runs at once, inside this
         # hook, where its exception is lost again
-        again = signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT
+        again = (
+            signal.SIGHUP
+            if isinstance(exc, HungUp)
+            else signal.SIGTERM
+            if isinstance(exc, Terminated)
+            else signal.SIGINT
+        )
         with contextlib.suppress(RuntimeError):  # no new thread at interpreter shutdown: nothing left to stop
             threading.Timer(0.01, os.kill, (os.getpid(), again)).start()
             _resent.append(again)
@@ -151,7 +157,7 @@ def raise_if_lost() -> None:
     before a job starts (:func:`perfsweep.launcher.launch`); a signal that did unwind the sweep
     never gets there."""
     if _received:
-        raise Terminated if _received[0] == signal.SIGTERM else KeyboardInterrupt
+        raise {signal.SIGTERM: Terminated, signal.SIGHUP: HungUp}.get(_received[0], KeyboardInterrupt)
 
 
 def _hiding(exc: BaseException) -> BaseException | None:
