@@ -1509,6 +1509,23 @@ def test_cli_errors(engine: Any, tmp_path: Path, capsys: pytest.CaptureFixture, 
     assert "\n" not in err
 
 
+def test_a_sweep_folder_it_cannot_write_is_named_with_the_option_that_avoids_it(
+    engine: Any, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Without --out the report goes into the sweep's folder; where that cannot be written (another
+    user's sweep) the line named the report's scratch file and said nothing of --out."""
+    from tests.util import read_only
+
+    sid = new_sweep(engine, tmp_path / "sw")
+    store.save_run(engine, run_row(sid, 0))
+    (tmp_path / "sw" / "report").mkdir()
+    with read_only(tmp_path / "sw" / "report"):
+        assert main(["--db", str(tmp_path / "results.db")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"perfsweep report: cannot write the report folder {tmp_path / 'sw' / 'report'} ("), err
+    assert err.endswith("); give another with --out DIR") and "\n" not in err, err
+
+
 def test_without_sweep_the_latest_sweep_with_runs_is_reported(
     engine: Any, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:

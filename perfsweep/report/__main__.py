@@ -18,7 +18,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from perfsweep import store
 from perfsweep.cli import OneLineParser, UserError, first_line
 from perfsweep.configs import parse_config_spec
-from perfsweep.report.build import TOP_BARS, build_report
+from perfsweep.report.build import SCRATCH_PREFIX, TOP_BARS, build_report
 from perfsweep.report.compare import build_compare
 from perfsweep.results import load_sweeps, resolve_sweep
 
@@ -78,8 +78,14 @@ def main(argv: list[str] | None = None) -> int:
         except (SQLAlchemyError, pd.errors.DatabaseError) as exc:  # pandas' is an OSError: not the folder's
             raise UserError(f"--db {store.hide_password(args.db)}: cannot read it ({first_line(exc, 300)})") from None
         except OSError as exc:  # a folder that cannot be made or written (a file on its path, no permission)
-            where = f"--out {args.out}" if args.out is not None else "the report folder"
-            raise UserError(f"{where}: cannot write {exc.filename or ''} ({exc.strerror or exc})") from None
+            path = Path(str(exc.filename or ""))
+            if path.name.startswith(SCRATCH_PREFIX):  # the folder it writes in first: the report's own
+                path = path.parent
+            if args.out is not None:
+                raise UserError(f"--out {args.out}: cannot write {path} ({exc.strerror or exc})") from None
+            raise UserError(
+                f"cannot write the report folder {path} ({exc.strerror or exc}); give another with --out DIR"
+            ) from None
         finally:
             engine.dispose()
     except UserError as exc:
