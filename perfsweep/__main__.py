@@ -317,6 +317,14 @@ def _hint(exc: BaseException) -> str | None:
     return hint
 
 
+def _multirun_first(argv: list[str]) -> list[str]:
+    """``-m`` (``--multirun``) moved before the overrides: Hydra's parser takes it only there, and
+    ``perfsweep device=cpu -m amp=true,false`` printed its whole usage text and "unrecognized
+    arguments: amp=true,false". The flag takes no value, so nothing else changes place."""
+    flags = [a for a in argv if a in ("-m", "--multirun")]
+    return [*flags[:1], *(a for a in argv if a not in ("-m", "--multirun"))] if flags else argv
+
+
 def _refuse_cfg_with_multirun(argv: list[str]) -> None:
     """Hydra answers ``-m --cfg job`` with a traceback; a sweep has many configs, --cfg shows one."""
     from hydra._internal.utils import get_args_parser
@@ -400,6 +408,7 @@ def main() -> None:
             file=sys.stderr,
         )
         sys.exit(2)
+    sys.argv[1:] = _multirun_first(sys.argv[1:])
     _refuse_cfg_with_multirun(sys.argv[1:])
     _refuse_unclear_overrides(sys.argv[1:])
     if os.getcwd() not in sys.path and "" not in sys.path:
