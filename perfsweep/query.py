@@ -100,7 +100,11 @@ def run_query(engine: Engine, sql: str) -> pd.DataFrame:
     (:func:`typed_column`)."""
     sql = check_read_only(sql)
     try:
-        with engine.connect() as conn:
+        connection = engine.connect()
+    except (DBAPIError, engine.dialect.loaded_dbapi.Error) as exc:  # a server down: no query was sent
+        raise QueryError(f"cannot connect to the database ({first_line(exc)})") from None
+    try:
+        with connection as conn:
             # to the driver's cursor as typed, with no parameters: SQLAlchemy's text() took ':x' for one,
             # even in quotes, and exec_driver_sql gave psycopg2 an empty set, so '%' in 7 % 3 was one too
             cursor = conn.connection.dbapi_connection.cursor()

@@ -711,3 +711,18 @@ def test_help_reads_as_text_and_says_what_each_option_does(command: str, capsys)
         assert "json: a list of objects" in text
     else:  # the docstring's first line, its command written plainly
         assert text.split("\n\n")[1].startswith(f"perfsweep {command} "), text
+
+
+def test_a_server_that_is_down_is_named_as_such_not_as_a_refused_query(capsys):
+    """A PostgreSQL server that is not listening (a port nobody holds): the line said "the
+    database refused the query", as for a bad column; no query was sent."""
+    import socket
+
+    with socket.socket() as s:  # a free port, closed again: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    pytest.importorskip("psycopg2", reason="the PostgreSQL driver is an extra ([postgres])")
+    assert main(["SELECT 1", "--db", f"postgresql+psycopg2://nobody@127.0.0.1:{port}/perfsweep"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("perfsweep query: cannot connect to the database (") and "refused the query" not in err
+    assert "\n" not in err, err
