@@ -7,6 +7,7 @@ function does both, with the same checks, so a mistake gets the same one line ei
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 
@@ -439,20 +440,16 @@ def main() -> None:
     except KeyboardInterrupt as exc:
         # Everything is stored by now (a Ctrl-C during the bookkeeping was held until it was done):
         # one more would only cut this last line short and end the process by the signal.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for sig in interrupts.HELD_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
         # The sweeper has printed the summary of the jobs that finished; they are stored.
-        first = interrupts.first_cause(exc)  # what stopped it first
-        terminated = isinstance(first, interrupts.Terminated)
+        terminated = isinstance(interrupts.first_cause(exc), interrupts.Terminated)  # what stopped it first
         how = "terminated (SIGTERM)" if terminated else "interrupted"
         # what to do next, set where it is known: the sweeper (resume), the summary (the report), a plain run
         hint = _hint(exc) or "before any job started"
-        print(f"perfsweep: {how}{' ' if hint.startswith('before') else '; '}{hint}", file=sys.stderr)
-        if isinstance(first, interrupts.OutputClosed):  # nobody reads that line: the pipe's exit code
-            sys.exit(128 + signal.SIGPIPE)
-        if isinstance(first, interrupts.HungUp):  # nor here: the terminal is gone
-            sys.exit(128 + signal.SIGHUP)
-        sys.exit(128 + (signal.SIGTERM if terminated else signal.SIGINT))
+        with contextlib.suppress(OSError):  # a closed pipe or terminal: nobody reads it, the exit code says it
+            print(f"perfsweep: {how}{' ' if hint.startswith('before') else '; '}{hint}", file=sys.stderr)
+        sys.exit(interrupts.exit_code(exc))
 
 
 def cli() -> None:
@@ -483,8 +480,9 @@ def cli() -> None:
             signal.signal(sig, signal.SIG_IGN)
         if not answered:
             terminated = isinstance(exc, interrupts.Terminated)
-            print(f"perfsweep: {'terminated (SIGTERM)' if terminated else 'interrupted'}", file=sys.stderr)
-            code = 128 + (signal.SIGTERM if terminated else signal.SIGINT)
+            with contextlib.suppress(OSError):
+                print(f"perfsweep: {'terminated (SIGTERM)' if terminated else 'interrupted'}", file=sys.stderr)
+            code = interrupts.exit_code(exc)
     import multiprocessing
 
     from perfsweep import job_entry

@@ -4,6 +4,7 @@ user's Dataset or DataLoader factory (``data._target_``, :func:`loader`).
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -60,7 +61,16 @@ def batched(ds: Dataset, batch: int, workers: int, seed: int, pin_memory: bool) 
         pin_memory=pin_memory,
         persistent_workers=workers > 0,
         generator=torch.Generator().manual_seed(seed),
+        worker_init_fn=ignore_hangup if workers > 0 else None,
     )
+
+
+def ignore_hangup(_worker_id: int) -> None:
+    """A DataLoader worker's start: a closed terminal's SIGHUP reaches the workers too, and its
+    default killed them under the job ("DataLoader worker killed by signal: Hangup"), their
+    semaphores left in /dev/shm. Ignored, the job shuts them down as it unwinds
+    (perfsweep.interrupts.unwind_on_hangup), as torch's own workers do for Ctrl-C."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
 def loader(
@@ -88,7 +98,14 @@ def loader(
             "ends after one pass; return a Dataset, an IterableDataset or a DataLoader (iterated once per epoch)"
         )
     if isinstance(made, IterableDataset):  # whole batches only: a short last one would count as a full one
-        return DataLoader(made, batch_size=batch, drop_last=True, num_workers=workers, pin_memory=pin_memory)
+        return DataLoader(
+            made,
+            batch_size=batch,
+            drop_last=True,
+            num_workers=workers,
+            pin_memory=pin_memory,
+            worker_init_fn=ignore_hangup if workers > 0 else None,
+        )
     if not isinstance(made, Dataset) and isinstance(made, Iterable) and not isinstance(made, (str, bytes)):
         return made  # a DataLoader, or any iterable of batches
     if not isinstance(made, Dataset):

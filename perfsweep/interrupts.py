@@ -97,6 +97,13 @@ def raise_hung_up(signum: int, _frame: object) -> None:
     raise HungUp
 
 
+def unwind_on_hangup(signum: int, _frame: object) -> None:
+    """The SIGHUP handler of a job process: a closed terminal's SIGHUP reaches the sweep's jobs too,
+    and its default killed them outright, leaving their DataLoader's semaphores in /dev/shm (14 a
+    job). Unwound as on Ctrl-C, its output still in job.log; the sweep then stores it."""
+    raise HungUp
+
+
 def unwind_once(signum: int, _frame: object) -> None:
     """The SIGINT and SIGTERM handler of a data-parallel job's rank. The agent stops its ranks with
     SIGTERM, and a Ctrl-C reaches them too: killed outright, a rank left its DataLoader workers
@@ -238,8 +245,11 @@ def held(note: str | None = None) -> Iterator[None]:
     pending: list[int] = []
 
     def hold(signum: int, _frame: Any) -> None:
+        if signum == signal.SIGHUP:  # the terminal is gone: the note, and all after it, would fail there
+            silence_output()
         if note and not pending and not _noted:  # once: an inner hold passes its signal to the outer one
-            print(note, file=sys.stderr, flush=True)
+            with contextlib.suppress(OSError):  # a closed pipe must not cut the bookkeeping short
+                print(note, file=sys.stderr, flush=True)
             _noted.append(note)
         pending.append(signum)
 
@@ -313,6 +323,16 @@ def first_cause(exc: BaseException) -> BaseException:
             first = seen
         seen = seen.__context__
     return first
+
+
+def exit_code(exc: BaseException) -> int:
+    """The exit code of a sweep or run that ``exc`` stopped: 128 plus the first signal's number
+    (:func:`first_cause`), SIGPIPE's for :class:`OutputClosed`."""
+    first = first_cause(exc)
+    for kind, signum in ((OutputClosed, signal.SIGPIPE), (HungUp, signal.SIGHUP), (Terminated, signal.SIGTERM)):
+        if isinstance(first, kind):
+            return 128 + signum
+    return 128 + signal.SIGINT
 
 
 def signal_name(exc: BaseException) -> str:

@@ -139,11 +139,18 @@ def signals_blocked() -> Iterator[None]:
     takes it as its first instruction. This process may still take it meanwhile, through another
     of its threads: hold it there with interrupts.held.
     multiprocessing's resource tracker is started first: starting it, in the first job's start,
-    unblocks both signals in this thread whatever was blocked before.
+    unblocks both signals in this thread whatever was blocked before. It starts with SIGHUP
+    blocked, for good: it ignores Ctrl-C and SIGTERM itself, but a closed terminal's SIGHUP killed
+    it, and the tracker the jobs then started again knew none of their semaphores (a KeyError's
+    traceback in job.log for each one they released).
     """
     from multiprocessing import resource_tracker
 
-    resource_tracker.ensure_running()
+    hangup = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, hangup)
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, interrupts.HELD_SIGNALS)
     try:
         yield

@@ -297,8 +297,10 @@ def error_line(exc: BaseException) -> str:
         return f"{as_typed}: no such key; {hint}python -m perfsweep --help lists them"
     # a group of settings given one value (steps=5): OmegaConf named the schema class, not the keys
     group = re.search(
-        r"override ([\w.]+)=(\S*)\W+Invalid type assigned: \w+ is not a subclass", f"{exc} {exc.__cause__}"
+        r"override ([\w.]+)=(.*?)\W+Invalid type assigned: \w+ is not a subclass", f"{exc} {exc.__cause__}"
     )
+    if group is not None and group.group(1) == "sweep":
+        return f"sweep={group.group(2)}: sweep.* is perfsweep's own bookkeeping for each job, not a setting"
     if group is not None and (keys := sorted(k for k in config_keys() if k.startswith(f"{group.group(1)}."))):
         shown = ", ".join(keys[:6]) + (", ..." if len(keys) > 6 else "")
         return f"{group.group(1)}={group.group(2)}: {group.group(1)} is a group of settings; set one of them: {shown}"
@@ -543,9 +545,10 @@ def check_compile_backends(backends: list[str]) -> None:
         try:
             lookup_backend(name)
         except Exception:  # noqa: BLE001 - InvalidBackend, or a backend whose own import fails
-            known = ", ".join(b for b in list_backends(exclude_tags=()) if "TESTING" not in b)
+            known = ", ".join(sorted({*list_backends(), "eager", "aot_eager"}))  # not its debug ones
             raise ConfigError(
-                f"invalid config: compile_backend={name!r}: not a torch.compile backend here; allowed: {known}"
+                f"invalid config: compile_backend={name!r}: not a torch.compile backend here; allowed: {known} "
+                "(some need a package of their own)"
             ) from None
 
 

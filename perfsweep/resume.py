@@ -140,7 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     shown = " ".join(map(store.hide_password_in_word, cmd[2:]))
     print(f"perfsweep resume: sweep {sweep.id} in {launch_dir}: {shown}", file=sys.stderr)
     proc = subprocess.Popen(cmd, cwd=launch_dir)
-    signal.signal(signal.SIGTERM, lambda signum, _frame: proc.send_signal(signum))  # stop the sweep, not orphan it
+    # stop the sweep, not orphan it: SIGTERM, and SIGHUP (its terminal closed) unless under nohup
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, lambda signum, _frame: proc.send_signal(signum))
     while True:
         try:
             return proc.wait()

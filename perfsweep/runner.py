@@ -647,6 +647,8 @@ def job_main(
     # SLURM signals every process of the job step; the launching process decides what a signal
     # means for the run (perfsweep.launcher.scheduler_signals), and stops this one itself.
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # not under nohup
+        signal.signal(signal.SIGHUP, interrupts.unwind_on_hangup)
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         # started where Ctrl-C is ignored (a script's `&`; perfsweep.interrupts.held keeps it so):
         # the sweep stops this job with SIGTERM instead (launcher._stop), which must then unwind

@@ -520,7 +520,15 @@ def show_sweep(
                 file=sys.stderr,
             )
             return
-        _print_summary(engine, sweep_id, make_report, unsaved, swept)
+        try:
+            _print_summary(engine, sweep_id, make_report, unsaved, swept)
+        except OSError as exc:
+            # the pipe or terminal it prints to is gone (`| head` that stopped reading, or died with
+            # a Ctrl-C): nobody reads the summary, but the report is still written
+            if not interrupts.output_gone(exc):
+                raise
+            interrupts.silence_output()
+            _print_summary(engine, sweep_id, make_report, unsaved, swept)
     finally:
         engine.dispose()
 

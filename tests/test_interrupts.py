@@ -587,7 +587,8 @@ def test_a_closed_terminal_stops_the_sweep_as_sigterm_does_unless_under_nohup(tm
     """SIGHUP (the terminal closed, an SSH session dropped) killed the sweep on the spot by its
     default action: exit 129 with its rows left ``running`` until the next command. It now stops
     as for SIGTERM: the job is stored interrupted (SIGHUP), the sweep too, exit code 129. Under
-    ``nohup`` (SIGHUP ignored) the sweep and its jobs go on."""
+    ``nohup`` (SIGHUP ignored) the sweep and its jobs go on. ``workers=2``: the job's DataLoader
+    workers and the resource tracker get the hangup too."""
     import os
     import subprocess
     import sys
@@ -596,7 +597,7 @@ def test_a_closed_terminal_stops_the_sweep_as_sigterm_does_unless_under_nohup(tm
     from tests.util import TINY, finish, sqlite_rows, training
 
     err = tmp_path / "stderr.txt"
-    args = ["-m", "amp=true,false", "device=cpu", "profile.enabled=false", *TINY, "steps.measure=400"]
+    args = ["-m", "amp=true,false", "device=cpu", "profile.enabled=false", *TINY, "steps.measure=400", "workers=2"]
     with open(err, "w") as stderr:
         proc = subprocess.Popen(
             [sys.executable, "-m", "perfsweep", *args],
@@ -622,3 +623,55 @@ def test_a_closed_terminal_stops_the_sweep_as_sigterm_does_unless_under_nohup(tm
     assert proc.returncode == 128 + signal.SIGHUP, said[-3000:]
     assert sweep["status"] == "interrupted" and len(runs) == 1, runs
     assert runs[0]["status"] == "interrupted" and runs[0]["error"].startswith("interrupted (SIGHUP)"), runs
+    # the job, its DataLoader workers and the resource tracker took the hangup too: the job unwound
+    # and shut its workers down (they and the tracker had died of it: semaphores left in /dev/shm,
+    # and a tracker started again that knew none of them, a KeyError in job.log for each)
+    (log,) = tmp_path.glob("multirun/*/*/0_*/job.log")
+    text = log.read_text()
+    assert not any(s in text for s in ("KeyError", "died unexpectedly", "killed by signal")), text[-3000:]
+
+
+def test_a_pipe_closed_during_the_summary_still_gets_the_sweep_its_report(tmp_path):
+    """``perfsweep -m ... | head -3`` that stops reading in the summary, after the last job: the
+    summary failed at its first unread line, the report was never written, and the sweep printed
+    "could not print the summary". Every job is done and stored: it exits 0 with its report."""
+    import subprocess
+    import sys
+
+    from tests.util import TINY, sqlite_rows
+
+    args = ["-m", "amp=true,false", "device=cpu", "profile.enabled=false", *TINY, "report=true"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "perfsweep", *args],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=open(tmp_path / "stderr.txt", "w"),  # noqa: SIM115 - the child's; closed with the test's folder
+        text=True,
+    )
+    assert proc.stdout is not None
+    proc.stdout.readline()  # the summary's first line: then stop reading, as head -1 does
+    proc.stdout.close()
+    said = (tmp_path / "stderr.txt").read_text
+    assert proc.wait(timeout=300) == 0, said()[-3000:]
+    (sweep,) = sqlite_rows(tmp_path / "results.db", "SELECT status, sweep_dir FROM sweeps")
+    assert sweep["status"] == "done" and "could not print the summary" not in said(), said()[-3000:]
+    assert (Path(sweep["sweep_dir"]) / "report" / "report.md").is_file(), said()[-3000:]
+
+
+def test_a_note_the_hold_cannot_print_does_not_cut_the_bookkeeping_short(monkeypatch):
+    """Ctrl-C, then the terminal closed while the jobs were being stopped: the hold printed its
+    note to the gone terminal, the EIO cut the bookkeeping short, and rows were left running."""
+
+    class Gone:
+        def write(self, _text: str) -> int:
+            raise OSError(5, "Input/output error")  # a hung-up terminal's EIO
+
+        def flush(self) -> None:
+            raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr("sys.stderr", Gone())
+    reached = []
+    with pytest.raises(KeyboardInterrupt), interrupts.held("a note nobody can read"):
+        signal.raise_signal(signal.SIGINT)
+        reached.append("the bookkeeping went on")
+    assert reached == ["the bookkeeping went on"]

@@ -16,6 +16,7 @@
 
 # No `from __future__ import annotations` here: Hydra's plugin scan executes this module
 # before it is in sys.modules, and dataclasses cannot resolve string annotations then.
+import contextlib
 import logging
 import socket
 import sys
@@ -162,9 +163,22 @@ class PerfsweepSweeper(BasicSweeper):
         except ConfigError as exc:
             preflight.unclaim_folder(sweep_dir, created)
             _refuse(str(exc))
+        unread: list[BaseException] = []  # the pipe or terminal gone while the sweep's row is running
+
+        def say(line: str) -> None:
+            """A line of the sweep's own once its row is written: a closed pipe or terminal is kept,
+            and raised inside the ``try`` below, which stores the sweep interrupted (its row was
+            left ``running`` when the plan line found the pipe closed)."""
+            try:
+                print(line, file=sys.stderr)
+            except OSError as exc:
+                if not interrupts.output_gone(exc):
+                    raise
+                unread.append(interrupts.output_closed(exc))
+
         to_run = [run_cfgs[order[p][0]] for p in todo]  # a resume's notices are of the jobs left
         for notice in preflight.start_notices(cpu, to_run, placements if here else []):
-            print(notice, file=sys.stderr)
+            say(notice)
         searches = [p for p, c in zip(todo, to_run, strict=True) if search.is_search(c)]
         # the sweep's size, start and id and each job's repeat reach the job through its config
         # (perfsweep.config.SweepContext); a job's number is its place in the plan
@@ -175,14 +189,13 @@ class PerfsweepSweeper(BasicSweeper):
             _fit_time_limit(self.launcher.params, run_cfgs, list(self.config.hydra.overrides.hydra))
         if hasattr(self.launcher, "params") and store.hide_password(url) != url:
             # each job is given its config, the URL with it, in submitit's pickles: hidden there, no job could write
-            print(
+            say(
                 f"perfsweep: db.url's password goes into submitit's job files under "
                 f"{self.launcher.params.get('submitit_folder', 'hydra.launcher.submitit_folder')} (each job needs "
-                "it to store its result); to keep it out of files, give it by ~/.pgpass or PGPASSWORD instead",
-                file=sys.stderr,
+                "it to store its result); to keep it out of files, give it by ~/.pgpass or PGPASSWORD instead"
             )
         at_once = f", {len(placements)} at a time" if len(placements) > 1 else ""
-        print(f"perfsweep: {_plan(len(todo), len(searches))}{at_once}; job folders under {sweep_dir}", file=sys.stderr)
+        say(f"perfsweep: {_plan(len(todo), len(searches))}{at_once}; job folders under {sweep_dir}")
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         preflight.hide_passwords_in_files(sweep_dir / "multirun.yaml")  # as Hydra's files in each job's folder
         returns: list[Any] = []
@@ -208,6 +221,8 @@ class PerfsweepSweeper(BasicSweeper):
             launcher.start_concurrent(placements)
         try:
             with interrupts.unmasked(), launcher.SweepHeartbeat(url, sweep_id):
+                if unread:
+                    raise unread[0]
                 # no validate_batch_is_legal: it composes every job once more (about 75 ms each on a
                 # 2-core VM) to catch what composing every grid point above has caught already; what
                 # is added since, the sweep.* context, is perfsweep's own and valid
@@ -273,7 +288,11 @@ class PerfsweepSweeper(BasicSweeper):
                         kept = importer.kept_runs(importer.pending_files(url, str(sweep_dir)))
                         summary.show_sweep(url, str(sweep_dir), first.report, kept, swept=_swept_keys(jobs))
             except Exception as exc:  # noqa: BLE001 - never hide the jobs' own outcome
-                print(f"perfsweep: could not print the summary from {store.hide_password(url)}: {exc}", file=sys.stderr)
+                with contextlib.suppress(OSError):  # where the output itself is gone, the exit code says it
+                    print(
+                        f"perfsweep: could not print the summary from {store.hide_password(url)}: {exc}",
+                        file=sys.stderr,
+                    )
         statuses = [_status(r) for batch in returns for r in batch] + search_statuses
         statuses += _stored_statuses(url, sweep_id, lost)
         # what went wrong, then what to type: the jobs that did not finish ok, the import, the close
