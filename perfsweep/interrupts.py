@@ -105,7 +105,7 @@ def unwind_on_hangup(signum: int, _frame: object) -> None:
 
 
 def unwind_once(signum: int, _frame: object) -> None:
-    """The SIGINT and SIGTERM handler of a data-parallel job's rank. The agent stops its ranks with
+    """The SIGINT, SIGTERM and SIGHUP handler of a data-parallel job's rank. The agent stops its ranks with
     SIGTERM, and a Ctrl-C reaches them too: killed outright, a rank left its DataLoader workers
     running and the resource tracker warned of leaked semaphores. Unwound, the workers are shut
     down; the first signal unwinds it, and later ones (the agent's SIGTERM after a Ctrl-C) are

@@ -115,7 +115,7 @@ def test_a_sweep_started_with_ctrl_c_ignored_keeps_its_jobs_ignoring_it(tmp_path
     args = ["-m", "seed=0", f"launcher.start_method={start_method}", "device=cpu", "profile.enabled=false", *ranks]
     with open(err, "w") as stderr:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "perfsweep", *args, *TINY, "steps.measure=400"],
+            [sys.executable, "-m", "perfsweep", *args, *TINY, f"steps.measure={150 if ranks else 400}"],
             cwd=tmp_path,
             stdout=subprocess.PIPE,
             stderr=stderr,
@@ -528,7 +528,7 @@ def test_a_sweep_whose_output_pipe_closes_stops_as_interrupted_and_resumes(tmp_p
 
     from tests.util import TINY, sqlite_rows
 
-    args = ["-m", "amp=true,false", "ckpt=true,false", "device=cpu", "profile.enabled=false", *TINY]
+    args = ["-m", "amp=true,false", "device=cpu", "profile.enabled=false", *TINY]
     proc = subprocess.Popen(
         [sys.executable, "-m", "perfsweep", *args, "steps.measure=200"],
         cwd=tmp_path,
@@ -544,7 +544,7 @@ def test_a_sweep_whose_output_pipe_closes_stops_as_interrupted_and_resumes(tmp_p
     assert proc.wait(timeout=120) == 128 + signal.SIGPIPE
     (sweep,) = sqlite_rows(tmp_path / "results.db", "SELECT id, status FROM sweeps")
     runs = sqlite_rows(tmp_path / "results.db", "SELECT status, error FROM runs ORDER BY job_num")
-    assert sweep["status"] == "interrupted" and len(runs) < 4, runs
+    assert sweep["status"] == "interrupted" and len(runs) < 2, runs
     # the job it stopped: interrupted, or ok where its result crossed the stop (kept, not rerun)
     assert all(r["status"] == "ok" or "(its output was closed)" in r["error"] for r in runs), runs
     res = subprocess.run(
@@ -552,7 +552,7 @@ def test_a_sweep_whose_output_pipe_closes_stops_as_interrupted_and_resumes(tmp_p
     )
     assert res.returncode == 0, res.stderr[-3000:]
     ok = sqlite_rows(tmp_path / "results.db", "SELECT DISTINCT job_num FROM runs WHERE status = 'ok'")
-    assert len(ok) == 4, res.stderr[-3000:]
+    assert len(ok) == 2, res.stderr[-3000:]
 
 
 def test_an_nproc_agent_is_told_to_leave_every_ignored_signal_alone():
@@ -597,7 +597,8 @@ def test_a_closed_terminal_stops_the_sweep_as_sigterm_does_unless_under_nohup(tm
     from tests.util import TINY, finish, sqlite_rows, training
 
     err = tmp_path / "stderr.txt"
-    args = ["-m", "amp=true,false", "device=cpu", "profile.enabled=false", *TINY, "steps.measure=400", "workers=2"]
+    grid = "amp=false" if under_nohup else "amp=true,false"  # under nohup: one job, which must go on
+    args = ["-m", grid, "device=cpu", "profile.enabled=false", *TINY, "steps.measure=200", "workers=2"]
     with open(err, "w") as stderr:
         proc = subprocess.Popen(
             [sys.executable, "-m", "perfsweep", *args],
@@ -610,7 +611,11 @@ def test_a_closed_terminal_stops_the_sweep_as_sigterm_does_unless_under_nohup(tm
         )
     proc.args_stderr_file = err  # type: ignore[attr-defined]
     deadline = time.monotonic() + 120
-    while not training(err, serial_job="[1/2]") and proc.poll() is None and time.monotonic() < deadline:
+    while (
+        not training(err, serial_job="[1/1]" if under_nohup else "[1/2]")
+        and proc.poll() is None
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.1)
     os.killpg(proc.pid, signal.SIGHUP)
     _, said = finish(proc, timeout=300)
@@ -618,7 +623,7 @@ def test_a_closed_terminal_stops_the_sweep_as_sigterm_does_unless_under_nohup(tm
     runs = sqlite_rows(tmp_path / "results.db", "SELECT status, error FROM runs ORDER BY job_num")
     if under_nohup:
         assert proc.returncode == 0 and sweep["status"] == "done", said[-3000:]
-        assert [r["status"] for r in runs] == ["ok", "ok"], runs
+        assert [r["status"] for r in runs] == ["ok"], runs
         return
     assert proc.returncode == 128 + signal.SIGHUP, said[-3000:]
     assert sweep["status"] == "interrupted" and len(runs) == 1, runs
