@@ -49,6 +49,17 @@ class OutputClosed(KeyboardInterrupt):
     was stored ``done`` with its grid points missing. Raise it with :func:`output_closed`."""
 
 
+_STOPS: tuple[tuple[type[KeyboardInterrupt], int], ...] = ((HungUp, signal.SIGHUP), (Terminated, signal.SIGTERM))
+"""Which exception each stopping signal unwinds a sweep as, most derived first; SIGINT's is
+KeyboardInterrupt. One table for the handlers, the redelivery, the exit code and the stored name."""
+
+
+def signal_of(exc: BaseException) -> int:
+    """The signal that ``exc`` (a :class:`KeyboardInterrupt` of ours) stands for: SIGINT unless
+    :data:`_STOPS` names another."""
+    return next((signum for kind, signum in _STOPS if isinstance(exc, kind)), signal.SIGINT)
+
+
 def output_gone(exc: BaseException | None) -> bool:
     """Whether ``exc`` is a write to a closed pipe (EPIPE) or a hung-up terminal (EIO)."""
     return isinstance(exc, BrokenPipeError) or (isinstance(exc, OSError) and exc.errno == errno.EIO)
@@ -143,13 +154,7 @@ def redeliver_lost(unraisable: Any) -> None:
     if isinstance(exc, KeyboardInterrupt) and _received:
         # from another thread, a moment later: sent from here, the handler runs at once, inside this
         # hook, where its exception is lost again
-        again = (
-            signal.SIGHUP
-            if isinstance(exc, HungUp)
-            else signal.SIGTERM
-            if isinstance(exc, Terminated)
-            else signal.SIGINT
-        )
+        again = signal_of(exc)
         with contextlib.suppress(RuntimeError):  # no new thread at interpreter shutdown: nothing left to stop
             threading.Timer(0.01, os.kill, (os.getpid(), again)).start()
             _resent.append(again)
@@ -164,7 +169,7 @@ def raise_if_lost() -> None:
     before a job starts (:func:`perfsweep.launcher.launch`); a signal that did unwind the sweep
     never gets there."""
     if _received:
-        raise {signal.SIGTERM: Terminated, signal.SIGHUP: HungUp}.get(_received[0], KeyboardInterrupt)
+        raise next((kind for kind, signum in _STOPS if signum == _received[0]), KeyboardInterrupt)
 
 
 def _hiding(exc: BaseException) -> BaseException | None:
@@ -329,10 +334,7 @@ def exit_code(exc: BaseException) -> int:
     """The exit code of a sweep or run that ``exc`` stopped: 128 plus the first signal's number
     (:func:`first_cause`), SIGPIPE's for :class:`OutputClosed`."""
     first = first_cause(exc)
-    for kind, signum in ((OutputClosed, signal.SIGPIPE), (HungUp, signal.SIGHUP), (Terminated, signal.SIGTERM)):
-        if isinstance(first, kind):
-            return 128 + signum
-    return 128 + signal.SIGINT
+    return 128 + (signal.SIGPIPE if isinstance(first, OutputClosed) else signal_of(first))
 
 
 def signal_name(exc: BaseException) -> str:
@@ -340,12 +342,8 @@ def signal_name(exc: BaseException) -> str:
     that began the unwinding (:func:`first_cause`), else the exception's type (a cancel, a rank's
     ``SignalException``)."""
     first = first_cause(exc)
-    if isinstance(first, HungUp):
-        return "SIGHUP"
-    if isinstance(first, Terminated):
-        return "SIGTERM"
     if isinstance(first, OutputClosed) or output_gone(first):
         return "its output was closed"
-    if type(first) is KeyboardInterrupt:
-        return "SIGINT"
+    if isinstance(first, Terminated) or type(first) is KeyboardInterrupt:
+        return signal.Signals(signal_of(first)).name
     return type(first).__name__
