@@ -42,7 +42,7 @@ try:
     from perfsweep import interrupts, preflight, store
     from perfsweep.cli import UserError
     from perfsweep.config import MAX_BATCH, ConfigError, register_configs, to_run_config
-    from perfsweep.names import EXIT_0_STATUSES, NOT_OVERRIDES, STACKS_ENV, SWEEP_MARKER
+    from perfsweep.names import EXIT_0_STATUSES, NOT_OVERRIDES, STACKS_ENV
 except BaseException as exc:  # noqa: BLE001 - anything else is raised again
     _interrupted_while_starting(exc)
 
@@ -144,7 +144,7 @@ def hydra_main(cfg: DictConfig) -> str:
     launch_dir = Path(hc.runtime.cwd)
     sweep_dir = str(Path(hc.sweep.dir if multirun else hc.run.dir).resolve())
     command = store.typed_command()
-    claimed = False
+    claim: preflight.Claim | None = None
     sweep_id = None
     try:
         run_cfg = to_run_config(cfg)
@@ -178,14 +178,14 @@ def hydra_main(cfg: DictConfig) -> str:
         from perfsweep import importer, launcher, summary  # torch, once the config is known to be valid
 
         if not multirun:
-            preflight.claim_folder(Path(sweep_dir), "hydra.run.dir")
-            claimed = True
+            claim = preflight.claim_folder(Path(sweep_dir), "hydra.run.dir")
             preflight.data_keys_read([(list(hc.overrides.task), run_cfg)])  # one point: read, or refused
             found = preflight.check_all([run_cfg])  # and nproc's ranks fit this machine
             sweep_id, cpu = preflight.reserve_sweep(
                 launcher.db_url(run_cfg, launch_dir),
                 sweep_dir,
                 run_cfg.name or hc.job.config_name or "perfsweep",
+                claim,
                 command=command,
                 n_jobs=1,
                 hostname=socket.gethostname(),
@@ -202,10 +202,13 @@ def hydra_main(cfg: DictConfig) -> str:
                     f"runs; running one job with {taken}",
                     file=sys.stderr,
                 )
-    except (ConfigError, UserError) as exc:  # UserError: a database path SQLAlchemy cannot name (store.sqlite_url)
-        if not multirun and (claimed or not (Path(sweep_dir) / SWEEP_MARKER).exists()):
-            (Path(sweep_dir) / SWEEP_MARKER).unlink(missing_ok=True)
+    except BaseException as exc:  # a refusal, or a stop (Ctrl-C, SIGTERM, SIGHUP) before the run's row
+        if not multirun and (claim is None or not claim.kept):
+            if claim is not None:
+                claim.release()
             preflight.remove_refused_run_folder(Path(sweep_dir))  # only Hydra's own files: no trace left
+        if not isinstance(exc, ConfigError | UserError):  # UserError: a path SQLAlchemy cannot name
+            raise
         print(f"perfsweep: {store.hide_password(str(exc))}; {preflight.NO_JOB}", file=sys.stderr)
         sys.exit(2)
     spec = launcher.JobSpec(

@@ -19,6 +19,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -602,16 +603,33 @@ def _data_key(cfg: PerfsweepConfig) -> str:
 
 
 def reserve_sweep(
-    url: str, sweep_dir: str, name: str, measure: Callable[[], dict[str, Any]] = dict, **fields: Any
+    url: str,
+    sweep_dir: str,
+    name: str,
+    claim: Claim,
+    measure: Callable[[], dict[str, Any]] = dict,
+    **fields: Any,
 ) -> tuple[int, dict[str, Any]]:
     """Open ``url``, upgrade its schema, then write the sweep's row as ``running`` with ``fields``
     and what ``measure()`` returns (the CPU's matmul peak: :func:`cpu_sweep_fields`); its id and
     those measured fields. The peak is timed once the database has opened, so a wrong URL or a
     damaged file is refused without the job server started for it (3 CPU-seconds on a 2-core VM).
+    The folder's ``claim`` is kept from the write on; anything that ends this before it (a
+    refusal, a Ctrl-C, a SIGTERM) hands the folder back as it was.
 
     A wrong URL, a server that is down, a read-only file or folder: each fails here with the
     driver's first line, before any job could measure something it then cannot store.
     """
+    try:
+        return _reserve_sweep(url, sweep_dir, name, claim, measure, fields)
+    except BaseException:
+        claim.release()  # a no-op once the write has begun (Claim.keep)
+        raise
+
+
+def _reserve_sweep(
+    url: str, sweep_dir: str, name: str, claim: Claim, measure: Callable[[], dict[str, Any]], fields: dict[str, Any]
+) -> tuple[int, dict[str, Any]]:
     from perfsweep import store
 
     if store.in_memory(url):
@@ -645,9 +663,11 @@ def reserve_sweep(
     try:
         measured = measure()  # outside the wait's note: it is not the database being waited for
         with waiting_for_database(url):
+            claim.keep()  # a stop during the write may leave the row: from here the folder is its
             try:
                 sweep_id = store.start_sweep(engine, sweep_dir, name, **fields, **measured)
             except Exception as exc:  # noqa: BLE001
+                claim.kept = False  # the database refused the write: no row holds the folder
                 raise ConfigError(
                     f"cannot write to db.url={store.hide_password(url)!r}: {first_line(exc)}{hint(exc)}"
                 ) from None
@@ -849,14 +869,50 @@ def resume_points(url: str, sweep_dir: str, grid: list[tuple[int, str]], searche
     return {(int(j), h) for j, h, status, _ in rows if j is not None and status == "ok"} | searches_done
 
 
-def claim_folder(folder: Path, key: str, resume: bool = False) -> list[Path]:
+@dataclass
+class Claim:
+    """A sweep's hold on its folder (:func:`claim_folder`). Until the sweep's row is written the
+    folder is no sweep's yet, and a refusal or a stop (Ctrl-C, SIGTERM, SIGHUP) hands it back as it
+    was (:meth:`release`): the marker left by a SIGTERM during the CPU's peak measure, 2.5 s of a
+    sweep's start, had the same command refused as "another sweep", and ``resume=true`` refused
+    it as "no sweep" (the database had none). From the write on (:meth:`keep`) the folder is the
+    row's, kept whatever comes."""
+
+    folder: Path
+    created: list[Path]
+    """The folders :func:`claim_folder` made, deepest first: removed by a release where empty."""
+    owned: bool
+    """False on a resume: the marker is the earlier sweep's, and no refusal of the resume removes it
+    (one did: a resume refused for a read-only database left that sweep unresumable)."""
+    kept: bool = False
+
+    def keep(self) -> None:
+        """Called as the sweep's row is about to be written: a stop during that write may have left
+        the row, whose folder and marker then stay."""
+        self.kept = True
+
+    def release(self) -> None:
+        """Undo the claim, if it is this sweep's and not yet kept: no marker, no empty folders."""
+        if not self.owned or self.kept:
+            return
+        with contextlib.suppress(OSError):  # FileNotFoundError, or NotADirectoryError: a file on the path
+            (self.folder / SWEEP_MARKER).unlink()
+        for p in self.created:  # deepest first
+            try:
+                p.rmdir()
+            except OSError:
+                break
+        self.created = []
+
+
+def claim_folder(folder: Path, key: str, resume: bool = False) -> Claim:
     """Make ``folder`` this sweep's own, atomically, or raise before any job starts.
 
     The folder is the sweep's identity: its rows are keyed by it and its jobs' folders and
     artifacts live in it. The default folder names carry a random part, so concurrent sweeps
     never meet; a folder set by hand (``key``: ``hydra.sweep.dir`` or ``hydra.run.dir``) that
     another sweep already used is refused rather than shared, unless ``resume=true`` asks to
-    continue the sweep in it. Returns the folders it created, for :func:`unclaim_folder`.
+    continue the sweep in it.
     """
     marker = folder / SWEEP_MARKER
     if resume:
@@ -865,8 +921,8 @@ def claim_folder(folder: Path, key: str, resume: bool = False) -> list[Path]:
                 f"resume=true: {key}={folder} holds no perfsweep sweep ({SWEEP_MARKER} not found); "
                 "name the folder of the sweep to resume, or use: perfsweep resume SWEEP"
             )
-        return []
-    created = [p for p in (folder, *folder.parents) if not p.exists()]
+        return Claim(folder, [], owned=False)
+    claim = Claim(folder, [p for p in (folder, *folder.parents) if not p.exists()], owned=True)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with os.fdopen(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY), "w") as fh:
@@ -877,7 +933,7 @@ def claim_folder(folder: Path, key: str, resume: bool = False) -> list[Path]:
                 f"{key}={folder} already holds another sweep ({SWEEP_MARKER} exists); give each sweep its "
                 "own folder (the default one is unique), or with -m add resume=true to continue it"
             ) from None
-        unclaim_folder(folder, created)  # a full disk, no permission, a file on the path: in one line
+        claim.release()  # a full disk, no permission, a file on the path: in one line
         if isinstance(exc, FileExistsError | NotADirectoryError):
             what = "a file stands where the folder, or one above it, would be; set"
         else:
@@ -885,18 +941,7 @@ def claim_folder(folder: Path, key: str, resume: bool = False) -> list[Path]:
         raise ConfigError(
             f"{key}={folder}: cannot create the sweep's folder ({exc.strerror or exc}); {what} {key} to another place"
         ) from None
-    return created
-
-
-def unclaim_folder(folder: Path, created: list[Path]) -> None:
-    """Undo :func:`claim_folder` when the sweep is refused before any job: no marker, no empty folders."""
-    with contextlib.suppress(OSError):  # FileNotFoundError, or NotADirectoryError: a file on the path
-        (folder / SWEEP_MARKER).unlink()
-    for p in created:  # deepest first
-        try:
-            p.rmdir()
-        except OSError:
-            break
+    return claim
 
 
 HYDRA_RUN_FILES = frozenset({".hydra", "__main__.log"})

@@ -23,12 +23,14 @@ import pytest
 from sqlalchemy import select
 
 from perfsweep import store
-from perfsweep.names import HEARTBEAT_STALE_S
+from perfsweep.names import HEARTBEAT_STALE_S, SWEEP_MARKER
 from tests.util import (
     TINY,
+    failing_model,
     finish,
     job_process,
     new_db_url,
+    read_only,
     run_perfsweep,
     run_row,
     start_as_in_a_terminal,
@@ -210,6 +212,44 @@ def test_a_resume_typed_by_hand_must_name_the_sweeps_database_and_grid(tmp_path:
 
     same = run_perfsweep([*grid, *again, f"db.url=sqlite:///{db}"], tmp_path)
     assert same.returncode == 0 and "2 of 2 jobs already ok, 0 to run" in same.stderr, same.stderr[-2000:]
+
+
+def test_a_resume_the_database_refuses_leaves_the_sweep_resumable(tmp_path: Path):
+    """A resume refused as its database would not take the write (read-only here; a full disk, a
+    revoked grant alike) removed the sweep's folder marker as it handed back a folder that was
+    never its own: every later resume was answered "holds no perfsweep sweep"."""
+    db, folder = tmp_path / "r.db", tmp_path / "sw"
+    grid = ["-m", "+model.fail_at=0,2", *failing_model(tmp_path), f"hydra.sweep.dir={folder}", f"db.url=sqlite:///{db}"]
+    first = run_perfsweep(grid, tmp_path)
+    assert first.returncode == 1 and "1 of 2 jobs did not finish ok (1 failed)" in first.stderr, first.stderr[-2000:]
+    with read_only(db):
+        refused = run_perfsweep([*grid, "resume=true"], tmp_path)
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert refused.stderr.splitlines()[-1].startswith(f"perfsweep: cannot write to db.url='sqlite:///{db}': ")
+    assert (folder / SWEEP_MARKER).is_file()
+    again = run_perfsweep([*grid, "resume=true"], tmp_path)
+    assert "1 of 2 jobs already ok, 1 to run" in again.stderr and again.returncode == 1, again.stderr[-2000:]
+    assert [r["status"] for r in rows(db, "SELECT status FROM runs ORDER BY id")] == ["ok", "failed", "failed"]
+
+
+@pytest.mark.parametrize(("mode", "sig"), [("multirun", signal.SIGTERM), ("run", signal.SIGHUP)])
+def test_a_sweep_stopped_before_its_row_is_written_hands_its_folder_back(mode: str, sig: int, tmp_path: Path):
+    """A stop in a sweep's first seconds, after it claimed its folder and while it measured the
+    CPU's peak (2.5 s), left the folder's marker without a sweep row: the same command was then
+    refused as "another sweep", and resume=true as "no sweep". The folder goes, as on a refusal."""
+    folder = tmp_path / "mine"
+    args = [*TINY, f"db.url=sqlite:///{tmp_path}/r.db"]
+    args += ["-m", "amp=true,false", f"hydra.sweep.dir={folder}"] if mode == "multirun" else [f"hydra.run.dir={folder}"]
+    proc = start_as_in_a_terminal([sys.executable, "-m", "perfsweep", *args], tmp_path)
+    wait_for(lambda: (folder / SWEEP_MARKER).exists() or proc.poll() is not None, timeout=60)
+    assert proc.poll() is None, "the sweep ended before it claimed its folder"
+    os.kill(proc.pid, sig)
+    _, err = finish(proc, timeout=60)
+    assert proc.returncode == 128 + sig, err[-2000:]
+    if sig == signal.SIGTERM:  # a SIGHUP silences the output: its terminal is gone
+        assert err.rstrip().endswith("perfsweep: terminated (SIGTERM) before any job started"), err[-2000:]
+    assert not folder.exists(), sorted(p.name for p in folder.iterdir())
+    assert not (tmp_path / "r.db").exists() or not rows(tmp_path / "r.db", "SELECT id FROM sweeps")
 
 
 def test_a_job_killed_with_sigkill_by_a_user_is_not_blamed_on_memory(tmp_path: Path):

@@ -108,12 +108,12 @@ class PerfsweepSweeper(BasicSweeper):
         launch_dir = Path(self.config.hydra.runtime.cwd).resolve()
         sweep_dir = Path(self.config.hydra.sweep.dir).resolve()
         url = launcher.db_url(first, launch_dir)
-        try:
-            created = preflight.claim_folder(sweep_dir, "hydra.sweep.dir", resume=first.resume)
-        except ConfigError as exc:
-            _refuse(str(exc))
         hashes = [launcher.config_hash(to_plain_dict(c)) for c in run_cfgs]
         order = schedule.plan(len(jobs), first.repeat, first.order == Order.shuffle, first.seed)
+        try:
+            claim = preflight.claim_folder(sweep_dir, "hydra.sweep.dir", resume=first.resume)
+        except ConfigError as exc:
+            _refuse(str(exc))
         if first.resume:
             grid = [(p, hashes[i]) for p, (i, _) in enumerate(order)]
             searched = {p for p, (i, _) in enumerate(order) if search.is_search(run_cfgs[i])}
@@ -152,6 +152,7 @@ class PerfsweepSweeper(BasicSweeper):
                 url,
                 str(sweep_dir),
                 first.name or self.config.hydra.job.config_name or "perfsweep",
+                claim,
                 command=store.typed_command(),
                 n_jobs=len(order),
                 hostname=socket.gethostname(),
@@ -160,8 +161,7 @@ class PerfsweepSweeper(BasicSweeper):
                 hydra_launcher=hydra_launcher,
                 measure=(lambda: preflight.cpu_sweep_fields(run_cfgs, job_cpus)) if here else dict,
             )
-        except ConfigError as exc:
-            preflight.unclaim_folder(sweep_dir, created)
+        except ConfigError as exc:  # the folder is handed back (preflight.Claim)
             _refuse(str(exc))
         unread: list[BaseException] = []  # the pipe or terminal gone while the sweep's row is running
 
