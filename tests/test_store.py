@@ -1333,16 +1333,20 @@ def test_a_sweep_whose_database_folder_is_missing_says_it_made_it(tmp_path: Path
     but said in one line (a typo in the path scattered results into a database of its own, unsaid);
     an existing folder says nothing."""
     from perfsweep import preflight
+    from perfsweep.names import SWEEP_MARKER
 
     url = f"sqlite:///{tmp_path / 'typo' / 'nested' / 'results.db'}"
-    sweep_id, _ = preflight.reserve_sweep(url, str(tmp_path / "sweep"), "s", command="perfsweep -m", n_jobs=1)
+    claim = preflight.claim_folder(tmp_path / "sweep", "hydra.sweep.dir")
+    sweep_id, _ = preflight.reserve_sweep(url, str(tmp_path / "sweep"), "s", claim, command="perfsweep -m", n_jobs=1)
     assert sweep_id == 1 and (tmp_path / "typo" / "nested" / "results.db").is_file()
     err = capsys.readouterr().err.strip()
     assert (
         err
         == f"perfsweep: db.url's folder {tmp_path / 'typo' / 'nested'} did not exist; created it with a new database"
     )
-    preflight.reserve_sweep(url, str(tmp_path / "sweep2"), "s", command="perfsweep -m", n_jobs=1)
+    claim = preflight.claim_folder(tmp_path / "sweep2", "hydra.sweep.dir")
+    preflight.reserve_sweep(url, str(tmp_path / "sweep2"), "s", claim, command="perfsweep -m", n_jobs=1)
+    assert claim.kept and (tmp_path / "sweep2" / SWEEP_MARKER).is_file()  # the row holds the folder now
     assert capsys.readouterr().err == ""
 
 
