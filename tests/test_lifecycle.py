@@ -191,11 +191,15 @@ def test_a_job_process_starts_with_ctrl_c_blocked(tmp_path: Path):
 def test_a_resume_typed_by_hand_must_name_the_sweeps_database_and_grid(tmp_path: Path):
     """resume=true without the sweep's db.url started a new sweep in ./results.db inside the old
     sweep's folder (and wrote over its report); with an override changed, the new grid's points
-    were appended to the old sweep. Both are refused before any job and write no sweep; the same grid resumes."""
+    were appended to the old sweep. Both are refused before any job and write no sweep; the same grid resumes.
+
+    A resume the database refuses (read-only here; a full disk, a revoked grant alike) removed the
+    sweep's folder marker as it handed back a folder that was never its own: every later resume was
+    answered "holds no perfsweep sweep". The marker stays."""
     db = tmp_path / "kept" / "results.db"
-    grid = ["-m", "amp=true,false", *TINY]
+    grid = ["-m", "+model.fail_at=0,2", *failing_model(tmp_path)]  # one point ok, one failed: to resume
     res = run_perfsweep([*grid, f"db.url=sqlite:///{db}"], tmp_path)
-    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.returncode == 1 and "1 of 2 jobs did not finish ok (1 failed)" in res.stderr, res.stderr[-2000:]
     (sweep_dir,) = {r["sweep_dir"] for r in rows(db, "SELECT sweep_dir FROM sweeps")}
     again = [f"hydra.sweep.dir={sweep_dir}", "resume=true"]
 
@@ -209,26 +213,14 @@ def test_a_resume_typed_by_hand_must_name_the_sweeps_database_and_grid(tmp_path:
     assert f"perfsweep resume 1 --db sqlite:///{db}" in other_grid.stderr
     assert len(rows(db, "SELECT id FROM runs")) == 2
     assert not (tmp_path / "results.db").exists() or not rows(tmp_path / "results.db", "SELECT id FROM sweeps")
-
-    same = run_perfsweep([*grid, *again, f"db.url=sqlite:///{db}"], tmp_path)
-    assert same.returncode == 0 and "2 of 2 jobs already ok, 0 to run" in same.stderr, same.stderr[-2000:]
-
-
-def test_a_resume_the_database_refuses_leaves_the_sweep_resumable(tmp_path: Path):
-    """A resume refused as its database would not take the write (read-only here; a full disk, a
-    revoked grant alike) removed the sweep's folder marker as it handed back a folder that was
-    never its own: every later resume was answered "holds no perfsweep sweep"."""
-    db, folder = tmp_path / "r.db", tmp_path / "sw"
-    grid = ["-m", "+model.fail_at=0,2", *failing_model(tmp_path), f"hydra.sweep.dir={folder}", f"db.url=sqlite:///{db}"]
-    first = run_perfsweep(grid, tmp_path)
-    assert first.returncode == 1 and "1 of 2 jobs did not finish ok (1 failed)" in first.stderr, first.stderr[-2000:]
     with read_only(db):
-        refused = run_perfsweep([*grid, "resume=true"], tmp_path)
+        refused = run_perfsweep([*grid, *again, f"db.url=sqlite:///{db}"], tmp_path)
     assert refused.returncode == 2, refused.stderr[-2000:]
     assert refused.stderr.splitlines()[-1].startswith(f"perfsweep: cannot write to db.url='sqlite:///{db}': ")
-    assert (folder / SWEEP_MARKER).is_file()
-    again = run_perfsweep([*grid, "resume=true"], tmp_path)
-    assert "1 of 2 jobs already ok, 1 to run" in again.stderr and again.returncode == 1, again.stderr[-2000:]
+    assert (Path(sweep_dir) / SWEEP_MARKER).is_file()
+
+    same = run_perfsweep([*grid, *again, f"db.url=sqlite:///{db}"], tmp_path)
+    assert same.returncode == 1 and "1 of 2 jobs already ok, 1 to run" in same.stderr, same.stderr[-2000:]
     assert [r["status"] for r in rows(db, "SELECT status FROM runs ORDER BY id")] == ["ok", "failed", "failed"]
 
 
