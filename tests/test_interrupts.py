@@ -139,8 +139,11 @@ def test_a_sweep_started_with_ctrl_c_ignored_keeps_its_jobs_ignoring_it(tmp_path
     [
         ([], 3),
         # the agent stops its ranks with SIGTERM: killed, they left their workers running (seen
-        # for 86 s) and semaphores leaked; unwound, the stop took 10.3 s for timeout_s=8 (8.3 before)
-        pytest.param(["nproc=2"], 8, id="nproc"),
+        # for 86 s) and semaphores leaked; unwound, the stop took 10.3 s for timeout_s=8 (8.3 before).
+        # A loose bound: the stop of an agent, 2 ranks and 4 workers took 1.6-2.8 s idle and 6.0-7.7 s
+        # beside two busy loops on 2 cores, where a slack of 8 failed once in a full run. Skipping
+        # the SIGINT is _stop's, shared with the case above, which times it closely
+        pytest.param(["nproc=2"], 15, id="nproc"),
     ],
 )
 def test_a_job_timed_out_where_ctrl_c_is_ignored_is_stopped_without_waiting_on_it(tmp_path, ranks, slack_s):
