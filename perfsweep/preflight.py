@@ -671,6 +671,7 @@ def _reserve_sweep(
                 raise ConfigError(
                     f"cannot write to db.url={store.hide_password(url)!r}: {first_line(exc)}{hint(exc)}"
                 ) from None
+            claim.stamp(sweep_id)
     finally:
         engine.dispose()
     if new_folder:  # a typo in the path would otherwise scatter results into a database of its own, unsaid
@@ -891,6 +892,13 @@ class Claim:
         the row, whose folder and marker then stay."""
         self.kept = True
 
+    def stamp(self, sweep_id: int) -> None:
+        """Write the sweep's id into the marker once its row is written: a marker without one whose
+        sweep has ended was left before any row (:func:`_abandoned`), and is taken over."""
+        if self.owned:
+            with contextlib.suppress(OSError), open(self.folder / SWEEP_MARKER, "a") as fh:
+                fh.write(f"sweep_id={sweep_id}\n")
+
     def release(self) -> None:
         """Undo the claim, if it is this sweep's and not yet kept: no marker, no empty folders."""
         if not self.owned or self.kept:
@@ -925,6 +933,7 @@ def claim_folder(folder: Path, key: str, resume: bool = False) -> Claim:
     claim = Claim(folder, [p for p in (folder, *folder.parents) if not p.exists()], owned=True)
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        left = _abandoned(folder)
         with os.fdopen(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY), "w") as fh:
             fh.write(f"pid={os.getpid()} host={socket.gethostname()} started={time.time():.0f}\n")
     except OSError as exc:
@@ -941,7 +950,49 @@ def claim_folder(folder: Path, key: str, resume: bool = False) -> Claim:
         raise ConfigError(
             f"{key}={folder}: cannot create the sweep's folder ({exc.strerror or exc}); {what} {key} to another place"
         ) from None
+    if left is not None:
+        print(
+            f"perfsweep: {key}={folder} held only the mark of a sweep that ended before its row was written "
+            f"(pid {left} on this host: killed, or stopped while it waited for the database); took the folder over",
+            file=sys.stderr,
+        )
     return claim
+
+
+def _abandoned(folder: Path) -> int | None:
+    """The pid of the sweep that left ``folder``'s marker, where that marker is a claim no row
+    holds, now removed; None where there is no such marker (none, or a live or finished sweep's).
+
+    A sweep killed (SIGKILL) in its first seconds, or stopped while it waited on a locked database
+    to write its row (:class:`Claim` keeps the folder from the write on), left a marker without a
+    row: the same command was refused as "another sweep", and resume=true as "no sweep". Such a
+    marker has no ``sweep_id`` (:meth:`Claim.stamp`), was written on this host by a process that
+    is gone, and is alone in the folder with, for a plain run, Hydra's own files: a sweep that
+    wrote its row has its ``multirun.yaml``, its jobs' folders or its job's log there too. Taken
+    by a rename, so that of two sweeps started at once into such a folder only one claims it."""
+    from perfsweep.job_start import pid_running
+
+    marker = folder / SWEEP_MARKER
+    try:
+        fields = dict(w.split("=", 1) for w in marker.read_text().split() if "=" in w)
+        entries = {p.name for p in folder.iterdir()}
+        pid = int(fields["pid"])
+    except (OSError, KeyError, ValueError):  # none, unreadable, not ours: not taken over
+        return None
+    if (
+        "sweep_id" in fields
+        or fields.get("host") != socket.gethostname()
+        or not entries <= {SWEEP_MARKER, *HYDRA_RUN_FILES}
+    ):
+        return None
+    if not Path("/proc/self").exists() or pid_running(pid):  # without /proc, a process cannot be told gone
+        return None
+    try:
+        taken = marker.rename(folder / f"{SWEEP_MARKER}.taken-{os.getpid()}")
+    except OSError:  # another sweep took it first: its new marker then refuses this one
+        return None
+    taken.unlink()
+    return pid
 
 
 HYDRA_RUN_FILES = frozenset({".hydra", "__main__.log"})

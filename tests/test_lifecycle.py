@@ -224,6 +224,49 @@ def test_a_resume_typed_by_hand_must_name_the_sweeps_database_and_grid(tmp_path:
     assert [r["status"] for r in rows(db, "SELECT status FROM runs ORDER BY id")] == ["ok", "failed", "failed"]
 
 
+def test_a_marker_left_before_any_row_is_taken_over_and_no_other(tmp_path: Path):
+    """A sweep killed (SIGKILL) before its row was written left its folder's marker: the same
+    command was refused as "another sweep". Only such a marker is taken over: unstamped, of this
+    host, of a process that is gone, and alone in its folder but for Hydra's own files."""
+    from perfsweep import preflight
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    host = socket.gethostname()
+
+    def folder(name: str, marker: str, *others: str) -> Path:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / SWEEP_MARKER).write_text(marker)
+        for other in others:
+            (tmp_path / name / other).mkdir()
+        return tmp_path / name
+
+    left = folder("left", f"pid={gone.pid} host={host} started=0\n", ".hydra")
+    assert preflight._abandoned(left) == gone.pid and not list(left.glob(f"{SWEEP_MARKER}*"))
+    for kept in (
+        folder("stamped", f"pid={gone.pid} host={host} started=0\nsweep_id=3\n"),  # its row was written
+        folder("alive", f"pid={os.getpid()} host={host} started=0\n"),
+        folder("elsewhere", f"pid={gone.pid} host=not-{host} started=0\n"),  # a shared filesystem
+        folder("with-jobs", f"pid={gone.pid} host={host} started=0\n", "0_amp=true"),
+        folder("unreadable", "written by hand\n"),
+    ):
+        before = (kept / SWEEP_MARKER).read_text()
+        assert preflight._abandoned(kept) is None and (kept / SWEEP_MARKER).read_text() == before, kept.name
+
+    # a real one: the sweep killed while it measured the CPU's peak; the same command then runs
+    args = ["-m", *TINY, f"db.url=sqlite:///{tmp_path}/r.db", f"hydra.sweep.dir={tmp_path}/sw"]
+    proc = start_as_in_a_terminal([sys.executable, "-m", "perfsweep", *args], tmp_path)
+    wait_for(lambda: (tmp_path / "sw" / SWEEP_MARKER).exists() or proc.poll() is not None, timeout=60)
+    os.killpg(proc.pid, signal.SIGKILL)
+    finish(proc, timeout=30)
+    again = run_perfsweep(args, tmp_path)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert f"hydra.sweep.dir={tmp_path}/sw held only the mark of a sweep that ended before its row" in again.stderr
+    assert f"pid {proc.pid} on this host" in again.stderr
+    assert [r["status"] for r in rows(tmp_path / "r.db", "SELECT status FROM runs")] == ["ok"]
+    assert (tmp_path / "sw" / SWEEP_MARKER).read_text().endswith("sweep_id=1\n")
+
+
 @pytest.mark.parametrize(("mode", "sig"), [("multirun", signal.SIGTERM), ("run", signal.SIGHUP)])
 def test_a_sweep_stopped_before_its_row_is_written_hands_its_folder_back(mode: str, sig: int, tmp_path: Path):
     """A stop in a sweep's first seconds, after it claimed its folder and while it measured the
