@@ -968,31 +968,38 @@ def _abandoned(folder: Path) -> int | None:
     row: the same command was refused as "another sweep", and resume=true as "no sweep". Such a
     marker has no ``sweep_id`` (:meth:`Claim.stamp`), was written on this host by a process that
     is gone, and is alone in the folder with, for a plain run, Hydra's own files: a sweep that
-    wrote its row has its ``multirun.yaml``, its jobs' folders or its job's log there too. Taken
-    by a rename, so that of two sweeps started at once into such a folder only one claims it."""
+    wrote its row has its ``multirun.yaml``, its jobs' folders or its job's log there too.
+
+    Looked at and removed under a lock file of its own, so that a sweep that read the old marker
+    never removes the one another sweep has just made in its place; the new marker itself is
+    made with O_EXCL by :func:`claim_folder`, so of sweeps started at once one claims the folder.
+    A lock left by a process killed in between keeps the marker: refused, as before."""
     from perfsweep.job_start import pid_running
 
-    marker = folder / SWEEP_MARKER
+    marker, lock = folder / SWEEP_MARKER, folder / f"{SWEEP_MARKER}.taking"
+    if not marker.is_file() or not Path("/proc/self").exists():  # without /proc, a process cannot be told gone
+        return None
+    try:
+        os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except OSError:  # another sweep is looking, or cannot write here: claim_folder answers
+        return None
     try:
         fields = dict(w.split("=", 1) for w in marker.read_text().split() if "=" in w)
-        entries = {p.name for p in folder.iterdir()}
+        entries = {p.name for p in folder.iterdir()} - {lock.name}
         pid = int(fields["pid"])
-    except (OSError, KeyError, ValueError):  # none, unreadable, not ours: not taken over
+        if (
+            "sweep_id" in fields
+            or fields.get("host") != socket.gethostname()
+            or not entries <= {SWEEP_MARKER, *HYDRA_RUN_FILES}
+            or pid_running(pid)
+        ):
+            return None
+        marker.unlink()
+        return pid
+    except (OSError, KeyError, ValueError):  # gone, unreadable, not ours: not taken over
         return None
-    if (
-        "sweep_id" in fields
-        or fields.get("host") != socket.gethostname()
-        or not entries <= {SWEEP_MARKER, *HYDRA_RUN_FILES}
-    ):
-        return None
-    if not Path("/proc/self").exists() or pid_running(pid):  # without /proc, a process cannot be told gone
-        return None
-    try:
-        taken = marker.rename(folder / f"{SWEEP_MARKER}.taken-{os.getpid()}")
-    except OSError:  # another sweep took it first: its new marker then refuses this one
-        return None
-    taken.unlink()
-    return pid
+    finally:
+        lock.unlink(missing_ok=True)
 
 
 HYDRA_RUN_FILES = frozenset({".hydra", "__main__.log"})

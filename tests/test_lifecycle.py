@@ -23,6 +23,7 @@ import pytest
 from sqlalchemy import select
 
 from perfsweep import store
+from perfsweep.config import ConfigError
 from perfsweep.names import HEARTBEAT_STALE_S, SWEEP_MARKER
 from tests.util import (
     TINY,
@@ -249,9 +250,31 @@ def test_a_marker_left_before_any_row_is_taken_over_and_no_other(tmp_path: Path)
         folder("elsewhere", f"pid={gone.pid} host=not-{host} started=0\n"),  # a shared filesystem
         folder("with-jobs", f"pid={gone.pid} host={host} started=0\n", "0_amp=true"),
         folder("unreadable", "written by hand\n"),
+        folder("being-taken", f"pid={gone.pid} host={host} started=0\n", f"{SWEEP_MARKER}.taking"),
     ):
         before = (kept / SWEEP_MARKER).read_text()
         assert preflight._abandoned(kept) is None and (kept / SWEEP_MARKER).read_text() == before, kept.name
+    assert (tmp_path / "being-taken" / f"{SWEEP_MARKER}.taking").exists()  # another's lock is left alone
+
+    # sweeps started at once into such a folder: one claims it, the others are refused
+    raced = folder("raced", f"pid={gone.pid} host={host} started=0\n")
+    start, outcomes = threading.Barrier(8), []
+
+    def claim() -> None:
+        start.wait()
+        try:
+            outcomes.append(preflight.claim_folder(raced, "hydra.sweep.dir"))
+        except ConfigError as exc:
+            outcomes.append(exc)
+
+    threads = [threading.Thread(target=claim) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(isinstance(o, preflight.Claim) for o in outcomes) == 1, outcomes
+    assert all("already holds another sweep" in str(o) for o in outcomes if isinstance(o, ConfigError))
+    assert f"pid={os.getpid()} " in (raced / SWEEP_MARKER).read_text() and not list(raced.glob("*.taking"))
 
     # a real one: the sweep killed while it measured the CPU's peak; the same command then runs
     args = ["-m", *TINY, f"db.url=sqlite:///{tmp_path}/r.db", f"hydra.sweep.dir={tmp_path}/sw"]
