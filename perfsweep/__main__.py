@@ -446,8 +446,7 @@ def main() -> None:
         for sig in interrupts.HELD_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
         # The sweeper has printed the summary of the jobs that finished; they are stored.
-        terminated = isinstance(interrupts.first_cause(exc), interrupts.Terminated)  # what stopped it first
-        how = "terminated (SIGTERM)" if terminated else "interrupted"
+        how = interrupts.how_stopped(exc)  # what stopped it first
         # what to do next, set where it is known: the sweeper (resume), the summary (the report), a plain run
         hint = _hint(exc) or "before any job started"
         with contextlib.suppress(OSError):  # a closed pipe or terminal: nobody reads it, the exit code says it
@@ -482,9 +481,8 @@ def cli() -> None:
         for sig in interrupts.HELD_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
         if not answered:
-            terminated = isinstance(exc, interrupts.Terminated)
             with contextlib.suppress(OSError):
-                print(f"perfsweep: {'terminated (SIGTERM)' if terminated else 'interrupted'}", file=sys.stderr)
+                print(f"perfsweep: {interrupts.how_stopped(exc)}", file=sys.stderr)
             code = interrupts.exit_code(exc)
     import multiprocessing
 

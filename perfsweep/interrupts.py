@@ -14,6 +14,7 @@ import contextlib
 import errno
 import logging
 import os
+import select
 import signal
 import sys
 import threading
@@ -36,7 +37,8 @@ class Terminated(KeyboardInterrupt):
 
 class HungUp(Terminated):
     """SIGHUP: the terminal the sweep ran in closed (an SSH session dropped). Stopped as for
-    SIGTERM, with exit code 129; its output goes to /dev/null first, since the terminal is gone.
+    SIGTERM, with exit code 129; what it printed to the terminal goes to /dev/null first, since
+    the terminal is gone (:func:`silence_output`; a file it printed to keeps its lines).
     Before, SIGHUP's default killed the sweep on the spot and left its rows ``running`` until the
     next command marked them. Not where it is ignored (``nohup``): that sweep goes on."""
 
@@ -67,11 +69,24 @@ def output_gone(exc: BaseException | None) -> bool:
 
 def silence_output() -> None:
     """Send what this process prints from now on (the summary, the last line, a job's own output)
-    to /dev/null: where it went is gone, and each print there would fail again."""
+    to /dev/null on those of stdout and stderr that nobody reads any more: a pipe whose reader
+    closed it (``| head``), a terminal hung up as it closed (what SIGHUP says). Each print there
+    would fail again. The others keep it: ``perfsweep -m ... > sweep.log 2>&1`` started from a
+    terminal that then closed lost its last lines, and ``2> >(head)`` its summary on stdout."""
     devnull = os.open(os.devnull, os.O_WRONLY)
-    for fd in (1, 2):
+    for fd in _unread_outputs():
         os.dup2(devnull, fd)
     os.close(devnull)
+
+
+def _unread_outputs() -> list[int]:
+    """stdout and stderr where no one reads: the kernel's poll says POLLERR for a pipe whose
+    reader is gone and for a hung-up terminal (POLLHUP with it), POLLNVAL for a closed descriptor;
+    a file, /dev/null, a live terminal or pipe say POLLOUT alone."""
+    poll = select.poll()
+    for fd in (1, 2):
+        poll.register(fd, select.POLLOUT)
+    return sorted(fd for fd, events in poll.poll(0) if events & (select.POLLERR | select.POLLHUP | select.POLLNVAL))
 
 
 def output_closed(exc: BaseException) -> OutputClosed:
@@ -335,6 +350,16 @@ def exit_code(exc: BaseException) -> int:
     (:func:`first_cause`), SIGPIPE's for :class:`OutputClosed`."""
     first = first_cause(exc)
     return 128 + (signal.SIGPIPE if isinstance(first, OutputClosed) else signal_of(first))
+
+
+def how_stopped(exc: BaseException) -> str:
+    """The sweep's last line's words for what stopped it (:func:`first_cause`)."""
+    first = first_cause(exc)
+    if isinstance(first, OutputClosed) or output_gone(first):
+        return "stopped: its output was closed"
+    if isinstance(first, Terminated):
+        return f"{'hung up' if isinstance(first, HungUp) else 'terminated'} ({signal_name(first)})"
+    return "interrupted"
 
 
 def signal_name(exc: BaseException) -> str:

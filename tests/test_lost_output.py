@@ -25,19 +25,23 @@ def test_a_sweep_whose_output_pipe_closes_stops_as_interrupted_and_resumes(tmp_p
     from tests.util import TINY, sqlite_rows
 
     args = ["-m", "amp=true,false", "device=cpu", "profile.enabled=false", *TINY]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "perfsweep", *args, "steps.measure=200"],
-        cwd=tmp_path,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    with open(tmp_path / "stdout.txt", "w") as stdout:  # where stdout went is still read: it keeps its lines
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "perfsweep", *args, "steps.measure=200"],
+            cwd=tmp_path,
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     assert proc.stderr is not None
     for line in proc.stderr:  # as `head` does: read until the first job trains, then stop reading
         if "measure step" in line:
             break
     proc.stderr.close()
     assert proc.wait(timeout=120) == 128 + signal.SIGPIPE
+    # only the closed stderr was silenced: the summary of the sweep's end reached stdout's file,
+    # which went to /dev/null with it before
+    assert "\nResults: sqlite:///" in (tmp_path / "stdout.txt").read_text()
     (sweep,) = sqlite_rows(tmp_path / "results.db", "SELECT id, status FROM sweeps")
     runs = sqlite_rows(tmp_path / "results.db", "SELECT status, error FROM runs ORDER BY job_num")
     assert sweep["status"] == "interrupted" and len(runs) < 2, runs
@@ -95,6 +99,8 @@ def test_a_closed_terminal_stops_the_sweep_as_sigterm_does_unless_under_nohup(tm
         assert [r["status"] for r in runs] == ["ok"], runs
         return
     assert proc.returncode == 128 + signal.SIGHUP, said[-3000:]
+    # its stderr went to a file, which is still there: it keeps the sweep's last line (silenced before)
+    assert said.splitlines()[-1].startswith("perfsweep: hung up (SIGHUP); no job had finished; run them with: "), said
     assert sweep["status"] == "interrupted" and len(runs) == 1, runs
     assert runs[0]["status"] == "interrupted" and runs[0]["error"].startswith("interrupted (SIGHUP)"), runs
     # the job, its DataLoader workers and the resource tracker took the hangup too: the job unwound
