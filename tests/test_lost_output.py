@@ -5,6 +5,7 @@ that the suite's two workers share these sweeps (``--dist loadfile``)."""
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 
@@ -22,7 +23,7 @@ def test_a_sweep_whose_output_pipe_closes_stops_as_interrupted_and_resumes(tmp_p
     import subprocess
     import sys
 
-    from tests.util import TINY, sqlite_rows
+    from tests.util import TINY, finish, sqlite_rows, start_as_in_a_terminal, training, wait_for
 
     args = ["-m", "amp=true,false", "device=cpu", "profile.enabled=false", *TINY]
     with open(tmp_path / "stdout.txt", "w") as stdout:  # where stdout went is still read: it keeps its lines
@@ -47,9 +48,17 @@ def test_a_sweep_whose_output_pipe_closes_stops_as_interrupted_and_resumes(tmp_p
     assert sweep["status"] == "interrupted" and len(runs) < 2, runs
     # the job it stopped: interrupted, or ok where its result crossed the stop (kept, not rerun)
     assert all(r["status"] == "ok" or "(its output was closed)" in r["error"] for r in runs), runs
-    res = subprocess.run(
-        [sys.executable, "-m", "perfsweep", "resume", str(sweep["id"])], cwd=tmp_path, capture_output=True, text=True
-    )
+    # `perfsweep resume` passes a hangup on to the sweep it runs, which stops as it would have:
+    # not orphaned to train on with nobody to see it
+    resume = [sys.executable, "-m", "perfsweep", "resume", str(sweep["id"])]
+    hung = start_as_in_a_terminal(resume, tmp_path, stderr_file=tmp_path / "resume.txt")
+    wait_for(lambda: training(tmp_path / "resume.txt") or hung.poll() is not None)
+    os.kill(hung.pid, signal.SIGHUP)  # the resume alone: the sweep hears it from it
+    _, said = finish(hung, timeout=120)
+    assert hung.returncode == 128 + signal.SIGHUP, said[-3000:]
+    last = sqlite_rows(tmp_path / "results.db", "SELECT status, error FROM runs ORDER BY id DESC LIMIT 1")
+    assert last[0]["status"] == "ok" or last[0]["error"].startswith("interrupted (SIGHUP)"), last
+    res = subprocess.run(resume, cwd=tmp_path, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]
     ok = sqlite_rows(tmp_path / "results.db", "SELECT DISTINCT job_num FROM runs WHERE status = 'ok'")
     assert len(ok) == 2, res.stderr[-3000:]
@@ -62,7 +71,6 @@ def test_a_closed_terminal_stops_the_sweep_as_sigterm_does_unless_under_nohup(tm
     as for SIGTERM: the job is stored interrupted (SIGHUP), the sweep too, exit code 129. Under
     ``nohup`` (SIGHUP ignored) the sweep and its jobs go on. ``workers=2``: the job's DataLoader
     workers and the resource tracker get the hangup too."""
-    import os
     import subprocess
     import sys
     import time
