@@ -178,7 +178,8 @@ def hydra_main(cfg: DictConfig) -> str:
         from perfsweep import importer, launcher, summary  # torch, once the config is known to be valid
 
         if not multirun:
-            claim = preflight.claim_folder(Path(sweep_dir), "hydra.run.dir")
+            with interrupts.held():  # a stop as the folder is claimed comes once it is, and is handed back
+                claim = preflight.claim_folder(Path(sweep_dir), "hydra.run.dir")
             preflight.data_keys_read([(list(hc.overrides.task), run_cfg)])  # one point: read, or refused
             found = preflight.check_all([run_cfg])  # and nproc's ranks fit this machine
             sweep_id, cpu = preflight.reserve_sweep(
@@ -425,7 +426,6 @@ def main() -> None:
     full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"
     interrupts.install()
-    preflight.note_launch_dir()  # before Hydra makes a plain run's folder: what a refusal may remove
     try:
         with interrupts.unmasked():  # a Ctrl-C inside Hydra's own code may surface as another error
             hydra_main()

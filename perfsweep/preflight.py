@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.errors import HydraException, MissingConfigException
+from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -661,6 +662,21 @@ def _reserve_sweep(
                 f"cannot open db.url={store.hide_password(url)!r}: {first_line(exc)}{hint(exc)}"
             ) from None
     try:
+        if claim.owned and (earlier := store.sweep_id_for(engine, sweep_dir)) is not None:
+            # a new sweep into a folder the database has a sweep for (its folder emptied, removed,
+            # or taken over): reusing that row appended this grid's runs to the other sweep
+            claim.keep()  # the folder is that sweep's again: marked for a resume, never taken over
+            claim.stamp(earlier)
+            what = "sweep" if claim.key == "hydra.sweep.dir" else "run"
+            resume = (
+                f"continue it with: perfsweep resume {earlier} --db {store.hide_password(url)}, or "
+                if what == "sweep"
+                else ""
+            )
+            raise ConfigError(
+                f"{claim.key}={sweep_dir}: db.url={store.hide_password(url)!r} holds sweep {earlier} of this folder "
+                f"already (the folder was emptied or removed since); {resume}give this {what} another {claim.key}"
+            )
         measured = measure()  # outside the wait's note: it is not the database being waited for
         with waiting_for_database(url):
             claim.keep()  # a stop during the write may leave the row: from here the folder is its
@@ -880,6 +896,8 @@ class Claim:
     row's, kept whatever comes."""
 
     folder: Path
+    key: str
+    """The setting that named the folder: ``hydra.sweep.dir`` or ``hydra.run.dir``."""
     created: list[Path]
     """The folders :func:`claim_folder` made, deepest first: removed by a release where empty."""
     owned: bool
@@ -929,8 +947,8 @@ def claim_folder(folder: Path, key: str, resume: bool = False) -> Claim:
                 f"resume=true: {key}={folder} holds no perfsweep sweep ({SWEEP_MARKER} not found); "
                 "name the folder of the sweep to resume, or use: perfsweep resume SWEEP"
             )
-        return Claim(folder, [], owned=False)
-    claim = Claim(folder, [p for p in (folder, *folder.parents) if not p.exists()], owned=True)
+        return Claim(folder, key, [], owned=False)
+    claim = Claim(folder, key, [p for p in (folder, *folder.parents) if not p.exists()], owned=True)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         left = _abandoned(folder)
@@ -952,8 +970,8 @@ def claim_folder(folder: Path, key: str, resume: bool = False) -> Claim:
         ) from None
     if left is not None:
         print(
-            f"perfsweep: {key}={folder} held only the mark of a sweep that ended before its row was written "
-            f"(pid {left} on this host: killed, or stopped while it waited for the database); took the folder over",
+            f"perfsweep: {key}={folder} held only the mark of a sweep that ended before any job (pid {left} on "
+            "this host: killed, or stopped while it waited for the database); took the folder over",
             file=sys.stderr,
         )
     return claim
@@ -1006,17 +1024,25 @@ HYDRA_RUN_FILES = frozenset({".hydra", "__main__.log"})
 """What Hydra writes into a plain run's folder before perfsweep's code runs."""
 
 
-_BEFORE_HYDRA: tuple[Path, set[str]] | None = None
-"""The launch directory and its entries before Hydra made the run's folder (:func:`note_launch_dir`)."""
+_RUN_FOLDER_BEFORE: tuple[Path, Path, frozenset[str] | None] | None = None
+"""A plain run's folder as Hydra was about to make it (:class:`RunFolderNote`): the folder, the
+deepest of it and its parents that existed then, and the folder's entries where it existed."""
 
 
-def note_launch_dir() -> None:
-    """Remember what the launch directory holds before Hydra creates a plain run's folder, so a
-    refused run can remove the folders Hydra made for it (``outputs/``) and only those."""
-    global _BEFORE_HYDRA
-    cwd = Path.cwd()
-    with contextlib.suppress(OSError):
-        _BEFORE_HYDRA = (cwd, set(os.listdir(cwd)))
+class RunFolderNote(Callback):
+    """A Hydra callback (conf/config.yaml, ``hydra.callbacks``) that notes, before Hydra makes a
+    plain run's folder, what of it was there already: a run refused or stopped before its row
+    removes what Hydra made for it and only that (:func:`remove_refused_run_folder`). Without it,
+    an empty folder the user had made (``mkdir -p runs/a`` for ``hydra.run.dir=runs/a``) was
+    taken for Hydra's and removed, with its parent."""
+
+    def on_run_start(self, config: Any, **kwargs: Any) -> None:
+        global _RUN_FOLDER_BEFORE
+        with contextlib.suppress(Exception):  # a folder that cannot be told is one nothing is removed from
+            folder = Path(str(config.hydra.run.dir)).absolute()
+            root = next(p for p in (folder, *folder.parents) if p.exists())
+            entries = frozenset(os.listdir(folder)) if root == folder else None
+            _RUN_FOLDER_BEFORE = (folder, root, entries)
 
 
 def hide_passwords_in_files(*paths: Path) -> None:
@@ -1057,32 +1083,31 @@ def _hide_in_strings(value: object) -> object:
 
 
 def remove_refused_run_folder(folder: Path) -> None:
-    """A plain run refused before its job leaves no folder behind: Hydra created it, with only
-    its own files in it; anything else in it (an earlier run's) keeps it. Its empty parents that
-    Hydra made go too: the date folder, and ``outputs/`` itself when the launch directory had none
-    before. Never the launch directory, a folder above it, or a folder of it that was there before."""
+    """A plain run refused or stopped before its row leaves no trace: the folders Hydra made for
+    it go, with Hydra's files in them (the date folder, ``outputs/`` where the launch directory had
+    none), and from a folder that was there before (``hydra.run.dir=.``, a folder of the user's)
+    only the files Hydra added. A folder that holds anything else (an earlier run's) is kept, and
+    nothing is removed where what was there before is not known (:class:`RunFolderNote`)."""
     import shutil
 
-    folder = folder.resolve()
-    cwd = (_BEFORE_HYDRA[0] if _BEFORE_HYDRA else Path.cwd()).resolve()
-    before = _BEFORE_HYDRA[1] if _BEFORE_HYDRA else None
-    if folder == cwd or folder in cwd.parents:  # hydra.run.dir=. (or above): the user's own folders
+    if _RUN_FOLDER_BEFORE is None or _RUN_FOLDER_BEFORE[0] != folder.absolute():
+        return
+    _, root, entries = _RUN_FOLDER_BEFORE
+    if entries is not None:  # the user's folder: what Hydra added to it goes
+        for name in HYDRA_RUN_FILES - entries:
+            path = folder / name
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
         return
     if not (folder.is_dir() and {p.name for p in folder.iterdir()} <= HYDRA_RUN_FILES):
         return
-    inside = folder.is_relative_to(cwd)
-    top = cwd / folder.relative_to(cwd).parts[0] if inside else None
-    kept = top is not None and (before is None or top.name in before)  # there before this run: not Hydra's
-    if folder == top and kept:
-        return
     shutil.rmtree(folder, ignore_errors=True)
     for parent in folder.parents:  # the empty folders Hydra made above it for this run
-        if parent == cwd or parent in cwd.parents or (parent == top and kept):
-            break
-        if not inside and parent != folder.parent:  # outside the launch directory: the date folder only
+        if parent == root:
             break
         try:
-            if parent.exists():
-                parent.rmdir()
-        except OSError:  # not empty: another run's, or the user's
+            parent.rmdir()
+        except OSError:  # not empty: made meanwhile by another run
             break

@@ -1213,13 +1213,17 @@ def session(engine: Engine) -> Iterator[Session]:
         yield s
 
 
+def sweep_id_for(engine: Engine, sweep_dir: str) -> int | None:
+    """The id of the sweep whose folder is ``sweep_dir``, if the database has one."""
+    with session(engine) as s:
+        return s.scalar(select(Sweep.id).where(Sweep.sweep_dir == sweep_dir))
+
+
 def get_or_create_sweep(engine: Engine, sweep_dir: str, name: str, **fields: Any) -> int:
     """The id of the sweep for ``sweep_dir``; jobs of one sweep on several machines share it."""
     for _ in range(3):
-        with session(engine) as s:
-            found = s.scalar(select(Sweep.id).where(Sweep.sweep_dir == sweep_dir))
-            if found is not None:
-                return found
+        if (found := sweep_id_for(engine, sweep_dir)) is not None:
+            return found
         try:
             with session(engine) as s:
                 sw = Sweep(name=name, sweep_dir=sweep_dir, **fields)

@@ -193,6 +193,24 @@ def test_mistake_is_one_line_exit_2_and_writes_nothing(case: str, mode: str, tmp
     assert not (tmp_path / "outputs").exists(), "a plain run's folder (or the outputs/ made for it) was left behind"
 
 
+def test_a_refused_plain_run_removes_only_what_hydra_made(tmp_path: Path):
+    """Hydra makes a plain run's folder, with its files in it, before perfsweep's checks: a refusal
+    removes them, and nothing that was there before. An empty folder of the user's given as
+    hydra.run.dir was taken for Hydra's and removed with its parent; the launch directory given
+    (hydra.run.dir=.) kept Hydra's files."""
+    refused = [*TINY, "db.url=sqlite://"]  # an in-memory database: refused as the run's row is written
+    (tmp_path / "mine" / "run").mkdir(parents=True)
+    (tmp_path / "here").mkdir()
+    (tmp_path / "here" / "notes.txt").write_text("mine")
+    for cwd, where in ((tmp_path, [f"hydra.run.dir={tmp_path}/mine/run"]), (tmp_path / "here", ["hydra.run.dir=."])):
+        res = run_perfsweep([*refused, *where], cwd)
+        assert res.returncode == 2 and "an in-memory SQLite database" in res.stderr, res.stderr[-2000:]
+    assert (tmp_path / "mine" / "run").is_dir() and not list((tmp_path / "mine" / "run").iterdir())
+    assert os.listdir(tmp_path / "here") == ["notes.txt"]
+    res = run_perfsweep(refused, tmp_path)  # the default folder, outputs/<date>/<time>: made by Hydra, gone
+    assert res.returncode == 2 and not (tmp_path / "outputs").exists(), res.stderr[-2000:]
+
+
 def test_an_empty_grid_is_refused_in_one_line(tmp_path: Path):
     """A range with no values (Hydra's range(4,0)) gives no grid point: it once ended in an IndexError."""
     res = run_perfsweep(["-m", "batch=range(4,0)", *[o for o in TINY if not o.startswith("batch=")]], tmp_path)

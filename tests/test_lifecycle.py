@@ -224,6 +224,20 @@ def test_a_resume_typed_by_hand_must_name_the_sweeps_database_and_grid(tmp_path:
     assert same.returncode == 1 and "1 of 2 jobs already ok, 1 to run" in same.stderr, same.stderr[-2000:]
     assert [r["status"] for r in rows(db, "SELECT status FROM runs ORDER BY id")] == ["ok", "failed", "failed"]
 
+    # the folder removed, a new grid into it is refused, not appended to sweep 1 (6 runs of another
+    # grid were, on n_jobs=2, and its resume was refused after); the folder is marked sweep 1's again
+    shutil.rmtree(sweep_dir)
+    other = run_perfsweep(
+        ["-m", "+model.fail_at=0,3", *failing_model(tmp_path), f"db.url=sqlite:///{db}", again[0]], tmp_path
+    )
+    assert other.returncode == 2 and other.stderr.count("\n") == 1, other.stderr[-2000:]
+    assert (
+        "holds sweep 1 of this folder already (the folder was emptied or removed since); continue it with: "
+        in other.stderr
+    )
+    assert len(rows(db, "SELECT id FROM runs")) == 3 and len(rows(db, "SELECT id FROM sweeps")) == 1
+    assert (Path(sweep_dir) / SWEEP_MARKER).read_text().endswith("sweep_id=1\n")
+
 
 def test_a_marker_left_before_any_row_is_taken_over_and_no_other(tmp_path: Path):
     """A sweep killed (SIGKILL) before its row was written left its folder's marker: the same
@@ -284,28 +298,40 @@ def test_a_marker_left_before_any_row_is_taken_over_and_no_other(tmp_path: Path)
     finish(proc, timeout=30)
     again = run_perfsweep(args, tmp_path)
     assert again.returncode == 0, again.stderr[-2000:]
-    assert f"hydra.sweep.dir={tmp_path}/sw held only the mark of a sweep that ended before its row" in again.stderr
+    assert f"hydra.sweep.dir={tmp_path}/sw held only the mark of a sweep that ended before any job" in again.stderr
     assert f"pid {proc.pid} on this host" in again.stderr
     assert [r["status"] for r in rows(tmp_path / "r.db", "SELECT status FROM runs")] == ["ok"]
     assert (tmp_path / "sw" / SWEEP_MARKER).read_text().endswith("sweep_id=1\n")
 
 
-@pytest.mark.parametrize(("mode", "sig"), [("multirun", signal.SIGTERM), ("run", signal.SIGHUP)])
-def test_a_sweep_stopped_before_its_row_is_written_hands_its_folder_back(mode: str, sig: int, tmp_path: Path):
+@pytest.mark.parametrize(
+    ("mode", "sig", "after_s"),
+    [("multirun", signal.SIGTERM, 0.0), ("multirun", signal.SIGTERM, 0.5), ("run", signal.SIGHUP, 0.0)],
+)
+def test_a_sweep_stopped_before_its_row_is_written_hands_its_folder_back(
+    mode: str, sig: int, after_s: float, tmp_path: Path
+):
     """A stop in a sweep's first seconds, after it claimed its folder and while it measured the
     CPU's peak (2.5 s), left the folder's marker without a sweep row: the same command was then
-    refused as "another sweep", and resume=true as "no sweep". The folder goes, as on a refusal."""
+    refused as "another sweep", and resume=true as "no sweep". The folder goes, as on a refusal.
+    ``after_s`` 0: the signal the moment the marker is there, as the claim is made (it left the
+    marker 8 times in 8, 5 of them empty, before the claim held signals)."""
     folder = tmp_path / "mine"
     args = [*TINY, f"db.url=sqlite:///{tmp_path}/r.db"]
     args += ["-m", "amp=true,false", f"hydra.sweep.dir={folder}"] if mode == "multirun" else [f"hydra.run.dir={folder}"]
     proc = start_as_in_a_terminal([sys.executable, "-m", "perfsweep", *args], tmp_path)
-    wait_for(lambda: (folder / SWEEP_MARKER).exists() or proc.poll() is not None, timeout=60)
+    deadline = time.monotonic() + 60
+    while not (folder / SWEEP_MARKER).exists() and proc.poll() is None and time.monotonic() < deadline:
+        pass  # no sleep: the signal comes as close to the claim as a poll can
     assert proc.poll() is None, "the sweep ended before it claimed its folder"
+    time.sleep(after_s)
     os.kill(proc.pid, sig)
     _, err = finish(proc, timeout=60)
     assert proc.returncode == 128 + sig, err[-2000:]
-    if sig == signal.SIGTERM:  # a SIGHUP silences the output: its terminal is gone
+    if sig == signal.SIGTERM:  # a SIGHUP's last line says so too: its stderr is a pipe still read
         assert err.rstrip().endswith("perfsweep: terminated (SIGTERM) before any job started"), err[-2000:]
+    else:
+        assert err.rstrip().endswith("perfsweep: hung up (SIGHUP) before any job started"), err[-2000:]
     assert not folder.exists(), sorted(p.name for p in folder.iterdir())
     assert not (tmp_path / "r.db").exists() or not rows(tmp_path / "r.db", "SELECT id FROM sweeps")
 

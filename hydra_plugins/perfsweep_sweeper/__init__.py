@@ -110,44 +110,44 @@ class PerfsweepSweeper(BasicSweeper):
         url = launcher.db_url(first, launch_dir)
         hashes = [launcher.config_hash(to_plain_dict(c)) for c in run_cfgs]
         order = schedule.plan(len(jobs), first.repeat, first.order == Order.shuffle, first.seed)
-        try:
-            claim = preflight.claim_folder(sweep_dir, "hydra.sweep.dir", resume=first.resume)
-        except ConfigError as exc:
-            _refuse(str(exc))
-        if first.resume:
-            grid = [(p, hashes[i]) for p, (i, _) in enumerate(order)]
-            searched = {p for p, (i, _) in enumerate(order) if search.is_search(run_cfgs[i])}
-            try:
-                done = preflight.resume_points(url, str(sweep_dir), grid, searched)
-            except ConfigError as exc:
-                _refuse(str(exc))
-            todo = [p for p, (i, _) in enumerate(order) if (p, hashes[i]) not in done]
-            print(
-                f"perfsweep: resuming the sweep in {sweep_dir}: {len(order) - len(todo)} of {len(order)} "
-                f"jobs already ok, {len(todo)} to run",
-                file=sys.stderr,
-            )
-            if not todo:  # nothing to run: a closed sweep, its times and its report stay as they are
-                late = summary.close_late(url, str(sweep_dir))  # its end, if the database refused it before
-                if late is not None:
-                    if late[1]:
+        claim = None
+        try:  # until the sweep's row is written, any way out hands the folder back (preflight.Claim)
+            with interrupts.held():  # a stop as the folder is claimed comes once it is, and is handed back
+                claim = preflight.claim_folder(sweep_dir, "hydra.sweep.dir", resume=first.resume)
+            if first.resume:
+                grid = [(p, hashes[i]) for p, (i, _) in enumerate(order)]
+                searched = {p for p, (i, _) in enumerate(order) if search.is_search(run_cfgs[i])}
+                try:
+                    done = preflight.resume_points(url, str(sweep_dir), grid, searched)
+                except ConfigError as exc:
+                    _refuse(str(exc))
+                todo = [p for p, (i, _) in enumerate(order) if (p, hashes[i]) not in done]
+                print(
+                    f"perfsweep: resuming the sweep in {sweep_dir}: {len(order) - len(todo)} of {len(order)} "
+                    f"jobs already ok, {len(todo)} to run",
+                    file=sys.stderr,
+                )
+                if not todo:  # nothing to run: a closed sweep, its times and its report stay as they are
+                    late = summary.close_late(url, str(sweep_dir))  # its end, if the database refused it before
+                    if late is not None:
+                        if late[1]:
+                            print(
+                                "perfsweep: stored the sweep's end and closing figures, missing until now",
+                                file=sys.stderr,
+                            )
+                        summary.show_sweep(url, str(sweep_dir), first.report, swept=_swept_keys(jobs))
+                        if not late[1]:
+                            print(summary.unclosed_line(url, late[0]), file=sys.stderr)
+                            sys.exit(1)
+                    elif first.report and not (sweep_dir / "report" / "report.md").exists():
                         print(
-                            "perfsweep: stored the sweep's end and closing figures, missing until now", file=sys.stderr
+                            f"perfsweep: the sweep has no report yet; build it with: {summary.report_command(url, sweep_dir)}"
                         )
-                    summary.show_sweep(url, str(sweep_dir), first.report, swept=_swept_keys(jobs))
-                    if not late[1]:
-                        print(summary.unclosed_line(url, late[0]), file=sys.stderr)
-                        sys.exit(1)
-                elif first.report and not (sweep_dir / "report" / "report.md").exists():
-                    print(
-                        f"perfsweep: the sweep has no report yet; build it with: {summary.report_command(url, sweep_dir)}"
-                    )
-                return []
-        else:
-            todo = list(range(len(order)))
-        # a CPU's matmul peak is measured where the jobs run; on other hosts it is not this machine's
-        job_cpus = len(placements[0].cpus) if placements[0].cpus else None
-        try:
+                    return []
+            else:
+                todo = list(range(len(order)))
+            # a CPU's matmul peak is measured where the jobs run; on other hosts it is not this machine's
+            job_cpus = len(placements[0].cpus) if placements[0].cpus else None
             sweep_id, cpu = preflight.reserve_sweep(
                 url,
                 str(sweep_dir),
@@ -161,8 +161,12 @@ class PerfsweepSweeper(BasicSweeper):
                 hydra_launcher=hydra_launcher,
                 measure=(lambda: preflight.cpu_sweep_fields(run_cfgs, job_cpus)) if here else dict,
             )
-        except ConfigError as exc:  # the folder is handed back (preflight.Claim)
-            _refuse(str(exc))
+        except BaseException as exc:
+            if claim is not None:
+                claim.release()
+            if isinstance(exc, ConfigError):
+                _refuse(str(exc))
+            raise
         unread: list[BaseException] = []  # the pipe or terminal gone while the sweep's row is running
 
         def say(line: str) -> None:
