@@ -441,6 +441,8 @@ def main() -> None:
         print(f"perfsweep: {store.hide_password(line)}; {preflight.NO_JOB}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt as exc:
+        if not _task_started:  # a stop while Hydra made a plain run's folder: what it made goes
+            preflight.remove_refused_run_folder()
         # Everything is stored by now (a Ctrl-C during the bookkeeping was held until it was done):
         # one more would only cut this last line short and end the process by the signal.
         for sig in interrupts.HELD_SIGNALS:

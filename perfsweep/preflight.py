@@ -45,7 +45,14 @@ from perfsweep.config import (
     config_types,
     to_plain_dict,
 )
-from perfsweep.names import MULTI_HOST_LAUNCHERS, NETWORK_FILESYSTEMS, OLDEST_TORCH, SEARCH_ANSWERED, SWEEP_MARKER
+from perfsweep.names import (
+    MULTI_HOST_LAUNCHERS,
+    NETWORK_FILESYSTEMS,
+    OLDEST_TORCH,
+    SEARCH_ANSWERED,
+    SWEEP_MARKER,
+    is_multirun,
+)
 
 COMPOSE_ERRORS: tuple[type[BaseException], ...] = (ConfigError, HydraException, OmegaConfBaseException)
 """What composing and validating a grid point can raise for bad input (anything else is a bug)."""
@@ -662,20 +669,33 @@ def _reserve_sweep(
                 f"cannot open db.url={store.hide_password(url)!r}: {first_line(exc)}{hint(exc)}"
             ) from None
     try:
-        if claim.owned and (earlier := store.sweep_id_for(engine, sweep_dir)) is not None:
+        if claim.owned and (earlier := store.sweep_of(engine, sweep_dir)) is not None:
             # a new sweep into a folder the database has a sweep for (its folder emptied, removed,
-            # or taken over): reusing that row appended this grid's runs to the other sweep
-            claim.keep()  # the folder is that sweep's again: marked for a resume, never taken over
-            claim.stamp(earlier)
-            what = "sweep" if claim.key == "hydra.sweep.dir" else "run"
-            resume = (
-                f"continue it with: perfsweep resume {earlier} --db {store.hide_password(url)}, or "
-                if what == "sweep"
+            # or its marker taken over): reusing that row appended this grid's runs to the other
+            # sweep. A sweep's folder is marked its own again, for its resume; a single run's,
+            # which no resume reruns, is handed back
+            earlier_id, multirun = earlier[0], is_multirun(earlier[1])
+            resumable = multirun and claim.key == "hydra.sweep.dir"
+            if resumable:
+                claim.keep()
+                claim.stamp(earlier_id)
+            then = (
+                f"continue it with: perfsweep resume {earlier_id} --db {store.hide_password(url)}, or "
+                if resumable
                 else ""
             )
+            this = "sweep" if claim.key == "hydra.sweep.dir" else "run"
             raise ConfigError(
-                f"{claim.key}={sweep_dir}: db.url={store.hide_password(url)!r} holds sweep {earlier} of this folder "
-                f"already (the folder was emptied or removed since); {resume}give this {what} another {claim.key}"
+                f"{claim.key}={sweep_dir}: db.url={store.hide_password(url)!r} holds {'sweep' if multirun else 'run'} "
+                f"{earlier_id} of this folder already, though none of its jobs is in the folder now; {then}give this "
+                f"{this} another {claim.key}"
+            )
+        if claim.took_over is not None:  # said once no row holds the folder: it is this sweep's now
+            print(
+                f"perfsweep: {claim.key}={sweep_dir} held only the mark of a sweep that ended before any job "
+                f"(pid {claim.took_over} on this host: killed, or stopped while it waited for the database); "
+                "took the folder over",
+                file=sys.stderr,
             )
         measured = measure()  # outside the wait's note: it is not the database being waited for
         with waiting_for_database(url):
@@ -904,6 +924,8 @@ class Claim:
     """False on a resume: the marker is the earlier sweep's, and no refusal of the resume removes it
     (one did: a resume refused for a read-only database left that sweep unresumable)."""
     kept: bool = False
+    took_over: int | None = None
+    """The pid of the sweep whose abandoned marker this claim replaced (:func:`_abandoned`)."""
 
     def keep(self) -> None:
         """Called as the sweep's row is about to be written: a stop during that write may have left
@@ -956,9 +978,10 @@ def claim_folder(folder: Path, key: str, resume: bool = False) -> Claim:
             fh.write(f"pid={os.getpid()} host={socket.gethostname()} started={time.time():.0f}\n")
     except OSError as exc:
         if isinstance(exc, FileExistsError) and marker.is_file():
+            then = ", or with -m add resume=true to continue it" if key == "hydra.sweep.dir" else ""
             raise ConfigError(
                 f"{key}={folder} already holds another sweep ({SWEEP_MARKER} exists); give each sweep its "
-                "own folder (the default one is unique), or with -m add resume=true to continue it"
+                f"own folder (the default one is unique){then}"
             ) from None
         claim.release()  # a full disk, no permission, a file on the path: in one line
         if isinstance(exc, FileExistsError | NotADirectoryError):
@@ -968,12 +991,7 @@ def claim_folder(folder: Path, key: str, resume: bool = False) -> Claim:
         raise ConfigError(
             f"{key}={folder}: cannot create the sweep's folder ({exc.strerror or exc}); {what} {key} to another place"
         ) from None
-    if left is not None:
-        print(
-            f"perfsweep: {key}={folder} held only the mark of a sweep that ended before any job (pid {left} on "
-            "this host: killed, or stopped while it waited for the database); took the folder over",
-            file=sys.stderr,
-        )
+    claim.took_over = left  # said by reserve_sweep, once it knows the database has no sweep of the folder
     return claim
 
 
@@ -1039,7 +1057,7 @@ class RunFolderNote(Callback):
     def on_run_start(self, config: Any, **kwargs: Any) -> None:
         global _RUN_FOLDER_BEFORE
         with contextlib.suppress(Exception):  # a folder that cannot be told is one nothing is removed from
-            folder = Path(str(config.hydra.run.dir)).absolute()
+            folder = Path(str(config.hydra.run.dir)).resolve()  # as the run's own code names it: links followed
             root = next(p for p in (folder, *folder.parents) if p.exists())
             entries = frozenset(os.listdir(folder)) if root == folder else None
             _RUN_FOLDER_BEFORE = (folder, root, entries)
@@ -1082,16 +1100,18 @@ def _hide_in_strings(value: object) -> object:
     return value
 
 
-def remove_refused_run_folder(folder: Path) -> None:
+def remove_refused_run_folder(folder: Path | None = None) -> None:
     """A plain run refused or stopped before its row leaves no trace: the folders Hydra made for
     it go, with Hydra's files in them (the date folder, ``outputs/`` where the launch directory had
     none), and from a folder that was there before (``hydra.run.dir=.``, a folder of the user's)
     only the files Hydra added. A folder that holds anything else (an earlier run's) is kept, and
-    nothing is removed where what was there before is not known (:class:`RunFolderNote`)."""
+    nothing is removed where what was there before is not known (:class:`RunFolderNote`).
+    ``folder`` None: the one noted, for a stop while Hydra made it, before the run's code ran."""
     import shutil
 
-    if _RUN_FOLDER_BEFORE is None or _RUN_FOLDER_BEFORE[0] != folder.absolute():
+    if _RUN_FOLDER_BEFORE is None or (folder is not None and _RUN_FOLDER_BEFORE[0] != folder.resolve()):
         return
+    folder = _RUN_FOLDER_BEFORE[0]
     _, root, entries = _RUN_FOLDER_BEFORE
     if entries is not None:  # the user's folder: what Hydra added to it goes
         for name in HYDRA_RUN_FILES - entries:
@@ -1101,9 +1121,10 @@ def remove_refused_run_folder(folder: Path) -> None:
             else:
                 path.unlink(missing_ok=True)
         return
-    if not (folder.is_dir() and {p.name for p in folder.iterdir()} <= HYDRA_RUN_FILES):
-        return
-    shutil.rmtree(folder, ignore_errors=True)
+    if folder.exists():  # not yet, where the stop came as Hydra made the folders above it
+        if not (folder.is_dir() and {p.name for p in folder.iterdir()} <= HYDRA_RUN_FILES):
+            return
+        shutil.rmtree(folder, ignore_errors=True)
     for parent in folder.parents:  # the empty folders Hydra made above it for this run
         if parent == root:
             break

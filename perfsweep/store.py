@@ -1213,17 +1213,18 @@ def session(engine: Engine) -> Iterator[Session]:
         yield s
 
 
-def sweep_id_for(engine: Engine, sweep_dir: str) -> int | None:
-    """The id of the sweep whose folder is ``sweep_dir``, if the database has one."""
+def sweep_of(engine: Engine, sweep_dir: str) -> tuple[int, str | None] | None:
+    """The id and command of the sweep whose folder is ``sweep_dir``, if the database has one."""
     with session(engine) as s:
-        return s.scalar(select(Sweep.id).where(Sweep.sweep_dir == sweep_dir))
+        row = s.execute(select(Sweep.id, Sweep.command).where(Sweep.sweep_dir == sweep_dir)).first()
+        return None if row is None else (row[0], row[1])
 
 
 def get_or_create_sweep(engine: Engine, sweep_dir: str, name: str, **fields: Any) -> int:
     """The id of the sweep for ``sweep_dir``; jobs of one sweep on several machines share it."""
     for _ in range(3):
-        if (found := sweep_id_for(engine, sweep_dir)) is not None:
-            return found
+        if (found := sweep_of(engine, sweep_dir)) is not None:
+            return found[0]
         try:
             with session(engine) as s:
                 sw = Sweep(name=name, sweep_dir=sweep_dir, **fields)

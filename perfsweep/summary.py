@@ -35,8 +35,9 @@ log = logging.getLogger(__name__)
 
 
 def sweep_id_for(engine: Engine, sweep_dir: str) -> int | None:
-    with store.session(engine) as s:
-        return s.scalar(select(store.Sweep.id).where(store.Sweep.sweep_dir == sweep_dir))
+    """The id of the sweep whose folder is ``sweep_dir``, if the database has one (store.sweep_of)."""
+    found = store.sweep_of(engine, sweep_dir)
+    return None if found is None else found[0]
 
 
 def fill_compile_payback(engine: Engine, sweep_id: int) -> None:

@@ -207,6 +207,13 @@ def test_a_refused_plain_run_removes_only_what_hydra_made(tmp_path: Path):
         assert res.returncode == 2 and "an in-memory SQLite database" in res.stderr, res.stderr[-2000:]
     assert (tmp_path / "mine" / "run").is_dir() and not list((tmp_path / "mine" / "run").iterdir())
     assert os.listdir(tmp_path / "here") == ["notes.txt"]
+    # through a symlink, and up from the launch directory: what Hydra made goes all the same
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    for cwd, where in ((tmp_path, f"hydra.run.dir={tmp_path}/link/new"), (tmp_path / "here", "hydra.run.dir=../up/x")):
+        res = run_perfsweep([*refused, where], cwd)
+        assert res.returncode == 2 and "an in-memory SQLite database" in res.stderr, res.stderr[-2000:]
+    assert os.listdir(tmp_path / "real") == [] and not (tmp_path / "up").exists()
     res = run_perfsweep(refused, tmp_path)  # the default folder, outputs/<date>/<time>: made by Hydra, gone
     assert res.returncode == 2 and not (tmp_path / "outputs").exists(), res.stderr[-2000:]
 
@@ -332,6 +339,17 @@ def test_a_plain_run_does_not_reuse_another_runs_folder(tmp_path: Path):
     assert "hydra.run.dir=" in again.stderr and "already holds another sweep" in again.stderr
     assert counts(tmp_path / "results.db") == before
     assert (tmp_path / "mine" / ".hydra").is_dir()  # the first run's folder is kept as it was
+    assert "resume=true" not in again.stderr  # a plain run is not resumed: it was told to, then refused
+    # its folder removed, the run's row still names it: refused, not added to that run's sweep, and
+    # the folder handed back (kept and marked, each message sent the user to the other)
+    shutil.rmtree(tmp_path / "mine")
+    removed = run_perfsweep([*TINY, "profile.enabled=false", f"hydra.run.dir={tmp_path}/mine"], tmp_path)
+    assert removed.returncode == 2 and removed.stderr.count("\n") == 1, removed.stderr
+    assert (
+        f"hydra.run.dir={tmp_path}/mine: db.url=" in removed.stderr and "holds run 1 of this folder" in removed.stderr
+    )
+    assert "give this run another hydra.run.dir" in removed.stderr and "resume" not in removed.stderr
+    assert counts(tmp_path / "results.db") == before and not (tmp_path / "mine").exists()
 
 
 @pytest.mark.parametrize("mode", ["multirun", "run"])

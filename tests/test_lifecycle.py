@@ -232,11 +232,24 @@ def test_a_resume_typed_by_hand_must_name_the_sweeps_database_and_grid(tmp_path:
     )
     assert other.returncode == 2 and other.stderr.count("\n") == 1, other.stderr[-2000:]
     assert (
-        "holds sweep 1 of this folder already (the folder was emptied or removed since); continue it with: "
+        "holds sweep 1 of this folder already, though none of its jobs is in the folder now; continue it with: "
         in other.stderr
     )
     assert len(rows(db, "SELECT id FROM runs")) == 3 and len(rows(db, "SELECT id FROM sweeps")) == 1
     assert (Path(sweep_dir) / SWEEP_MARKER).read_text().endswith("sweep_id=1\n")
+    # its marker unstamped, its process gone (a sweep killed as its row was written): taken over,
+    # and then refused all the same, in one line, without a "took the folder over" first
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    (Path(sweep_dir) / SWEEP_MARKER).write_text(f"pid={gone.pid} host={socket.gethostname()} started=0\n")
+    taken = run_perfsweep(
+        ["-m", "+model.fail_at=0,3", *failing_model(tmp_path), f"db.url=sqlite:///{db}", again[0]], tmp_path
+    )
+    assert taken.returncode == 2 and taken.stderr.count("\n") == 1, taken.stderr[-2000:]
+    assert "holds sweep 1 of this folder already" in taken.stderr and "took the folder over" not in taken.stderr
+    assert len(rows(db, "SELECT id FROM runs")) == 3 and (Path(sweep_dir) / SWEEP_MARKER).read_text().endswith(
+        "sweep_id=1\n"
+    )
 
 
 def test_a_marker_left_before_any_row_is_taken_over_and_no_other(tmp_path: Path):
@@ -302,6 +315,21 @@ def test_a_marker_left_before_any_row_is_taken_over_and_no_other(tmp_path: Path)
     assert f"pid {proc.pid} on this host" in again.stderr
     assert [r["status"] for r in rows(tmp_path / "r.db", "SELECT status FROM runs")] == ["ok"]
     assert (tmp_path / "sw" / SWEEP_MARKER).read_text().endswith("sweep_id=1\n")
+
+
+def test_a_plain_run_stopped_as_hydra_makes_its_folder_leaves_none(tmp_path: Path):
+    """A SIGTERM the moment Hydra has made a plain run's default folder, before perfsweep's own code
+    runs: the empty ``outputs/<date>/<time>`` was left (5 times in 5)."""
+    proc = start_as_in_a_terminal(
+        [sys.executable, "-m", "perfsweep", *TINY, f"db.url=sqlite:///{tmp_path}/r.db"], tmp_path
+    )
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "outputs").exists() and proc.poll() is None and time.monotonic() < deadline:
+        pass  # no sleep: the signal comes as close to the folder's making as a poll can
+    os.kill(proc.pid, signal.SIGTERM)
+    _, err = finish(proc, timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert not (tmp_path / "outputs").exists(), [str(p) for p in (tmp_path / "outputs").rglob("*")]
 
 
 @pytest.mark.parametrize(
