@@ -863,6 +863,12 @@ def resume_points(url: str, sweep_dir: str, grid: list[tuple[int, str]], searche
 
     from perfsweep import store
 
+    no_sweep = ConfigError(
+        f"resume=true: db.url={store.hide_password(url)!r} holds no sweep for {sweep_dir}; give the db.url the sweep "
+        "was run with, or resume it by its id with: perfsweep resume SWEEP --db DB"
+    )
+    if (path := store.sqlite_file(url)) is not None and not path.exists():
+        raise no_sweep  # not made by opening it: a refused resume left an empty database, and its folder
     try:
         with waiting_for_database(url):
             engine = store.connect(url)
@@ -872,10 +878,7 @@ def resume_points(url: str, sweep_dir: str, grid: list[tuple[int, str]], searche
         with store.session(engine) as s:
             sweep = s.scalars(select(store.Sweep).where(store.Sweep.sweep_dir == sweep_dir)).first()
             if sweep is None:
-                raise ConfigError(
-                    f"resume=true: db.url={store.hide_password(url)!r} holds no sweep for {sweep_dir}; give the db.url the sweep "
-                    "was run with, or resume it by its id with: perfsweep resume SWEEP --db DB"
-                )
+                raise no_sweep
             rows = s.execute(
                 select(store.Run.job_num, store.Run.config_hash, store.Run.status, store.Run.batch_search_id).where(
                     store.Run.sweep_id == sweep.id
