@@ -115,6 +115,9 @@ _task_started = False
 """Whether Hydra got as far as :func:`hydra_main`: an OSError before it is Hydra failing to write
 the run's folder, answered in one line (:func:`unwritable_run_folder`); one after it is a bug."""
 
+_run_reserved = False
+"""Whether a plain run's row is written: until then a stop removes what Hydra made for it (main)."""
+
 
 def _grid_left_out(hc: Any, cfg: Any) -> tuple[str, str]:
     """The grid a config defines (``hydra.sweeper.params``, as experiments/*.yaml do) for keys a
@@ -132,7 +135,7 @@ def _grid_left_out(hc: Any, cfg: Any) -> tuple[str, str]:
 
 @hydra.main(version_base="1.3", config_path="pkg://perfsweep.conf", config_name="config")
 def hydra_main(cfg: DictConfig) -> str:
-    global _task_started
+    global _task_started, _run_reserved
     _task_started = True
     hc = HydraConfig.get()
     if hc.output_subdir is not None:  # Hydra has written the job's settings there, a password in clear
@@ -194,6 +197,7 @@ def hydra_main(cfg: DictConfig) -> str:
                 parallel=1,
                 measure=lambda: preflight.cpu_sweep_fields([run_cfg]),
             )
+            _run_reserved = True
             for notice in preflight.start_notices(cpu, [run_cfg], found):
                 print(notice, file=sys.stderr)
             grid, taken = _grid_left_out(hc, cfg)
@@ -441,12 +445,14 @@ def main() -> None:
         print(f"perfsweep: {store.hide_password(line)}; {preflight.NO_JOB}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt as exc:
-        if not _task_started:  # a stop while Hydra made a plain run's folder: what it made goes
-            preflight.remove_refused_run_folder()
         # Everything is stored by now (a Ctrl-C during the bookkeeping was held until it was done):
         # one more would only cut this last line short and end the process by the signal.
         for sig in interrupts.HELD_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
+        if (
+            not _run_reserved
+        ):  # a plain run stopped before its row (as Hydra made its folder, say): what Hydra made goes
+            preflight.remove_refused_run_folder()
         # The sweeper has printed the summary of the jobs that finished; they are stored.
         how = interrupts.how_stopped(exc)  # what stopped it first
         # what to do next, set where it is known: the sweeper (resume), the summary (the report), a plain run

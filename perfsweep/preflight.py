@@ -15,6 +15,7 @@ import difflib
 import json
 import os
 import re
+import shlex
 import socket
 import sys
 import time
@@ -669,7 +670,14 @@ def _reserve_sweep(
                 f"cannot open db.url={store.hide_password(url)!r}: {first_line(exc)}{hint(exc)}"
             ) from None
     try:
-        if claim.owned and (earlier := store.sweep_of(engine, sweep_dir)) is not None:
+        try:
+            with waiting_for_database(url):
+                earlier = store.sweep_of(engine, sweep_dir) if claim.owned else None
+        except Exception as exc:  # noqa: BLE001 - any driver error; its first line says what
+            raise ConfigError(
+                f"cannot read db.url={store.hide_password(url)!r}: {first_line(exc)}{hint(exc)}"
+            ) from None
+        if earlier is not None:
             # a new sweep into a folder the database has a sweep for (its folder emptied, removed,
             # or its marker taken over): reusing that row appended this grid's runs to the other
             # sweep. A sweep's folder is marked its own again, for its resume; a single run's,
@@ -679,11 +687,8 @@ def _reserve_sweep(
             if resumable:
                 claim.keep()
                 claim.stamp(earlier_id)
-            then = (
-                f"continue it with: perfsweep resume {earlier_id} --db {store.hide_password(url)}, or "
-                if resumable
-                else ""
-            )
+            db = shlex.quote(store.hide_password(url))
+            then = f"continue it with: perfsweep resume {earlier_id} --db {db}, or " if resumable else ""
             this = "sweep" if claim.key == "hydra.sweep.dir" else "run"
             raise ConfigError(
                 f"{claim.key}={sweep_dir}: db.url={store.hide_password(url)!r} holds {'sweep' if multirun else 'run'} "
@@ -703,7 +708,9 @@ def _reserve_sweep(
             try:
                 sweep_id = store.start_sweep(engine, sweep_dir, name, **fields, **measured)
             except Exception as exc:  # noqa: BLE001
-                claim.kept = False  # the database refused the write: no row holds the folder
+                with contextlib.suppress(Exception):  # unknown: kept (a row may hold the folder)
+                    # the row's insert and its update are two writes: the folder is the row's if the first took
+                    claim.kept = store.sweep_of(engine, sweep_dir) is not None
                 raise ConfigError(
                     f"cannot write to db.url={store.hide_password(url)!r}: {first_line(exc)}{hint(exc)}"
                 ) from None
@@ -953,7 +960,7 @@ class Claim:
                 p.rmdir()
             except OSError:
                 break
-        self.created = []
+        self.created, self.owned = [], False  # once: a second call must not take a marker made since
 
 
 def claim_folder(folder: Path, key: str, resume: bool = False) -> Claim:
