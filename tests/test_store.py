@@ -1371,3 +1371,19 @@ def test_a_sweep_closed_late_ends_at_its_last_run_and_counts_its_unfinished_poin
         sweep = s.get(store.Sweep, sid)
         end = sweep.finished_at if sweep.finished_at.tzinfo else sweep.finished_at.replace(tzinfo=timezone.utc)
     assert sweep.status == "done" and end == max(ends)
+
+
+def test_resume_points_refuses_a_missing_sqlite_file_without_making_it(tmp_path: Path):
+    """resume=true with a SQLite file that does not exist is refused without creating it (an empty
+    database and its folder were left); one that exists is read."""
+    from perfsweep import preflight
+    from perfsweep.config import ConfigError
+
+    db = tmp_path / "r.db"
+    engine = store.connect(f"sqlite:///{db}")
+    store.start_sweep(engine, "/sweeps/a", "a", command="perfsweep -m amp=true,false", n_jobs=2)
+    engine.dispose()
+    assert preflight.resume_points(f"sqlite:///{db}", "/sweeps/a", [(0, "h0"), (1, "h1")], set()) == set()
+    with pytest.raises(ConfigError, match="holds no sweep for /sweeps/a"):
+        preflight.resume_points(f"sqlite:///{tmp_path}/nodir/nope.db", "/sweeps/a", [(0, "h0")], set())
+    assert not (tmp_path / "nodir").exists()
