@@ -115,8 +115,9 @@ _task_started = False
 """Whether Hydra got as far as :func:`hydra_main`: an OSError before it is Hydra failing to write
 the run's folder, answered in one line (:func:`unwritable_run_folder`); one after it is a bug."""
 
-_run_reserved = False
-"""Whether a plain run's row is written: until then a stop removes what Hydra made for it (main)."""
+_folder_watched = False
+"""Whether :func:`hydra_main` has reached the ``try`` that hands a refused or stopped plain run's
+folder back; a stop before it (as Hydra made the folder, say) is main()'s to clean up."""
 
 
 def _grid_left_out(hc: Any, cfg: Any) -> tuple[str, str]:
@@ -135,7 +136,7 @@ def _grid_left_out(hc: Any, cfg: Any) -> tuple[str, str]:
 
 @hydra.main(version_base="1.3", config_path="pkg://perfsweep.conf", config_name="config")
 def hydra_main(cfg: DictConfig) -> str:
-    global _task_started, _run_reserved
+    global _task_started, _folder_watched
     _task_started = True
     hc = HydraConfig.get()
     if hc.output_subdir is not None:  # Hydra has written the job's settings there, a password in clear
@@ -150,6 +151,7 @@ def hydra_main(cfg: DictConfig) -> str:
     claim: preflight.Claim | None = None
     sweep_id = None
     try:
+        _folder_watched = True
         run_cfg = to_run_config(cfg)
         if not multirun:  # the sweeper has checked every grid point of a multirun already
             if run_cfg.resume:
@@ -197,7 +199,6 @@ def hydra_main(cfg: DictConfig) -> str:
                 parallel=1,
                 measure=lambda: preflight.cpu_sweep_fields([run_cfg]),
             )
-            _run_reserved = True
             for notice in preflight.start_notices(cpu, [run_cfg], found):
                 print(notice, file=sys.stderr)
             grid, taken = _grid_left_out(hc, cfg)
@@ -449,9 +450,8 @@ def main() -> None:
         # one more would only cut this last line short and end the process by the signal.
         for sig in interrupts.HELD_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
-        if (
-            not _run_reserved
-        ):  # a plain run stopped before its row (as Hydra made its folder, say): what Hydra made goes
+        # a plain run stopped before hydra_main could hand its folder back: what Hydra made goes
+        if not _folder_watched:
             preflight.remove_refused_run_folder()
         # The sweeper has printed the summary of the jobs that finished; they are stored.
         how = interrupts.how_stopped(exc)  # what stopped it first

@@ -218,9 +218,8 @@ def test_a_resume_typed_by_hand_must_name_the_sweeps_database_and_grid(tmp_path:
     # the folder removed, a new grid into it is refused, not appended to sweep 1 (6 runs of another
     # grid were, on n_jobs=2, and its resume was refused after); the folder is marked sweep 1's again
     shutil.rmtree(sweep_dir)
-    other = run_perfsweep(
-        ["-m", "+model.fail_at=0,3", *failing_model(tmp_path), f"db.url=sqlite:///{db}", again[0]], tmp_path
-    )
+    another_grid = ["-m", "+model.fail_at=0,3", *failing_model(tmp_path), f"db.url=sqlite:///{db}", again[0]]
+    other = run_perfsweep(another_grid, tmp_path)
     assert other.returncode == 2 and other.stderr.count("\n") == 1, other.stderr[-2000:]
     assert (
         "holds sweep 1 of this folder already, though none of its jobs is in the folder now; continue it with: "
@@ -233,9 +232,7 @@ def test_a_resume_typed_by_hand_must_name_the_sweeps_database_and_grid(tmp_path:
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     (Path(sweep_dir) / SWEEP_MARKER).write_text(f"pid={gone.pid} host={socket.gethostname()} started=0\n")
-    taken = run_perfsweep(
-        ["-m", "+model.fail_at=0,3", *failing_model(tmp_path), f"db.url=sqlite:///{db}", again[0]], tmp_path
-    )
+    taken = run_perfsweep(another_grid, tmp_path)
     assert taken.returncode == 2 and taken.stderr.count("\n") == 1, taken.stderr[-2000:]
     assert "holds sweep 1 of this folder already" in taken.stderr and "took the folder over" not in taken.stderr
     assert len(rows(db, "SELECT id FROM runs")) == 2 and (Path(sweep_dir) / SWEEP_MARKER).read_text().endswith(
