@@ -698,8 +698,7 @@ def _reserve_sweep(
         if claim.took_over is not None:  # said once no row holds the folder: it is this sweep's now
             print(
                 f"perfsweep: {claim.key}={sweep_dir} held only the mark of a sweep that ended before any job "
-                f"(pid {claim.took_over} on this host: killed, or stopped while it waited for the database); "
-                "took the folder over",
+                f"({claim.took_over}); took the folder over",
                 file=sys.stderr,
             )
         measured = measure()  # outside the wait's note: it is not the database being waited for
@@ -934,8 +933,8 @@ class Claim:
     """False on a resume: the marker is the earlier sweep's, and no refusal of the resume removes it
     (one did: a resume refused for a read-only database left that sweep unresumable)."""
     kept: bool = False
-    took_over: int | None = None
-    """The pid of the sweep whose abandoned marker this claim replaced (:func:`_abandoned`)."""
+    took_over: str | None = None
+    """Whose abandoned marker this claim replaced, as :func:`_abandoned` tells it."""
 
     def keep(self) -> None:
         """Called as the sweep's row is about to be written: a stop during that write may have left
@@ -990,10 +989,16 @@ def claim_folder(folder: Path, key: str, resume: bool = False) -> Claim:
         if isinstance(exc, FileExistsError) and marker.is_file():
             then = ", or with -m add resume=true to continue it" if key == "hydra.sweep.dir" else ""
             raise ConfigError(
-                f"{key}={folder} already holds another sweep ({SWEEP_MARKER} exists); give each sweep its "
+                _stale_lock(folder, key)
+                or f"{key}={folder} already holds another sweep ({SWEEP_MARKER} exists); give each sweep its "
                 f"own folder (the default one is unique){then}"
             ) from None
         claim.release()  # a full disk, no permission, a file on the path: in one line
+        if isinstance(exc, FileExistsError) and (marker.exists() or marker.is_symlink()):
+            raise ConfigError(  # a folder, or a link to none: "a file stands where the folder would be" misled
+                f"{key}={folder}: its {SWEEP_MARKER} is a folder or a link, not perfsweep's mark of a sweep; "
+                f"remove it, or set {key} to another place"
+            ) from None
         if isinstance(exc, FileExistsError | NotADirectoryError):
             what = "a file stands where the folder, or one above it, would be; set"
         else:
@@ -1005,24 +1010,38 @@ def claim_folder(folder: Path, key: str, resume: bool = False) -> Claim:
     return claim
 
 
-def _abandoned(folder: Path) -> int | None:
-    """The pid of the sweep that left ``folder``'s marker, where that marker is a claim no row
-    holds, now removed; None where there is no such marker (none, or a live or finished sweep's).
+EMPTY_MARK_AGE_S = 60.0
+"""How old an empty marker must be to be taken for abandoned (:func:`_abandoned`). A sweep writes
+its marker's line microseconds after making it (:func:`claim_folder`); only a kill in between
+leaves it empty, so a minute is far past any sweep still about to write it."""
+
+TAKING_LOCK_AGE_S = 10.0
+"""How old the takeover lock must be to be named as left behind (:func:`_stale_lock`): it is
+held for the microseconds a marker is read and removed."""
+
+
+def _abandoned(folder: Path) -> str | None:
+    """Whose marker ``folder`` held, said for the takeover's line, where that marker was a claim
+    no row holds and is now removed; None where there is no such marker (none, or a live or
+    finished sweep's).
 
     A sweep killed (SIGKILL) in its first seconds, or stopped while it waited on a locked database
     to write its row (:class:`Claim` keeps the folder from the write on), left a marker without a
     row: the same command was refused as "another sweep", and resume=true as "no sweep". Such a
     marker has no ``sweep_id`` (:meth:`Claim.stamp`), was written on this host by a process that
     is gone, and is alone in the folder with, for a plain run, Hydra's own files: a sweep that
-    wrote its row has its ``multirun.yaml``, its jobs' folders or its job's log there too.
+    wrote its row has its ``multirun.yaml``, its jobs' folders or its job's log there too. An
+    empty marker (killed between making it and writing its line) names no process: it is taken
+    over once :data:`EMPTY_MARK_AGE_S` old, alone in its folder likewise.
 
     Looked at and removed under a lock file of its own, so that a sweep that read the old marker
     never removes the one another sweep has just made in its place; the new marker itself is
     made with O_EXCL by :func:`claim_folder`, so of sweeps started at once one claims the folder.
-    A lock left by a process killed in between keeps the marker: refused, as before."""
+    A lock left by a process killed in between keeps the marker, and the refusal names the lock
+    (:func:`_stale_lock`)."""
     from perfsweep.job_start import pid_running
 
-    marker, lock = folder / SWEEP_MARKER, folder / f"{SWEEP_MARKER}.taking"
+    marker, lock = folder / SWEEP_MARKER, folder / TAKING_LOCK
     if not marker.is_file() or not Path("/proc/self").exists():  # without /proc, a process cannot be told gone
         return None
     try:
@@ -1030,22 +1049,49 @@ def _abandoned(folder: Path) -> int | None:
     except OSError:  # another sweep is looking, or cannot write here: claim_folder answers
         return None
     try:
-        fields = dict(w.split("=", 1) for w in marker.read_text().split() if "=" in w)
+        text = marker.read_text()
         entries = {p.name for p in folder.iterdir()} - {lock.name}
+        if not entries <= {SWEEP_MARKER, *HYDRA_RUN_FILES}:
+            return None
+        if not text:
+            if time.time() - marker.stat().st_mtime < EMPTY_MARK_AGE_S:
+                return None
+            marker.unlink()
+            return "its mark was empty: killed as it made it"
+        fields = dict(w.split("=", 1) for w in text.split() if "=" in w)
         pid = int(fields["pid"])
-        if (
-            "sweep_id" in fields
-            or fields.get("host") != socket.gethostname()
-            or not entries <= {SWEEP_MARKER, *HYDRA_RUN_FILES}
-            or pid_running(pid)
-        ):
+        if "sweep_id" in fields or fields.get("host") != socket.gethostname() or pid_running(pid):
             return None
         marker.unlink()
-        return pid
+        return f"pid {pid} on this host: killed, or stopped while it waited for the database"
     except (OSError, KeyError, ValueError):  # gone, unreadable, not ours: not taken over
         return None
     finally:
         lock.unlink(missing_ok=True)
+
+
+TAKING_LOCK = f"{SWEEP_MARKER}.taking"
+"""The lock file :func:`_abandoned` holds while it looks at a marker."""
+
+
+def _stale_lock(folder: Path, key: str) -> str | None:
+    """The refusal of a folder whose marker is kept, where :func:`_abandoned`'s lock has been there
+    longer than it is ever held (a sweep killed while it held it): that lock keeps every later
+    sweep from looking at the marker, so the plain "another sweep" line would be said for good,
+    whatever the marker holds. None otherwise."""
+    lock = folder / TAKING_LOCK
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except OSError:
+        return None
+    if age < TAKING_LOCK_AGE_S:
+        return None
+    return (
+        f"{key}={folder} holds a sweep's mark ({SWEEP_MARKER}) that cannot be looked at: {lock}, left by a "
+        f"sweep killed while it looked, keeps perfsweep from telling whether that sweep has ended; remove "
+        f"{TAKING_LOCK} there if no perfsweep is starting in the folder, then run again, or give this sweep "
+        "its own folder"
+    )
 
 
 HYDRA_RUN_FILES = frozenset({".hydra", "__main__.log"})

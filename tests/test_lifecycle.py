@@ -268,7 +268,15 @@ def test_a_marker_left_before_any_row_is_taken_over_and_no_other(tmp_path: Path)
         return tmp_path / name
 
     left = folder("left", f"pid={gone.pid} host={host} started=0\n", ".hydra")
-    assert preflight._abandoned(left) == gone.pid and not list(left.glob(f"{SWEEP_MARKER}*"))
+    assert preflight._abandoned(left).startswith(f"pid {gone.pid} on this host") and not list(
+        left.glob(f"{SWEEP_MARKER}*")
+    )
+    # an empty marker (a sweep killed between making it and writing it) names no process: taken
+    # over once it is older than any sweep takes to write it (it was never, before)
+    empty = folder("empty", "")
+    past = time.time() - preflight.EMPTY_MARK_AGE_S - 1
+    os.utime(empty / SWEEP_MARKER, (past, past))
+    assert preflight._abandoned(empty) == "its mark was empty: killed as it made it" and not list(empty.iterdir())
     for kept in (
         folder("stamped", f"pid={gone.pid} host={host} started=0\nsweep_id=3\n"),  # its row was written
         folder("alive", f"pid={os.getpid()} host={host} started=0\n"),
@@ -276,10 +284,31 @@ def test_a_marker_left_before_any_row_is_taken_over_and_no_other(tmp_path: Path)
         folder("with-jobs", f"pid={gone.pid} host={host} started=0\n", "0_amp=true"),
         folder("unreadable", "written by hand\n"),
         folder("being-taken", f"pid={gone.pid} host={host} started=0\n", f"{SWEEP_MARKER}.taking"),
+        folder("just-made", ""),  # empty and new: its sweep may be about to write it
     ):
         before = (kept / SWEEP_MARKER).read_text()
         assert preflight._abandoned(kept) is None and (kept / SWEEP_MARKER).read_text() == before, kept.name
     assert (tmp_path / "being-taken" / f"{SWEEP_MARKER}.taking").exists()  # another's lock is left alone
+    # a lock left by a sweep killed while it held it keeps the marker for good: the refusal names
+    # it, where before it said "another sweep" whatever the marker held
+    lock = folder("stale-lock", f"pid={gone.pid} host={host} started=0\n") / preflight.TAKING_LOCK
+    lock.touch()
+    with pytest.raises(ConfigError) as fresh:
+        preflight.claim_folder(lock.parent, "hydra.sweep.dir")
+    assert "already holds another sweep" in str(fresh.value)  # a lock just taken: another sweep is looking
+    past = time.time() - preflight.TAKING_LOCK_AGE_S - 1
+    os.utime(lock, (past, past))
+    with pytest.raises(ConfigError) as stale:
+        preflight.claim_folder(lock.parent, "hydra.sweep.dir")
+    assert f"{lock}, left by a sweep killed while it looked" in str(stale.value), stale.value
+    assert f"remove {preflight.TAKING_LOCK} there if no perfsweep is starting" in str(stale.value)
+    lock.unlink()  # as the line says: the marker is then looked at, and taken over
+    assert preflight.claim_folder(lock.parent, "hydra.sweep.dir").took_over.startswith(f"pid {gone.pid} ")
+    # a folder where the marker would be: named as such, not as "a file stands where the folder would be"
+    (tmp_path / "odd" / SWEEP_MARKER).mkdir(parents=True)
+    with pytest.raises(ConfigError) as odd:
+        preflight.claim_folder(tmp_path / "odd", "hydra.sweep.dir")
+    assert f"its {SWEEP_MARKER} is a folder or a link, not perfsweep's mark" in str(odd.value), odd.value
 
     # sweeps started at once into such a folder: one claims it, the others are refused
     raced = folder("raced", f"pid={gone.pid} host={host} started=0\n")
