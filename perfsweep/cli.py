@@ -121,7 +121,7 @@ def waiting_for_database(url: str, after_s: float = SLOW_DATABASE_S) -> Iterator
     said = (
         f"perfsweep: still waiting for the database {hide_password(url)} after {after_s:.0f} s: another process may hold its lock "
         "(a sweep or import writing, a schema upgrade, a sqlite3 shell left inside a transaction); this goes on "
-        "once it is free"
+        "once it is free (Ctrl-C stops it)"
     )
     with said_if_slow(lambda: print(said, file=sys.stderr, flush=True), after_s):
         yield

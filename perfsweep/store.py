@@ -18,6 +18,7 @@ import os
 import re
 import shlex
 import socket
+import sqlite3
 import sys
 import threading
 import time
@@ -700,7 +701,7 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
     # DDL outside them, and a job killed mid-migration would leave tables without a version row.
     dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA busy_timeout=30000")
+    cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
     if cur.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
         # WAL is written into the file: only into a new one or perfsweep's, so that a file of
         # another application's, which upgrade() then refuses, is left exactly as it was
@@ -711,12 +712,38 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur.close()
 
 
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+"""How long a SQLite statement waits for another process's lock before "database is locked"."""
+
+SQLITE_BEGIN_SLICE_MS = 100
+"""The slices :func:`_sqlite_begin` waits for the write lock in."""
+
+
 def _sqlite_begin(conn) -> None:
-    # IMMEDIATE: take the write lock at the start, waiting (busy_timeout) for other writers. A
-    # deferred BEGIN that reads and then writes (save_run, mark_interrupted) fails at once with
-    # "database is locked" when another process wrote in between: WAL cannot upgrade a stale
-    # read snapshot, and SQLite does not wait in that case.
-    conn.exec_driver_sql("BEGIN IMMEDIATE")
+    """Every transaction on a SQLite file begins IMMEDIATE: it takes the write lock at the start,
+    waiting for other writers. A deferred BEGIN that reads and then writes (save_run,
+    mark_interrupted) fails at once with "database is locked" when another process wrote in
+    between: WAL cannot upgrade a stale read snapshot, and SQLite does not wait in that case.
+
+    The wait is :data:`SQLITE_BUSY_TIMEOUT_MS` in all, taken in slices of
+    :data:`SQLITE_BEGIN_SLICE_MS`: SQLite waits inside its C code, where Python's signal handlers
+    cannot run (nor does ``interrupt()`` end that wait), so a Ctrl-C at a sweep's "still waiting
+    for the database" took 27 s to stop it. Between slices the handlers run, and a stop comes
+    within one slice."""
+    raw = conn.connection.dbapi_connection
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    raw.execute(f"PRAGMA busy_timeout={SQLITE_BEGIN_SLICE_MS}")
+    try:
+        while time.monotonic() < deadline:
+            try:
+                raw.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc):
+                    break
+        conn.exec_driver_sql("BEGIN IMMEDIATE")  # the last try through SQLAlchemy: its error wrapped as any other
+    finally:
+        raw.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
 
 
 def make_engine(url: str) -> Engine:

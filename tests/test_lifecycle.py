@@ -143,14 +143,30 @@ def test_a_heartbeat_never_holds_the_job_while_the_database_is_locked(tmp_path: 
 def test_a_sweep_waiting_for_a_locked_database_says_so_then_runs(tmp_path: Path):
     """A sqlite3 shell left inside a transaction holds the write lock: the sweep sat silent for as
     long as it was held (minutes, with the driver's retries). It now says what it waits for after
-    a few seconds, and runs its job once the lock is let go."""
+    a few seconds, and runs its job once the lock is let go.
+
+    A Ctrl-C meanwhile took 27 s to stop it (SQLite waits in C, where Python's handlers do not
+    run, until its 30 s busy timeout); it now stops it at once, and hands its folder back."""
     db = tmp_path / "results.db"
     store.connect(f"sqlite:///{db}").dispose()
     other = sqlite3.connect(db, isolation_level=None)
     other.execute("BEGIN EXCLUSIVE")
-    proc = start_as_in_a_terminal([sys.executable, "-m", "perfsweep", "-m", *TINY, "steps.measure=2"], tmp_path)
+    notice = f"perfsweep: still waiting for the database sqlite:///{db} after 3 s: "
     try:
-        notice = f"perfsweep: still waiting for the database sqlite:///{db} after 3 s: "
+        (tmp_path / "stopped").mkdir()
+        stopped = start_as_in_a_terminal(
+            [sys.executable, "-m", "perfsweep", "-m", *TINY, f"db.url=sqlite:///{db}"], tmp_path / "stopped"
+        )
+        said = next((line for line in iter(stopped.stderr.readline, "") if line.startswith(notice)), "")
+        assert said.rstrip().endswith("(Ctrl-C stops it)") and stopped.poll() is None, said
+        os.killpg(stopped.pid, signal.SIGINT)
+        asked = time.monotonic()
+        _, err = finish(stopped, 60)
+        assert time.monotonic() - asked < 10 and stopped.returncode == 130, err[-2000:]
+        assert err.splitlines()[-1] == "perfsweep: interrupted before any job started", err[-2000:]
+        assert not (tmp_path / "stopped" / "multirun").exists()  # the folder handed back: nothing of it left
+
+        proc = start_as_in_a_terminal([sys.executable, "-m", "perfsweep", "-m", *TINY, "steps.measure=2"], tmp_path)
         said = next((line for line in iter(proc.stderr.readline, "") if line.startswith(notice)), "")
         assert said, "the sweep never said what it waits for"
         assert "sqlite3 shell left inside a transaction" in said and proc.poll() is None
