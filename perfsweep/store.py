@@ -11,6 +11,7 @@ single short transaction, so a crash between jobs cannot leave half a run behind
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -756,8 +757,47 @@ def make_engine(url: str) -> Engine:
         # PGOPTIONS applies as it is where the URL gives none
         options = pg_options(url, with_env=False) if url.startswith("postgresql") else ""
         extra = {"connect_args": {"options": options}} if options else {}
-        engine = create_engine(installed_driver(url), pool_pre_ping=True, **extra)
+        engine = stoppable(create_engine(installed_driver(url), pool_pre_ping=True, **extra))
     return engine
+
+
+def stoppable(engine: Engine) -> Engine:
+    """``engine``, its psycopg2 waits made stoppable (:func:`_wait_stoppable`); other drivers' as
+    they are."""
+    if engine.dialect.driver == "psycopg2":
+        from psycopg2 import extensions
+
+        if extensions.get_wait_callback() is None:  # one of the user's own (a notebook's) is kept
+            extensions.set_wait_callback(_wait_stoppable)
+    return engine
+
+
+def _wait_stoppable(conn: Any) -> None:
+    """psycopg2's wait callback (``set_wait_callback``, process-wide): libpq otherwise waits inside
+    its C code, where Python's signal handlers do not run, and a Ctrl-C while a sweep waited for a
+    lock another session held (a schema upgrade, a ``LOCK TABLE``) did nothing until that lock was
+    let go, however long. Waited for here with ``select``, a stop raises as it came, once the
+    statement is cancelled on the server (its lock wait ends there too); psycopg2 then closes the
+    connection, which SQLAlchemy's pool drops."""
+    import select
+
+    from psycopg2.extensions import POLL_OK, POLL_READ, POLL_WRITE
+
+    while True:
+        state = conn.poll()
+        if state == POLL_OK:
+            return
+        try:
+            if state == POLL_READ:
+                select.select([conn.fileno()], [], [])
+            elif state == POLL_WRITE:
+                select.select([], [conn.fileno()], [])
+            else:
+                raise conn.OperationalError(f"bad state from poll: {state}")
+        except KeyboardInterrupt:  # Ctrl-C, and SIGTERM's and SIGHUP's own (interrupts.Terminated)
+            with contextlib.suppress(Exception):  # a server gone: nothing left to cancel
+                conn.cancel()
+            raise
 
 
 def pg_options(url: str, with_env: bool = True) -> str:
@@ -802,7 +842,7 @@ def connect_read_only(url: str) -> Engine:
         # perfsweep's, -csearch_path=perfsweep), which these replaced: a report then read another
         # schema than the sweep had written; last, so that none of the URL's undoes them.
         options = f"{pg_options(url)} -c default_transaction_read_only=on -c standard_conforming_strings=on"
-        return create_engine(installed_driver(url), connect_args={"options": options.strip()})
+        return stoppable(create_engine(installed_driver(url), connect_args={"options": options.strip()}))
     return create_engine(url)
 
 

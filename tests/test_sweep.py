@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -271,6 +272,39 @@ def test_sweep_into_postgresql(tmp_path: Path, pg_url: str):
     assert all(":***@" in overrides and f'"url": "{hidden}"' in config for overrides, config in kept), kept
     again = resume.command_for(sweep, db_url=url)  # what `perfsweep resume 1 --db URL` runs
     assert f"db.url={resume._quoted(url)}" in again and not any("***" in word for word in again), again
+
+
+def test_ctrl_c_while_a_sweep_waits_for_a_locked_postgresql_table_stops_it_at_once(tmp_path: Path, pg_url: str):
+    """Another session holds a lock on ``sweeps`` (a schema upgrade, a ``LOCK TABLE`` left open):
+    the sweep says it waits. libpq waited inside C, where Python's handlers do not run, and a
+    Ctrl-C did nothing for as long as the lock was held (20 s of 20, measured). It now stops the
+    sweep at once (store._wait_stoppable), writes nothing, and leaves no folder."""
+    import psycopg2
+    from sqlalchemy.engine import make_url
+
+    from tests.pg import new_database
+
+    url = new_database(pg_url)
+    store.connect(url).dispose()
+    u = make_url(url)
+    other = psycopg2.connect(host=u.host, port=u.port, user=u.username, dbname=u.database)
+    try:
+        other.cursor().execute("LOCK TABLE sweeps IN ACCESS EXCLUSIVE MODE")
+        proc = start_as_in_a_terminal([sys.executable, "-m", "perfsweep", "-m", *TINY, f"db.url={url}"], tmp_path)
+        notice = "perfsweep: still waiting for the database postgresql+psycopg2://"
+        said = next((line for line in iter(proc.stderr.readline, "") if line.startswith(notice)), "")
+        assert said.rstrip().endswith("(Ctrl-C stops it)") and proc.poll() is None, said
+        os.killpg(proc.pid, signal.SIGINT)
+        asked = time.monotonic()
+        _, err = finish(proc, 60)
+        assert time.monotonic() - asked < 10 and proc.returncode == 130, err[-2000:]
+        assert err.splitlines()[-1] == "perfsweep: interrupted before any job started", err[-2000:]
+    finally:
+        other.rollback()
+        other.close()
+    with store.session(store.connect(url)) as s:
+        assert s.scalars(store.select(store.Sweep)).all() == []
+    assert not (tmp_path / "multirun").exists()
 
 
 def test_unreachable_database_stops_the_sweep_before_any_job(tmp_path: Path):
