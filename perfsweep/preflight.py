@@ -983,7 +983,7 @@ def claim_folder(folder: Path, key: str, resume: bool = False) -> Claim:
     try:
         folder.mkdir(parents=True, exist_ok=True)
         left = _abandoned(folder)
-        with os.fdopen(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY), "w") as fh:
+        with os.fdopen(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644), "w") as fh:
             fh.write(f"pid={os.getpid()} host={socket.gethostname()} started={time.time():.0f}\n")
     except OSError as exc:
         if isinstance(exc, FileExistsError) and marker.is_file():
@@ -1045,7 +1045,7 @@ def _abandoned(folder: Path) -> str | None:
     if not marker.is_file() or not Path("/proc/self").exists():  # without /proc, a process cannot be told gone
         return None
     try:
-        os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
     except OSError:  # another sweep is looking, or cannot write here: claim_folder answers
         return None
     try:

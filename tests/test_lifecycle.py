@@ -358,6 +358,7 @@ def test_a_marker_left_before_any_row_is_taken_over_and_no_other(tmp_path: Path)
     assert f"pid {proc.pid} on this host" in again.stderr
     assert [r["status"] for r in rows(tmp_path / "r.db", "SELECT status FROM runs")] == ["ok"]
     assert (tmp_path / "sw" / SWEEP_MARKER).read_text().endswith("sweep_id=1\n")
+    assert (tmp_path / "sw" / SWEEP_MARKER).stat().st_mode & 0o111 == 0  # a mark, not a program (it was 0755)
 
 
 def test_a_plain_run_stopped_as_hydra_makes_its_folder_leaves_none(tmp_path: Path):
