@@ -979,6 +979,11 @@ def claim_folder(folder: Path, key: str, resume: bool = False) -> Claim:
                 "name the folder of the sweep to resume, or use: perfsweep resume SWEEP"
             )
         return Claim(folder, key, [], owned=False)
+    if (outer := _sweep_around(folder)) is not None:
+        raise ConfigError(
+            f"{key}={folder} is inside the folder of another sweep ({outer}), whose jobs' folders and files are "
+            f"its own; give this one a folder outside it (the default one is unique)"
+        )
     claim = Claim(folder, key, [p for p in (folder, *folder.parents) if not p.exists()], owned=True)
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -1008,6 +1013,19 @@ def claim_folder(folder: Path, key: str, resume: bool = False) -> Claim:
         ) from None
     claim.took_over = left  # said by reserve_sweep, once it knows the database has no sweep of the folder
     return claim
+
+
+def _sweep_around(folder: Path) -> Path | None:
+    """The folder of a multirun sweep that ``folder`` would be inside, links followed; None if
+    none. Such a sweep was not refused: its jobs' folders took a sweep of their own (its
+    ``.hydra``, ``multirun.yaml``, jobs and marker written in beside another sweep's trace), and
+    so did its ``report`` folder. Only a multirun's (``multirun.yaml`` beside its marker): a
+    plain run's folder may be the launch folder itself (``hydra.run.dir=.``), where later
+    sweeps' default folders belong."""
+    for above in folder.resolve().parents:
+        if (above / SWEEP_MARKER).is_file() and (above / "multirun.yaml").is_file():
+            return above
+    return None
 
 
 EMPTY_MARK_AGE_S = 60.0

@@ -179,6 +179,25 @@ def test_rerun_adds_a_sweep_and_loses_nothing(default_sweep: Path):
     assert rows(db, "PRAGMA journal_mode")[0]["journal_mode"] == "wal"
 
 
+def test_a_sweep_or_run_inside_another_sweeps_folder_is_refused(default_sweep: Path):
+    """A new sweep into one of the default sweep's job folders ran (exit 0): its ``.hydra``,
+    ``multirun.yaml``, marker and job folder were written in beside that job's trace, and a row
+    stored for it. It is refused in one line, and so is a plain run further inside; nothing is
+    written, nothing made."""
+    import hashlib
+
+    db = default_sweep / "results.db"
+    (sweep_dir,) = {Path(r["sweep_dir"]) for r in rows(db, "SELECT sweep_dir FROM sweeps WHERE id = 1")}
+    job = next(d for d in sorted(sweep_dir.iterdir()) if d.is_dir() and d.name[0].isdigit())
+    before, job_entries = hashlib.md5(db.read_bytes()).hexdigest(), sorted(p.name for p in job.iterdir())
+    for args in (["-m", f"hydra.sweep.dir='{job}'"], [f"hydra.run.dir={sweep_dir}/new/deeper"]):
+        res = run_perfsweep([*args, *TINY], default_sweep)
+        assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr[-2000:]
+        assert f"is inside the folder of another sweep ({sweep_dir}), whose jobs' folders" in res.stderr
+    assert hashlib.md5(db.read_bytes()).hexdigest() == before
+    assert sorted(p.name for p in job.iterdir()) == job_entries and not (sweep_dir / "new").exists()
+
+
 def test_failures_are_results_and_the_sweep_goes_on(tmp_path: Path):
     # A model that raises on its second forward passes every check before the jobs and fails
     # inside the job; a huge step count overruns the timeout. device=cpu: the 12 s timeout is
