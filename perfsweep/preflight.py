@@ -25,7 +25,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from hydra.errors import HydraException, MissingConfigException
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -276,6 +276,8 @@ def error_line(exc: BaseException) -> str:
     unknown preset with the whole config search path; a person needs the name they mistyped and
     the closest one that exists.
     """
+    if isinstance(exc, OverrideParseException):
+        return _unreadable_override(exc)
     if isinstance(exc, MissingConfigException) and exc.options is None and exc.missing_cfg_file:
         if str(exc).startswith("Cannot find primary config"):  # -cn NAME itself
             return _missing_primary_config(str(exc.missing_cfg_file), str(exc))
@@ -331,6 +333,38 @@ def error_line(exc: BaseException) -> str:
         ln for ln in lines if not ln.startswith(("object_type=", "full_key:", "reference_type=", "Set the environment"))
     ]
     return ": ".join(dict.fromkeys(lines)) or type(exc).__name__
+
+
+QUOTE_WORTHY = re.compile(r"[=,\s\[\](){}'\"\\$]")
+"""Characters that Hydra's override grammar reads as syntax in an unquoted value (a ``:`` in a
+URL or path it takes as it is)."""
+
+
+def _unreadable_override(exc: OverrideParseException) -> str:
+    """An override Hydra's grammar cannot read, named with its key and value: Hydra's own line
+    named neither where the parser failed on a character (``hydra.sweep.dir=/runs/a=b`` got
+    "mismatched input '=' expecting <EOF>"), and linked its grammar page on the next line. A
+    value holding syntax is shown quoted, the usual fix (a job folder's name holds ``=`` and
+    ``,``)."""
+    override = str(exc.override)
+    key, eq, value = override.partition("=")
+    raw = str(exc.message).splitlines()
+    lines = [ln.strip() for ln in raw if ln.strip() and not ln.strip().startswith(("See ", "^"))]
+    lexer = "LexerNoViableAltException: "
+    if lines and lines[0].startswith(lexer):  # no token starts at the caret Hydra draws below it
+        caret = next((ln.index("^") - len(lexer) for ln in raw if ln.strip() == "^"), -1)
+        rest = override[caret:] if caret >= 0 else ""
+        why = "an unclosed quote" if rest[:1] in ("'", '"') else f"unexpected {rest[:12]!r}" if rest else "unreadable"
+    else:
+        why = re.sub(r"^Error parsing override '.*?'", "", lines[0] if lines else "").strip(": ")
+        why = why or (lines[1] if len(lines) > 1 else "unreadable")
+    quoted = ""
+    if eq and re.search(r"[/=]", value) and QUOTE_WORTHY.search(value) and value[:1] not in ("'", '"'):
+        quoted = f"; quote a path or URL that holds = , spaces or brackets: {key}='{value}'"
+    return (
+        f"{override}: cannot be read as an override ({why}){quoted} "
+        "(https://hydra.cc/docs/advanced/override_grammar/basic/)"
+    )
 
 
 def check_device(cfgs: list[PerfsweepConfig]) -> None:

@@ -74,6 +74,10 @@ CASES = {
     "key_given_twice": (["batch=8,16", "batch=4"], "batch is given twice (batch=8,16 and batch=4)"),
     # a space after the comma: Hydra's grammar error named neither the override nor the cause
     "space_after_a_comma": (["amp=true,", "false"], "'amp=true,' ends in a comma"),
+    # Hydra's grammar error named neither the key nor the value ("mismatched input '=' expecting
+    # <EOF>"): a folder with '=' in its name (a job folder's) as typed
+    "path_holding_grammar": (["hydra.sweep.dir={tmp}/a=b"], "hydra.sweep.dir={tmp}/a=b: cannot be read as an override"),
+    "unclosed_quote": (["lr='a"], "lr='a: cannot be read as an override (an unclosed quote)"),
     "db_url_unparsable": (["db.url=bogus"], "db.url='bogus'"),
     "db_file_read_only": (["db.url=sqlite:///{tmp}/results.db"], "db.url='sqlite:///{tmp}/results.db'"),
     "db_folder_read_only": (["db.url=sqlite:///{tmp}/ro/results.db"], "db.url='sqlite:///{tmp}/ro/results.db'"),
@@ -116,6 +120,8 @@ HINTS = {  # what is allowed or what to do, beyond naming key and value
     "key_given_twice": "give each key once, its values as one list (batch=8,16,4)",
     "space_after_a_comma": "(amp=true,false)",
     "db_file_read_only": "readonly",
+    "path_holding_grammar": "quote a path or URL that holds = , spaces or brackets: hydra.sweep.dir='{tmp}/a=b'",
+    "unclosed_quote": "override_grammar",
     "db_folder_read_only": "writable",
     "key_typo": "did you mean batch?",
     "key_typo_holding_a_password": "did you mean db.url?",
@@ -187,7 +193,7 @@ def test_mistake_is_one_line_exit_2_and_writes_nothing(case: str, mode: str, tmp
     assert len(lines) == 1, res.stderr[-2000:]
     assert lines[0].startswith("perfsweep: ") and needle in lines[0] and "no job was started" in lines[0], lines[0]
     if case in HINTS:
-        assert HINTS[case] in lines[0], lines[0]
+        assert HINTS[case].format(tmp=tmp_path) in lines[0], lines[0]
     assert (counts(seeded_db), counts(tmp_path / "ro" / "results.db")) == before
     assert not list(tmp_path.glob("multirun/*/*/0_*")), "a job folder was created"
     assert not (tmp_path / "outputs").exists(), "a plain run's folder (or the outputs/ made for it) was left behind"
