@@ -603,6 +603,10 @@ def write_hint(url: str, exc: BaseException) -> str:
     write for want of permission (the file, or the folder where it keeps its journal), else "".
     SQLite's own words ("unable to open database file") do not say that a folder is the cause."""
     if url.startswith("sqlite") and any(e in str(exc).lower() for e in _SQLITE_PERMISSION_ERRORS):
+        if (path := sqlite_file(url)) is not None and path.is_dir():  # SQLite's words are the same
+            return (
+                f"; {path} is a folder, not a database file: name a file in it, e.g. {sqlite_url(path / 'results.db')}"
+            )
         return "; a SQLite file and its folder must be writable"
     return ""
 
@@ -646,7 +650,24 @@ def existing_url(db: str) -> str:
             "is a folder, not a database file" if path.is_dir() else "is not a regular file" if path.exists() else None
         )
         raise UserError(f"--db {hide_password(db)}: {what or f'database file not found ({path})'}")
+    if path is not None and not is_sqlite_file(path):  # a query touching no table read a text file as empty
+        raise UserError(f"--db {hide_password(db)}: is not a SQLite database file (its first bytes are not SQLite's)")
     return url
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+"""The first 16 bytes of every SQLite database file (an empty file is an empty database too)."""
+
+
+def is_sqlite_file(path: Path) -> bool:
+    """Whether ``path`` is an empty file or starts as a SQLite database does; True where it cannot
+    be read, for SQLite's own answer then to say why."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(len(SQLITE_HEADER))
+    except OSError:
+        return True
+    return head in (b"", SQLITE_HEADER)
 
 
 def _writable(url: str) -> bool:

@@ -82,6 +82,7 @@ CASES = {
     "db_file_read_only": (["db.url=sqlite:///{tmp}/results.db"], "db.url='sqlite:///{tmp}/results.db'"),
     "db_folder_read_only": (["db.url=sqlite:///{tmp}/ro/results.db"], "db.url='sqlite:///{tmp}/ro/results.db'"),
     "db_in_memory": (["db.url=sqlite:///"], "db.url='sqlite:///'"),
+    "db_url_a_folder": (["db.url=sqlite:///{tmp}/nodocs"], "db.url='sqlite:///{tmp}/nodocs'"),  # "must be writable"
     "key_typo": (["bach=4"], "bach"),
     # Hydra's error echoes the override as typed: the password was printed in full
     "key_typo_holding_a_password": (["db.ur=postgresql://me:s3cretPW@h/db"], "db.ur=postgresql://me:***@h/db"),
@@ -123,6 +124,7 @@ HINTS = {  # what is allowed or what to do, beyond naming key and value
     "path_holding_grammar": "quote a path or URL that holds = , spaces or brackets: hydra.sweep.dir='{tmp}/a=b'",
     "unclosed_quote": "override_grammar",
     "db_folder_read_only": "writable",
+    "db_url_a_folder": "nodocs is a folder, not a database file: name a file in it, e.g. sqlite:///{tmp}/nodocs/results.db",
     "key_typo": "did you mean batch?",
     "key_typo_holding_a_password": "did you mean db.url?",
     "db_url_unparsable": "db.url=sqlite:///",  # a path (--db's form) is shown as the URL it would be

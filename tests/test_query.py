@@ -297,7 +297,12 @@ def test_a_database_whose_driver_is_missing_is_one_line_exit_2(tmp_path: Path, c
     ]
     (tmp_path / "notes.txt").write_text("not a database")
     assert upgrade_main(["--db", str(tmp_path / "notes.txt")]) == 2
-    assert "cannot upgrade" in capsys.readouterr().err
+    assert "notes.txt: is not a SQLite database file" in capsys.readouterr().err
+    # a query that reads no table read the text file as an empty database, and answered it
+    assert query_main(["select 1", "--db", str(tmp_path / "notes.txt")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"perfsweep query: --db {tmp_path / 'notes.txt'}: is not a SQLite database file (its first bytes are not SQLite's)"
+    )
 
 
 def _files(folder: Path) -> dict[str, str]:
