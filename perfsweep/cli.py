@@ -12,6 +12,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
+from perfsweep import interrupts
+
 SLOW_DATABASE_S = 3.0
 """After this long opening or first writing a database, a command says it is still waiting."""
 
@@ -121,9 +123,13 @@ def waiting_for_database(url: str, after_s: float = SLOW_DATABASE_S) -> Iterator
     said = (
         f"perfsweep: still waiting for the database {hide_password(url)} after {after_s:.0f} s: another process may hold its lock "
         "(a sweep or import writing, a schema upgrade, a sqlite3 shell left inside a transaction); this goes on "
-        "once it is free (Ctrl-C stops it)"
+        "once it is free"
     )
-    with said_if_slow(lambda: print(said, file=sys.stderr, flush=True), after_s):
+
+    def say() -> None:  # a stop is held while results are stored (interrupts.held): Ctrl-C waits too
+        print(said + ("" if interrupts.holding() else " (Ctrl-C stops it)"), file=sys.stderr, flush=True)
+
+    with said_if_slow(say, after_s):
         yield
 
 

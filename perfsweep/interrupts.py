@@ -323,6 +323,11 @@ _noted: list[str] = []
 """The note printed under the holds in force: one is enough."""
 
 
+def holding() -> bool:
+    """Whether a :func:`held` block is in force: a stop now waits for it to end."""
+    return bool(_holding)
+
+
 def _deliver(signum: int, handler: Any) -> None:
     if callable(handler):
         handler(signum, None)  # Python's Ctrl-C handler raises KeyboardInterrupt; ours raise theirs

@@ -996,14 +996,15 @@ class Claim:
         self.created, self.owned = [], False  # once: a second call must not take a marker made since
 
 
-def claim_folder(folder: Path, key: str, resume: bool = False) -> Claim:
+def claim_folder(folder: Path, key: str, resume: bool = False, launch_dir: Path | None = None) -> Claim:
     """Make ``folder`` this sweep's own, atomically, or raise before any job starts.
 
     The folder is the sweep's identity: its rows are keyed by it and its jobs' folders and
     artifacts live in it. The default folder names carry a random part, so concurrent sweeps
     never meet; a folder set by hand (``key``: ``hydra.sweep.dir`` or ``hydra.run.dir``) that
     another sweep already used is refused rather than shared, unless ``resume=true`` asks to
-    continue the sweep in it.
+    continue the sweep in it. ``launch_dir``: where the command was run (the working directory
+    where not given), for :func:`_sweep_around`.
     """
     marker = folder / SWEEP_MARKER
     if resume:
@@ -1013,10 +1014,10 @@ def claim_folder(folder: Path, key: str, resume: bool = False) -> Claim:
                 "name the folder of the sweep to resume, or use: perfsweep resume SWEEP"
             )
         return Claim(folder, key, [], owned=False)
-    if (outer := _sweep_around(folder)) is not None:
+    if (outer := _sweep_around(folder, Path.cwd() if launch_dir is None else launch_dir)) is not None:
         raise ConfigError(
             f"{key}={folder} is inside the folder of another sweep ({outer}), whose jobs' folders and files are "
-            f"its own; give this one a folder outside it (the default one is unique)"
+            f"its own; set {key} to a folder outside it"
         )
     claim = Claim(folder, key, [p for p in (folder, *folder.parents) if not p.exists()], owned=True)
     try:
@@ -1049,14 +1050,17 @@ def claim_folder(folder: Path, key: str, resume: bool = False) -> Claim:
     return claim
 
 
-def _sweep_around(folder: Path) -> Path | None:
+def _sweep_around(folder: Path, launch_dir: Path) -> Path | None:
     """The folder of a multirun sweep that ``folder`` would be inside, links followed; None if
     none. Such a sweep was not refused: its jobs' folders took a sweep of their own (its
     ``.hydra``, ``multirun.yaml``, jobs and marker written in beside another sweep's trace), and
-    so did its ``report`` folder. Only a multirun's (``multirun.yaml`` beside its marker): a
-    plain run's folder may be the launch folder itself (``hydra.run.dir=.``), where later
-    sweeps' default folders belong."""
+    so did its ``report`` folder. Not a sweep's folder the command was launched in or under
+    (``hydra.sweep.dir=.`` makes the launch folder a sweep's): the default folders of every later
+    sweep and run launched there are under it, and were never refused."""
+    launched = launch_dir.resolve()
     for above in folder.resolve().parents:
+        if above == launched or above in launched.parents:
+            return None
         if (above / SWEEP_MARKER).is_file() and (above / "multirun.yaml").is_file():
             return above
     return None

@@ -761,7 +761,9 @@ def _sqlite_begin(conn) -> None:
                 raw.execute("BEGIN IMMEDIATE")
                 return
             except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc):
+                # SQLITE_BUSY alone: SQLITE_LOCKED ("database table is locked", a shared cache)
+                # comes at once, without the busy wait, and retrying it spun a core for 30 s
+                if getattr(exc, "sqlite_errorcode", None) != sqlite3.SQLITE_BUSY and str(exc) != "database is locked":
                     break
         conn.exec_driver_sql("BEGIN IMMEDIATE")  # the last try through SQLAlchemy: its error wrapped as any other
     finally:
@@ -797,28 +799,46 @@ def _wait_stoppable(conn: Any) -> None:
     """psycopg2's wait callback (``set_wait_callback``, process-wide): libpq otherwise waits inside
     its C code, where Python's signal handlers do not run, and a Ctrl-C while a sweep waited for a
     lock another session held (a schema upgrade, a ``LOCK TABLE``) did nothing until that lock was
-    let go, however long. Waited for here with ``select``, a stop raises as it came, once the
+    let go, however long. Waited for here with ``poll``, a stop raises as it came, once the
     statement is cancelled on the server (its lock wait ends there too); psycopg2 then closes the
-    connection, which SQLAlchemy's pool drops."""
+    connection, which SQLAlchemy's pool drops. A connection's ``connect_timeout`` (or
+    ``PGCONNECT_TIMEOUT``), which libpq does not apply to a connection made this way, is applied
+    here: a server that accepts and never answers was waited for without end."""
     import select
 
-    from psycopg2.extensions import POLL_OK, POLL_READ, POLL_WRITE
+    from psycopg2.extensions import POLL_OK, POLL_READ, POLL_WRITE, STATUS_SETUP
 
-    while True:
-        state = conn.poll()
-        if state == POLL_OK:
-            return
-        try:
-            if state == POLL_READ:
-                select.select([conn.fileno()], [], [])
-            elif state == POLL_WRITE:
-                select.select([], [conn.fileno()], [])
-            else:
+    timeout = _connect_timeout(conn.dsn) if conn.status == STATUS_SETUP else None
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        while True:
+            state = conn.poll()
+            if state == POLL_OK:
+                return
+            if state not in (POLL_READ, POLL_WRITE):
                 raise conn.OperationalError(f"bad state from poll: {state}")
-        except KeyboardInterrupt:  # Ctrl-C, and SIGTERM's and SIGHUP's own (interrupts.Terminated)
-            with contextlib.suppress(Exception):  # a server gone: nothing left to cancel
-                conn.cancel()
-            raise
+            waiting = select.poll()  # not select(): it refuses a descriptor above 1023
+            waiting.register(conn.fileno(), select.POLLIN if state == POLL_READ else select.POLLOUT)
+            left_ms = None if deadline is None else max(0.0, deadline - time.monotonic()) * 1000
+            if not waiting.poll(left_ms) and deadline is not None and time.monotonic() >= deadline:
+                raise conn.OperationalError(f"timeout expired (connect_timeout={timeout:g} s)")
+    except KeyboardInterrupt:  # Ctrl-C, and SIGTERM's and SIGHUP's own (interrupts.Terminated)
+        with contextlib.suppress(Exception):  # a server gone, or still connecting: nothing to cancel
+            conn.cancel()
+        raise
+
+
+def _connect_timeout(dsn: str) -> float | None:
+    """libpq's connect timeout for ``dsn``, as libpq reads it: the DSN's ``connect_timeout``, else
+    ``PGCONNECT_TIMEOUT``; none (wait without end) where unset or not above 0, at least 2 s."""
+    from psycopg2.extensions import parse_dsn
+
+    given = parse_dsn(dsn).get("connect_timeout") or os.environ.get("PGCONNECT_TIMEOUT")
+    try:
+        seconds = float(given) if given else 0.0
+    except ValueError:
+        return None
+    return max(seconds, 2.0) if seconds > 0 else None
 
 
 def pg_options(url: str, with_env: bool = True) -> str:

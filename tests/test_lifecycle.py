@@ -320,6 +320,16 @@ def test_a_marker_left_before_any_row_is_taken_over_and_no_other(tmp_path: Path)
     assert f"remove {preflight.TAKING_LOCK} there if no perfsweep is starting" in str(stale.value)
     lock.unlink()  # as the line says: the marker is then looked at, and taken over
     assert preflight.claim_folder(lock.parent, "hydra.sweep.dir").took_over.startswith(f"pid {gone.pid} ")
+    # a folder inside a multirun sweep's is refused, but not where the command was launched in or
+    # under that sweep's folder (hydra.sweep.dir=. made the launch folder a sweep's): later sweeps'
+    # and runs' default folders are there
+    outer = folder("outer", f"pid={os.getpid()} host={host} started=0\nsweep_id=9\n", "0_job")
+    (outer / "multirun.yaml").write_text("hydra: {}\n")
+    with pytest.raises(ConfigError, match=f"is inside the folder of another sweep \\({outer}\\)"):
+        preflight.claim_folder(outer / "0_job", "hydra.sweep.dir", launch_dir=tmp_path)
+    assert not list((outer / "0_job").iterdir())
+    for launched in (outer, outer / "0_job"):
+        assert preflight.claim_folder(outer / "multirun" / launched.name, "hydra.sweep.dir", launch_dir=launched).owned
     # a folder where the marker would be: named as such, not as "a file stands where the folder would be"
     (tmp_path / "odd" / SWEEP_MARKER).mkdir(parents=True)
     with pytest.raises(ConfigError) as odd:

@@ -1130,6 +1130,79 @@ def test_sqlite_wal_mode_and_busy_timeout(tmp_path, engines):
         plain.close()
 
 
+def test_a_sqlite_lock_wait_ends_at_its_timeout_and_a_table_lock_fails_at_once(tmp_path, monkeypatch):
+    """A transaction waits for another writer's lock in 100 ms slices (store._sqlite_begin, so a
+    stop comes within one) up to the busy timeout, then fails wrapped as SQLAlchemy's error. A
+    shared cache's table lock (SQLITE_LOCKED, "database table is locked") is no such wait: it
+    failed at once before the slices, and retrying it in them spun a core until the timeout."""
+    monkeypatch.setattr(store, "SQLITE_BUSY_TIMEOUT_MS", 1500)
+    db = tmp_path / "results.db"
+    store.connect(f"sqlite:///{db}").dispose()
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    engine = store.make_engine(f"sqlite:///{db}")
+    try:
+        started, cpu = time.monotonic(), time.process_time()
+        with pytest.raises(sa.exc.OperationalError, match="database is locked"), engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+        assert 1.4 < time.monotonic() - started < 5 and time.process_time() - cpu < 0.5
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    with engine.connect() as conn:  # the slices' busy timeout is put back on the pooled connection
+        assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar_one() == 1500
+    engine.dispose()
+
+    shared = f"sqlite:///file:{tmp_path}/shared.db?cache=shared&uri=true"
+    first, second = store.make_engine(shared), store.make_engine(shared)
+    with first.connect() as a:
+        a.exec_driver_sql("CREATE TABLE t (x INTEGER)")
+        a.commit()
+        a.exec_driver_sql("INSERT INTO t VALUES (1)")  # a write transaction holds t's table lock
+        started, cpu = time.monotonic(), time.process_time()
+        with pytest.raises(sa.exc.OperationalError, match="locked"), second.connect() as b:
+            b.exec_driver_sql("SELECT x FROM t")
+        assert time.monotonic() - started < 1.0 and time.process_time() - cpu < 0.5
+    first.dispose()
+    second.dispose()
+
+
+def test_waiting_for_the_database_says_ctrl_c_stops_it_unless_a_stop_is_held(capsys):
+    """The line a long wait for the database prints: "(Ctrl-C stops it)", but where the wait is
+    inside results being stored (interrupts.held), where Ctrl-C waits for them, nothing of it."""
+    from perfsweep import interrupts
+    from perfsweep.cli import waiting_for_database
+
+    with waiting_for_database("sqlite:///x.db", after_s=0.05):
+        time.sleep(0.3)
+    assert capsys.readouterr().err.rstrip().endswith("once it is free (Ctrl-C stops it)")
+    with interrupts.held(), waiting_for_database("sqlite:///x.db", after_s=0.05):
+        time.sleep(0.3)
+    assert capsys.readouterr().err.rstrip().endswith("once it is free")
+
+
+def test_a_postgresql_server_that_never_answers_is_given_up_at_connect_timeout():
+    """perfsweep's psycopg2 wait callback (store._wait_stoppable, for a stoppable lock wait) makes
+    psycopg2 connect asynchronously, where libpq applies no connect_timeout: a server that
+    accepted and never answered was waited for without end. The URL's timeout holds again."""
+    import socket
+
+    pytest.importorskip("psycopg2")
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(1)
+    try:
+        url = f"postgresql+psycopg2://u@127.0.0.1:{silent.getsockname()[1]}/db?connect_timeout=2"
+        engine = store.make_engine(url)
+        started = time.monotonic()
+        with pytest.raises(sa.exc.OperationalError, match=r"timeout expired \(connect_timeout=2 s\)"):
+            engine.connect()
+        assert 1.9 < time.monotonic() - started < 6
+        engine.dispose()
+    finally:
+        silent.close()
+
+
 def old_h100_db(tmp_path: Path) -> Path:
     """A copy of the H100 fixture database (tests/fixtures/h100, schema 0001) to upgrade."""
     import shutil

@@ -113,7 +113,7 @@ class PerfsweepSweeper(BasicSweeper):
         claim = None
         try:  # until the sweep's row is written, any way out hands the folder back (preflight.Claim)
             with interrupts.held():  # a stop as the folder is claimed comes once it is, and is handed back
-                claim = preflight.claim_folder(sweep_dir, "hydra.sweep.dir", resume=first.resume)
+                claim = preflight.claim_folder(sweep_dir, "hydra.sweep.dir", first.resume, launch_dir)
             if first.resume:
                 grid = [(p, hashes[i]) for p, (i, _) in enumerate(order)]
                 searched = {p for p, (i, _) in enumerate(order) if search.is_search(run_cfgs[i])}
