@@ -12,8 +12,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
-from perfsweep import interrupts
-
 SLOW_DATABASE_S = 3.0
 """After this long opening or first writing a database, a command says it is still waiting."""
 
@@ -127,7 +125,9 @@ def waiting_for_database(url: str, after_s: float = SLOW_DATABASE_S) -> Iterator
     )
 
     def say() -> None:  # a stop is held while results are stored (interrupts.held): Ctrl-C waits too
-        print(said + ("" if interrupts.holding() else " (Ctrl-C stops it)"), file=sys.stderr, flush=True)
+        interrupts = sys.modules.get("perfsweep.interrupts")  # a hold is made only where it is loaded
+        held = interrupts is not None and interrupts.holding()  # (this module imports none of perfsweep)
+        print(said + ("" if held else " (Ctrl-C stops it)"), file=sys.stderr, flush=True)
 
     with said_if_slow(say, after_s):
         yield

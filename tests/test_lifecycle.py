@@ -35,6 +35,7 @@ from tests.util import (
     run_perfsweep,
     run_row,
     start_as_in_a_terminal,
+    stopped_while_the_database_is_waited_for,
     wait_for,
 )
 from tests.util import sqlite_rows as rows
@@ -154,16 +155,7 @@ def test_a_sweep_waiting_for_a_locked_database_says_so_then_runs(tmp_path: Path)
     notice = f"perfsweep: still waiting for the database sqlite:///{db} after 3 s: "
     try:
         (tmp_path / "stopped").mkdir()
-        stopped = start_as_in_a_terminal(
-            [sys.executable, "-m", "perfsweep", "-m", *TINY, f"db.url=sqlite:///{db}"], tmp_path / "stopped"
-        )
-        said = next((line for line in iter(stopped.stderr.readline, "") if line.startswith(notice)), "")
-        assert said.rstrip().endswith("(Ctrl-C stops it)") and stopped.poll() is None, said
-        os.killpg(stopped.pid, signal.SIGINT)
-        asked = time.monotonic()
-        _, err = finish(stopped, 60)
-        assert time.monotonic() - asked < 10 and stopped.returncode == 130, err[-2000:]
-        assert err.splitlines()[-1] == "perfsweep: interrupted before any job started", err[-2000:]
+        stopped_while_the_database_is_waited_for(["-m", *TINY, f"db.url=sqlite:///{db}"], tmp_path / "stopped", notice)
         assert not (tmp_path / "stopped" / "multirun").exists()  # the folder handed back: nothing of it left
 
         proc = start_as_in_a_terminal([sys.executable, "-m", "perfsweep", "-m", *TINY, "steps.measure=2"], tmp_path)

@@ -15,7 +15,16 @@ import pytest
 from perfsweep import metrics, store
 from perfsweep.names import STACKS_ENV, interrupted_tail
 from perfsweep.report import fmt
-from tests.util import TINY, failing_model, finish, run_perfsweep, start_as_in_a_terminal, training, wait_for
+from tests.util import (
+    TINY,
+    failing_model,
+    finish,
+    run_perfsweep,
+    start_as_in_a_terminal,
+    stopped_while_the_database_is_waited_for,
+    training,
+    wait_for,
+)
 from tests.util import sqlite_rows as rows
 
 
@@ -309,15 +318,8 @@ def test_ctrl_c_while_a_sweep_waits_for_a_locked_postgresql_table_stops_it_at_on
     other = psycopg2.connect(host=u.host, port=u.port, user=u.username, dbname=u.database)
     try:
         other.cursor().execute("LOCK TABLE sweeps IN ACCESS EXCLUSIVE MODE")
-        proc = start_as_in_a_terminal([sys.executable, "-m", "perfsweep", "-m", *TINY, f"db.url={url}"], tmp_path)
         notice = "perfsweep: still waiting for the database postgresql+psycopg2://"
-        said = next((line for line in iter(proc.stderr.readline, "") if line.startswith(notice)), "")
-        assert said.rstrip().endswith("(Ctrl-C stops it)") and proc.poll() is None, said
-        os.killpg(proc.pid, signal.SIGINT)
-        asked = time.monotonic()
-        _, err = finish(proc, 60)
-        assert time.monotonic() - asked < 10 and proc.returncode == 130, err[-2000:]
-        assert err.splitlines()[-1] == "perfsweep: interrupted before any job started", err[-2000:]
+        stopped_while_the_database_is_waited_for(["-m", *TINY, f"db.url={url}"], tmp_path, notice)
     finally:
         other.rollback()
         other.close()
@@ -385,7 +387,6 @@ def test_ctrl_c_keeps_finished_jobs_and_leaves_no_process(tmp_path: Path):
     import os
     import signal
     import sys
-    import time
 
     tiny = [o for o in TINY if not o.startswith("steps.measure")]
     # DataLoader workers in the job: stopping it must release their semaphores (no warning)

@@ -141,6 +141,23 @@ def start_as_in_a_terminal(argv: list[str], cwd: Path, stderr_file: Path | None 
     return proc
 
 
+def stopped_while_the_database_is_waited_for(args: list[str], cwd: Path, notice: str) -> None:
+    """Start ``perfsweep ARGS`` in ``cwd`` while a test holds its database locked, wait for the line
+    that starts with ``notice`` (the "still waiting for the database" one), press Ctrl-C, and check
+    that the sweep stops at once (SQLite and libpq waited in C, deaf to it), as a stop before any
+    job (130)."""
+    import signal
+
+    proc = start_as_in_a_terminal([sys.executable, "-m", "perfsweep", *args], cwd)
+    said = next((line for line in iter(proc.stderr.readline, "") if line.startswith(notice)), "")
+    assert said.rstrip().endswith("(Ctrl-C stops it)") and proc.poll() is None, said
+    os.killpg(proc.pid, signal.SIGINT)
+    asked = time.monotonic()
+    _, err = finish(proc, 60)
+    assert time.monotonic() - asked < 10 and proc.returncode == 130, err[-2000:]
+    assert err.splitlines()[-1] == "perfsweep: interrupted before any job started", err[-2000:]
+
+
 def training(stderr_file: Path, *parallel_jobs: str, serial_job: str | None = None) -> bool:
     """Whether a job has printed a measured step in ``stderr_file``: each of ``parallel_jobs`` (a
     parallel sweep prefixes its jobs' lines with ``[1/4]``), or ``serial_job`` (a serial sweep
