@@ -278,6 +278,13 @@ def error_line(exc: BaseException) -> str:
     """
     if isinstance(exc, OverrideParseException):
         return _unreadable_override(exc)
+    if (ambiguous := re.match(r"Ambiguous value for argument '(.*?)'", str(exc))) is not None:
+        # a plain run given a grid: Hydra's three numbered options, the sweep last, ran together
+        key, _, value = ambiguous.group(1).partition("=")
+        return (
+            f"{key}={value}: several values are a sweep, one job each: add -m; a value that is itself a "
+            f"list is {key}=[{value}], and a string holding a comma {key}='{value}'"
+        )
     if isinstance(exc, MissingConfigException) and exc.options is None and exc.missing_cfg_file:
         if str(exc).startswith("Cannot find primary config"):  # -cn NAME itself
             return _missing_primary_config(str(exc.missing_cfg_file), str(exc))

@@ -423,7 +423,8 @@ def test_more_threads_than_a_lone_job_has_cores_is_said_and_run(tmp_path: Path):
     assert quiet.returncode == 0 and "core(s) a job may use" not in quiet.stderr, quiet.stderr[-2000:]
 
 
-@pytest.mark.parametrize("grid", [["repeat=1,2"], ["order=grid,shuffle"], ["report=false,true"]])
+# report=true,false: the line echoed the values sorted (report=false,true), not as typed
+@pytest.mark.parametrize("grid", [["repeat=1,2"], ["order=grid,shuffle"], ["report=true,false"]])
 def test_how_the_sweep_runs_is_not_a_grid_axis(grid: list[str], tmp_path: Path):
     res = run_perfsweep(["-m", *grid, *(o for o in TINY if o != "report=false")], tmp_path)
     lines = res.stderr.strip().splitlines()
@@ -436,6 +437,15 @@ def test_how_the_sweep_runs_is_not_a_grid_axis(grid: list[str], tmp_path: Path):
 def test_order_needs_a_multirun(tmp_path: Path):
     res = run_perfsweep(["order=shuffle", *TINY], tmp_path)
     assert res.returncode == 2 and "order=shuffle" in res.stderr and "add -m" in res.stderr
+
+
+def test_a_plain_run_given_several_values_is_told_to_add_m(tmp_path: Path):
+    """Hydra's answer ran its three numbered options into one line, "use key=[value1,value2]"
+    first: for amp, a list is no setting at all. The sweep comes first now, in perfsweep's terms."""
+    res = run_perfsweep(["amp=true,false", *TINY], tmp_path)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr[-2000:]
+    assert res.stderr.startswith("perfsweep: amp=true,false: several values are a sweep, one job each: add -m; ")
+    assert not (tmp_path / "outputs").exists() and not (tmp_path / "results.db").exists()
 
 
 def test_a_mistyped_command_is_named_with_the_one_meant(tmp_path: Path):

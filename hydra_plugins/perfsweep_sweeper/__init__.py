@@ -89,7 +89,7 @@ class PerfsweepSweeper(BasicSweeper):
         hydra_launcher = type(self.launcher).__name__
         here = hydra_launcher not in MULTI_HOST_LAUNCHERS  # do the jobs run on this machine?
         for key in ("repeat", "order", "report", "launcher.parallel", "launcher.gpus_per_job"):
-            values = sorted({str(_get(c, key)).lower() for c in run_cfgs})
+            values = list(dict.fromkeys(str(_get(c, key)).lower() for c in run_cfgs))  # as typed, not sorted
             if len(values) > 1:
                 _refuse(
                     f"invalid config: {key}={','.join(values)}: must be one value for the whole sweep, not a grid axis"
