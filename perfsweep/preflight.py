@@ -946,14 +946,47 @@ def resume_points(url: str, sweep_dir: str, grid: list[tuple[int, str]], searche
         if j is not None and j < len(grid) and search_id is None and (int(j), h) not in points
     ]
     if (n_jobs is not None and n_jobs != len(grid)) or other:
+        differs = _what_differs(command, store.typed_command())
         raise ConfigError(
             f"resume=true: the grid is not that of sweep {sweep_id} in {sweep_dir} ({n_jobs} grid points, run as: "
-            f"{store.hide_password(command or '')}); resume it with the same overrides, e.g. perfsweep resume {sweep_id} --db {store.hide_password(url)}, or run "
+            f"{store.hide_password(command or '')}){differs}; resume it with the same overrides, e.g. perfsweep resume {sweep_id} --db {store.hide_password(url)}, or run "
             "the new grid as a new sweep (without hydra.sweep.dir)"
         )
     hash_of = dict(grid)
     searches_done = {(int(j), hash_of[int(j)]) for j in answered if j is not None and int(j) in searched}
     return {(int(j), h) for j, h, status, _ in rows if j is not None and status == "ok"} | searches_done
+
+
+def _what_differs(stored: str | None, typed: str) -> str:
+    """For the refusal of a resume whose grid is not its sweep's: the overrides that differ between
+    the sweep's stored command and this one (``; here steps.measure=3, in the sweep
+    steps.measure=1000``), where both can be read; else nothing. The refusal named the sweep's
+    command alone, and a person had to find the difference in two long lines. Values in another
+    order are another grid too: the order numbers the jobs."""
+
+    def overrides(command: str) -> dict[str, str] | None:
+        try:
+            words = shlex.split(command)[1:]
+        except ValueError:
+            return None
+        skip = ("hydra.sweep.dir=", "resume=", "db.url=")
+        return {k: v for k, _, v in (w.partition("=") for w in words if "=" in w and not w.startswith(skip))}
+
+    was, now = overrides(stored or ""), overrides(typed)
+    if not stored or was is None or now is None:
+        return ""
+    keys = [k for k in dict.fromkeys([*now, *was]) if now.get(k) != was.get(k)]
+    if not keys:
+        return ""
+    shown = keys[:3]
+
+    def side(values: dict[str, str]) -> str:
+        return ", ".join(f"{k}={values[k]}" if k in values else f"no {k}" for k in shown)
+
+    reordered = any(k in now and k in was and sorted(now[k].split(",")) == sorted(was[k].split(",")) for k in shown)
+    order = " (the order of a key's values numbers the jobs)" if reordered else ""
+    more = f", and {len(keys) - 3} more" if len(keys) > 3 else ""
+    return f"; here {side(now)}, in the sweep {side(was)}{more}{order}"
 
 
 @dataclass

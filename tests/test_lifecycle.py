@@ -219,6 +219,7 @@ def test_a_resume_typed_by_hand_must_name_the_sweeps_database_and_grid(tmp_path:
     other_grid = run_perfsweep([*changed, *again, f"db.url=sqlite:///{db}"], tmp_path)
     assert other_grid.returncode == 2 and other_grid.stderr.count("\n") == 1, other_grid.stderr[-2000:]
     assert "resume=true: the grid is not that of sweep 1 in " in other_grid.stderr
+    assert "; here seq_len=16, in the sweep seq_len=32; resume it with" in other_grid.stderr  # what differs
     assert f"perfsweep resume 1 --db sqlite:///{db}" in other_grid.stderr
     assert len(rows(db, "SELECT id FROM runs")) == 2
     assert not (tmp_path / "results.db").exists()  # the refusal made no database (it made an empty one)
