@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -118,16 +119,18 @@ def waiting_for_database(url: str, after_s: float = SLOW_DATABASE_S) -> Iterator
     another sweep migrating it) made a sweep sit silent for as long as the lock was held, minutes
     with the driver's retries, before its first job; a person could not tell that from a hang.
     """
+    shell = "a sqlite3 shell" if url.startswith("sqlite") else "a session"
     said = (
         f"perfsweep: still waiting for the database {hide_password(url)} after {after_s:.0f} s: another process may hold its lock "
-        "(a sweep or import writing, a schema upgrade, a sqlite3 shell left inside a transaction); this goes on "
+        f"(a sweep or import writing, a schema upgrade, {shell} left inside a transaction); this goes on "
         "once it is free"
     )
 
     def say() -> None:  # a stop is held while results are stored (interrupts.held): Ctrl-C waits too
         interrupts = sys.modules.get("perfsweep.interrupts")  # a hold is made only where it is loaded
         held = interrupts is not None and interrupts.holding()  # (this module imports none of perfsweep)
-        print(said + ("" if held else " (Ctrl-C stops it)"), file=sys.stderr, flush=True)
+        ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN  # started with `&` in a script: it does nothing
+        print(said + ("" if held or ignored else " (Ctrl-C stops it)"), file=sys.stderr, flush=True)
 
     with said_if_slow(say, after_s):
         yield

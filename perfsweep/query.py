@@ -8,6 +8,7 @@ anything after a ``;`` are refused before the database sees them.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import decimal
 import json
@@ -112,8 +113,14 @@ def run_query(engine: Engine, sql: str) -> pd.DataFrame:
                 cursor.execute(sql)
                 keys = [d[0] for d in cursor.description or []]
                 rows = cursor.fetchall() if cursor.description else []
+            except KeyboardInterrupt:
+                # a stop cancels the statement and psycopg2 closes the connection (store._wait_stoppable),
+                # behind SQLAlchemy's back: its pool's rollback of it logged a traceback
+                conn.invalidate()
+                raise
             finally:
-                cursor.close()
+                with contextlib.suppress(Exception):  # closed with its connection
+                    cursor.close()
     except (DBAPIError, engine.dialect.loaded_dbapi.Error) as exc:
         raise QueryError(f"the database refused the query ({first_line(exc)})") from None
     raw = pd.DataFrame([tuple(r) for r in rows], columns=range(len(keys)), dtype=object)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
@@ -677,6 +678,48 @@ def test_sigterm_ends_a_long_query_at_once(tmp_path: Path):
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=30)
     assert time.monotonic() - start < 2 and proc.returncode == -signal.SIGTERM
+
+
+def test_ctrl_c_while_a_query_waits_for_a_postgresql_lock_is_one_line(pg_url: str, tmp_path: Path):
+    """Another session holds ``runs`` locked: Ctrl-C cancels the waiting query (store._wait_stoppable)
+    and psycopg2 closes its connection behind SQLAlchemy's back, whose pool then logged a
+    20-line traceback ("connection already closed") before the command's one line."""
+    import signal
+    import time
+
+    import psycopg2
+    from sqlalchemy.engine import make_url
+
+    from tests.pg import new_database
+    from tests.util import finish, start_as_in_a_terminal, wait_for
+
+    url = new_database(pg_url)
+    store.connect(url).dispose()
+    u = make_url(url)
+    other = psycopg2.connect(host=u.host, port=u.port, user=u.username, dbname=u.database)
+    watch = psycopg2.connect(host=u.host, port=u.port, user=u.username, dbname=u.database)
+    watch.autocommit = True
+    try:
+        other.cursor().execute("LOCK TABLE runs IN ACCESS EXCLUSIVE MODE")
+        proc = start_as_in_a_terminal(
+            [sys.executable, "-m", "perfsweep", "query", "select count(*) from runs", "--db", url], tmp_path
+        )
+
+        def waiting() -> bool:  # the query's backend queued for the lock
+            with watch.cursor() as cur:
+                cur.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
+                return cur.fetchone()[0] > 0 or proc.poll() is not None
+
+        wait_for(waiting, timeout=60)
+        os.killpg(proc.pid, signal.SIGINT)
+        asked = time.monotonic()
+        _, err = finish(proc, 60)
+        assert time.monotonic() - asked < 10 and proc.returncode == 130, err[-2000:]
+        assert err.strip() == "perfsweep query: interrupted", err[-3000:]
+    finally:
+        other.rollback()
+        other.close()
+        watch.close()
 
 
 def test_a_plain_postgresql_url_uses_the_driver_that_is_installed(pg_url: str, tmp_path: Path, capsys):
