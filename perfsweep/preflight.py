@@ -1066,7 +1066,9 @@ def claim_folder(folder: Path, key: str, resume: bool = False, launch_dir: Path 
         with os.fdopen(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644), "w") as fh:
             fh.write(f"pid={os.getpid()} host={socket.gethostname()} started={time.time():.0f}\n")
     except OSError as exc:
-        if isinstance(exc, FileExistsError) and marker.is_file():
+        odd = marker.is_dir() or (marker.is_symlink() and not marker.exists())  # a folder, or a link to none
+        if isinstance(exc, FileExistsError) and folder.is_dir() and not odd:
+            # the marker was there as this one was made; gone since, another sweep is taking it over
             then = ", or with -m add resume=true to continue it" if key == "hydra.sweep.dir" else ""
             raise ConfigError(
                 _stale_lock(folder, key)
@@ -1074,8 +1076,8 @@ def claim_folder(folder: Path, key: str, resume: bool = False, launch_dir: Path 
                 f"own folder (the default one is unique){then}"
             ) from None
         claim.release()  # a full disk, no permission, a file on the path: in one line
-        if isinstance(exc, FileExistsError) and (marker.exists() or marker.is_symlink()):
-            raise ConfigError(  # a folder, or a link to none: "a file stands where the folder would be" misled
+        if isinstance(exc, FileExistsError) and odd:
+            raise ConfigError(  # "a file stands where the folder would be" misled
                 f"{key}={folder}: its {SWEEP_MARKER} is a folder or a link, not perfsweep's mark of a sweep; "
                 f"remove it, or set {key} to another place"
             ) from None
@@ -1110,6 +1112,9 @@ EMPTY_MARK_AGE_S = 60.0
 """How old an empty marker must be to be taken for abandoned (:func:`_abandoned`). A sweep writes
 its marker's line microseconds after making it (:func:`claim_folder`); only a kill in between
 leaves it empty, so a minute is far past any sweep still about to write it."""
+
+TAKING_LOCK = f"{SWEEP_MARKER}.taking"
+"""The lock file :func:`_abandoned` holds while it looks at a marker."""
 
 TAKING_LOCK_AGE_S = 10.0
 """How old the takeover lock must be to be named as left behind (:func:`_stale_lock`): it is
@@ -1164,10 +1169,6 @@ def _abandoned(folder: Path) -> str | None:
         return None
     finally:
         lock.unlink(missing_ok=True)
-
-
-TAKING_LOCK = f"{SWEEP_MARKER}.taking"
-"""The lock file :func:`_abandoned` holds while it looks at a marker."""
 
 
 def _stale_lock(folder: Path, key: str) -> str | None:

@@ -263,21 +263,21 @@ class PerfsweepSweeper(BasicSweeper):
             interrupt = exc
             with interrupts.held(interrupts.STOPPING_NOTE):  # a second stop in the count's read lost the line
                 finished = None if searches else _finished_count(url, sweep_id, len(order), todo, since_id)
-                resume = f"perfsweep resume {sweep_id} --db {summary.db_arg(url)}"
-                if finished == len(order):
-                    # it came as the last job's process exited, its result stored: nothing is left to resume
-                    end = "done"
-                    exc.perfsweep_hint = (
-                        f"every job had finished and is stored; see them with: {summary.report_command(url, sweep_id)}"
-                    )
-                elif finished == 0:  # "finished jobs are in the database" read as if some were
-                    exc.perfsweep_hint = f"no job had finished; run them with: {resume}"
-                elif finished is not None:
-                    exc.perfsweep_hint = (
-                        f"{finished} of {len(order)} jobs finished and are stored; run the rest with: {resume}"
-                    )
-                else:  # a search's tries, or a database that cannot say: what is stored is kept
-                    exc.perfsweep_hint = f"finished jobs are in the database; run the rest with: {resume}"
+            resume = f"perfsweep resume {sweep_id} --db {summary.db_arg(url)}"
+            if finished == len(order):
+                # it came as the last job's process exited, its result stored: nothing is left to resume
+                end = "done"
+                exc.perfsweep_hint = (
+                    f"every job had finished and is stored; see them with: {summary.report_command(url, sweep_id)}"
+                )
+            elif finished == 0:  # "finished jobs are in the database" read as if some were
+                exc.perfsweep_hint = f"no job had finished; run them with: {resume}"
+            elif finished is not None:
+                exc.perfsweep_hint = (
+                    f"{finished} of {len(order)} jobs finished and are stored; run the rest with: {resume}"
+                )
+            else:  # a search's tries, or a database that cannot say: what is stored is kept
+                exc.perfsweep_hint = f"finished jobs are in the database; run the rest with: {resume}"
             raise
         finally:
             # after Ctrl-C or SIGTERM: the jobs still running are stopped and stored, and the sweep is
