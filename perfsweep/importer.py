@@ -189,6 +189,37 @@ def pending_files(url: str, sweep_dir: str) -> list[Path]:
     return [f for uid, f in uids.items() if uid not in stored]
 
 
+def kept_of_sweep(url: str, sweep_dir: str) -> list[Path]:
+    """:func:`pending_files` of the sweep in ``sweep_dir`` alone: the spare folder is named after
+    the sweep folder's last part only, so another sweep's results may lie there too."""
+    found = []
+    for f in pending_files(url, sweep_dir):
+        with contextlib.suppress(ValueError):  # not a result: `perfsweep import` names it
+            if read_result(f)[0]["sweep_dir"] == sweep_dir:
+                found.append(f)
+    return found
+
+
+def store_kept(url: str, sweep_dir: str) -> int:
+    """Store the results the database refused to the sweep in ``sweep_dir`` and its jobs kept as
+    result.json; returns how many. A resume does this first: those grid points read as unfinished
+    in the database, so it ran their jobs again (and a later import stored each point twice). The
+    database's error propagates when it refuses one; that file and those after it stay on disk."""
+    files = kept_of_sweep(url, sweep_dir)
+    if not files:
+        return 0
+    engine = store.connect(url)
+    stored = 0
+    try:
+        for f in files:
+            outcome, _ = import_file(engine, f)
+            log.debug("%s: %s", f, outcome)  # the resume says how many
+            stored += outcome != "already stored"
+    finally:
+        engine.dispose()
+    return stored
+
+
 def kept_runs(files: Sequence[Path]) -> list[dict[str, Any]]:
     """The ``runs`` rows kept in the readable result files among ``files`` (each with its run_uid)."""
     runs = []

@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import sqlite3
+import sys
 import threading
 from pathlib import Path
 
@@ -32,8 +33,10 @@ from tests.util import (
     run_perfsweep,
     run_row,
     sqlite_script,
+    start_as_in_a_terminal,
     start_perfsweep,
     tiny_job,
+    training,
     wait_for,
 )
 from tests.util import sqlite_rows as rows
@@ -477,3 +480,60 @@ def test_a_database_file_deleted_between_jobs_is_named_not_a_foreign_key(tmp_pat
     assert err.strip().splitlines()[-1].startswith("perfsweep: 2 results could not be written"), err[-3000:]
     assert importer.main([str(next((tmp_path / "multirun").glob("*/*"))), "--db", str(db)]) == 0
     assert [r["status"] for r in rows(db, "SELECT status FROM runs ORDER BY job_num")] == ["ok", "ok"]
+
+
+@pytest.mark.slow
+def test_a_stopped_sweep_counts_its_kept_results_and_a_resume_stores_them_before_running_the_rest(tmp_path: Path):
+    """The database refused the first job's result (kept as result.json) and Ctrl-C came in the
+    second: the last line said "no job had finished; run them with: perfsweep resume", under a
+    summary that showed the first ``unsaved``, and that resume ran the finished job again (a later
+    import then stored its grid point twice). The line now counts it; the resume stores it first,
+    and is refused, before any job, while the database still refuses it."""
+    db = tmp_path / "results.db"
+    store.connect(f"sqlite:///{db}").dispose()
+    sqlite_script(db, REFUSE_OUTCOMES)
+    tiny = [o for o in TINY if not o.startswith("steps.measure")]
+
+    def stopped_in_second_job(args: list[str], log: Path) -> str:
+        proc = start_as_in_a_terminal([sys.executable, "-m", "perfsweep", *args], tmp_path, log)
+        try:
+            wait_for(lambda: training(log, serial_job="[2/2]"))
+        except BaseException:  # the second job would train on for ever
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = finish(proc, 60)
+        assert proc.returncode == 130, err[-3000:]
+        return err.strip().splitlines()[-1]
+
+    last = stopped_in_second_job(["-m", "steps.measure=2,100000000", "device=cpu", *tiny], tmp_path / "sweep.txt")
+    resume = f"perfsweep resume 1 --db {db}"
+    assert last == (
+        "perfsweep: interrupted; 1 of 2 jobs finished, kept as result.json, which the database refused; "
+        f"store it and run the rest with: {resume}"
+    ), last
+    (kept,) = tmp_path.glob("multirun/*/*/0_*/result.json")
+    uid = json.loads(kept.read_text())["run"]["run_uid"]
+
+    res = run_perfsweep(["resume", "1", "--db", str(db)], tmp_path)  # the database still refuses
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert res.stderr.strip().splitlines()[-1] == (
+        f"perfsweep: resume=true: the database sqlite:///{db} refused a result this sweep kept as result.json "
+        "(disk I/O error (test trigger)); it stays on disk, and the resume stores it first once the database "
+        "takes writes; no job was started"
+    ), res.stderr[-3000:]
+    assert "[1/2]" not in res.stderr and kept.exists()
+
+    sqlite_script(db, "DROP TRIGGER refuse_outcomes;")
+    said = tmp_path / "resume.txt"
+    last = stopped_in_second_job(["resume", "1", "--db", str(db)], said)
+    text = said.read_text()
+    assert (
+        "perfsweep: stored 1 result this sweep kept as result.json when the database refused it; its grid point "
+        "is not run again\n" in text
+    ), text[-3000:]
+    assert "1 of 2 jobs already ok, 1 to run" in text and "\n[1/2] " not in text, text[-3000:]
+    assert last == f"perfsweep: interrupted; 1 of 2 jobs finished and are stored; run the rest with: {resume}"
+    runs = rows(db, "SELECT job_num, status, run_uid FROM runs ORDER BY id")
+    assert [(r["job_num"], r["status"]) for r in runs] == [(0, "ok"), (1, "interrupted"), (1, "interrupted")], runs
+    assert runs[0]["run_uid"] == uid  # its own row, completed in place: the grid point has one ok run

@@ -491,6 +491,41 @@ def test_a_resumed_points_earlier_outcome_is_not_counted_finished_after_a_ctrl_c
     assert _finished_count(store.sqlite_url(gone), sweep_id, 2, [1], since) is None and not gone.exists()
 
 
+def test_the_line_after_a_stop_counts_results_kept_as_result_json(tmp_path: Path):
+    """Finished jobs whose results the database refused read as unfinished there: the line after
+    a Ctrl-C said "no job had finished" of a sweep whose every job had (the summary above it
+    showed them ``unsaved``), and named the resume, which ran them again. They are counted, and
+    where none is left to run the line names the import (tests/test_kept_results.py stops a real
+    sweep in its second job)."""
+    from hydra_plugins.perfsweep_sweeper import _stopped_hint
+    from perfsweep import importer
+
+    url = store.sqlite_url(tmp_path / "results.db")
+    sweep_dir = tmp_path / "multirun"
+    kept = []
+    for num, status in ((0, "ok"), (1, "oom"), (2, "running")):  # a 'running' result is no outcome
+        (sweep_dir / str(num)).mkdir(parents=True)
+        kept.append(sweep_dir / str(num) / importer.RESULT_FILE)
+        run = run_row(1, job_num=num, status=status, run_uid=f"uid{num}")
+        importer.write_result_file(kept[-1], {"sweep_dir": str(sweep_dir), "name": "s"}, run)
+    resume, store_them = f"perfsweep resume 1 --db {tmp_path / 'results.db'}", f"perfsweep import {sweep_dir} --db"
+    assert _stopped_hint(url, 1, sweep_dir, 2, [0, 1], 0, kept[:2]) == (
+        f"every job had finished, kept as result.json, which the database refused; store them with: {store_them} "
+        f"{tmp_path / 'results.db'}",
+        True,
+    )
+    assert _stopped_hint(url, 1, sweep_dir, 4, [1, 2, 3], 1, kept) == (
+        "2 of 4 jobs finished, 1 of them kept as result.json, which the database refused; store it and run the "
+        f"rest with: {resume}",
+        False,
+    )
+    assert _stopped_hint(url, 1, sweep_dir, 3, [0, 1, 2], 0, []) == (
+        f"no job had finished; run them with: {resume}",
+        False,
+    )
+    assert _stopped_hint(url, 1, sweep_dir, 3, [2], 2, kept)[0].startswith("2 of 3 jobs finished and are stored")
+
+
 def test_sweep_killed_with_sigkill_then_resumed(tmp_path: Path):
     db = tmp_path / "results.db"
     proc = subprocess.Popen(

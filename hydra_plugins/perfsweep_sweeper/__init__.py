@@ -23,7 +23,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
@@ -121,6 +121,15 @@ class PerfsweepSweeper(BasicSweeper):
                     done = preflight.resume_points(url, str(sweep_dir), grid, searched)
                 except ConfigError as exc:
                     _refuse(str(exc))
+                if kept := _store_kept(url, sweep_dir):  # finished: not run again
+                    done = preflight.resume_points(url, str(sweep_dir), grid, searched)
+                    many = kept != 1
+                    print(
+                        f"perfsweep: stored {kept} result{'s' if many else ''} this sweep kept as result.json when "
+                        f"the database refused {'them' if many else 'it'}; {'their' if many else 'its'} grid "
+                        f"point{'s are' if many else ' is'} not run again",
+                        file=sys.stderr,
+                    )
                 todo = [p for p, (i, _) in enumerate(order) if (p, hashes[i]) not in done]
                 print(
                     f"perfsweep: resuming the sweep in {sweep_dir}: {len(order) - len(todo)} of {len(order)} "
@@ -263,21 +272,11 @@ class PerfsweepSweeper(BasicSweeper):
             interrupt = exc
             with interrupts.held(interrupts.STOPPING_NOTE):  # a second stop in the count's read lost the line
                 finished = None if searches else _finished_count(url, sweep_id, len(order), todo, since_id)
-            resume = f"perfsweep resume {sweep_id} --db {summary.db_arg(url)}"
-            if finished == len(order):
-                # it came as the last job's process exited, its result stored: nothing is left to resume
+                # finished, but refused by the database: read as unfinished there ("no job had finished")
+                kept = importer.kept_of_sweep(url, str(sweep_dir)) if finished is not None else []
+            exc.perfsweep_hint, all_done = _stopped_hint(url, sweep_id, sweep_dir, len(order), todo, finished, kept)
+            if all_done:  # it came as the last job's process exited: nothing is left to resume
                 end = "done"
-                exc.perfsweep_hint = (
-                    f"every job had finished and is stored; see them with: {summary.report_command(url, sweep_id)}"
-                )
-            elif finished == 0:  # "finished jobs are in the database" read as if some were
-                exc.perfsweep_hint = f"no job had finished; run them with: {resume}"
-            elif finished is not None:
-                exc.perfsweep_hint = (
-                    f"{finished} of {len(order)} jobs finished and are stored; run the rest with: {resume}"
-                )
-            else:  # a search's tries, or a database that cannot say: what is stored is kept
-                exc.perfsweep_hint = f"finished jobs are in the database; run the rest with: {resume}"
             raise
         finally:
             # after Ctrl-C or SIGTERM: the jobs still running are stopped and stored, and the sweep is
@@ -392,6 +391,46 @@ def _last_run_id(url: str, sweep_id: int) -> int:
     return last or 0
 
 
+def _stopped_hint(
+    url: str,
+    sweep_id: int,
+    sweep_dir: Path,
+    n_jobs: int,
+    todo: list[int],
+    finished: int | None,
+    kept: list[Path],
+) -> tuple[str, bool]:
+    """The last line's advice after a stop, and whether every job had finished. ``finished``: the
+    grid points finished and stored (:func:`_finished_count`; None when not known); ``kept``: the
+    result files the database refused (perfsweep.importer.kept_of_sweep), whose points read as
+    unfinished in it, so the line said "no job had finished" under a summary showing them
+    ``unsaved``. A resume stores them first; the import stores them without running anything."""
+    from perfsweep import importer, summary
+    from perfsweep.names import FINAL_STATUSES
+
+    resume = f"perfsweep resume {sweep_id} --db {summary.db_arg(url)}"
+    if finished is None:  # a search's tries, or a database that cannot say: what is stored is kept
+        return f"finished jobs are in the database; run the rest with: {resume}", False
+    kept_points = {
+        r["job_num"] for r in importer.kept_runs(kept) if r.get("job_num") in todo and r.get("status") in FINAL_STATUSES
+    }
+    done = finished + len(kept_points)
+    if kept_points:
+        them = "them" if len(kept_points) != 1 else "it"
+        how = "kept as result.json, which the database refused"
+        how = f"{len(kept_points)} of them {how}" if done > len(kept_points) else how
+        if done == n_jobs:
+            what = "every job" if n_jobs != 1 else "the job"
+            store_them = importer.import_command(url, sweep_dir, kept)
+            return f"{what} had finished, {how}; store {them} with: {store_them}", True
+        return f"{done} of {n_jobs} jobs finished, {how}; store {them} and run the rest with: {resume}", False
+    if done == n_jobs:
+        return f"every job had finished and is stored; see them with: {summary.report_command(url, sweep_id)}", True
+    if done == 0:  # "finished jobs are in the database" read as if some were
+        return f"no job had finished; run them with: {resume}", False
+    return f"{done} of {n_jobs} jobs finished and are stored; run the rest with: {resume}", False
+
+
 def _finished_count(url: str, sweep_id: int, n_jobs: int, todo: list[int], since_id: int) -> int | None:
     """How many of the sweep's ``n_jobs`` grid points are finished, for the line after a Ctrl-C:
     those this launch did not run (a resume's points already ok), and those of ``todo`` whose
@@ -483,7 +522,24 @@ def _plan(todo: int, searches: int) -> str:
     return f"{' and '.join(parts)}, one process each"
 
 
-def _refuse(message: str) -> None:
+def _store_kept(url: str, sweep_dir: Path) -> int:
+    """A resume's first step (perfsweep.importer.store_kept). Refused, before any job, where the
+    database still refuses them: the grid points would run again into a database that keeps
+    refusing, and a later import would store each of them twice."""
+    from perfsweep import importer, store
+    from perfsweep.cli import first_line
+
+    try:
+        return importer.store_kept(url, str(sweep_dir))
+    except Exception as exc:  # noqa: BLE001 - the driver's first line says what
+        _refuse(
+            f"resume=true: the database {store.hide_password(url)} refused a result this sweep kept as result.json "
+            f"({first_line(exc)}{store.write_hint(url, exc)}); it stays on disk, and the resume stores it first "
+            "once the database takes writes"
+        )
+
+
+def _refuse(message: str) -> NoReturn:
     """Bad input: one line, exit code 2, before any job process exists."""
     print(f"perfsweep: {message}; no job was started", file=sys.stderr)
     sys.exit(2)
