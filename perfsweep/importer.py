@@ -209,15 +209,19 @@ def store_kept(url: str, sweep_dir: str) -> int:
     if not files:
         return 0
     engine = store.connect(url)
-    stored = 0
+    stored: set[int] = set()  # their sweep ids
+    n = 0
     try:
         for f in files:
-            outcome, _ = import_file(engine, f)
+            outcome, sweep_id = import_file(engine, f)
             log.debug("%s: %s", f, outcome)  # the resume says how many
-            stored += outcome != "already stored"
+            if outcome != "already stored":
+                n += 1
+                stored.add(sweep_id)
+        _redraw(engine, stored)  # a sweep closed already (every job had finished) is not closed again
     finally:
         engine.dispose()
-    return stored
+    return n
 
 
 def kept_runs(files: Sequence[Path]) -> list[dict[str, Any]]:

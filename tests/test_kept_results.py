@@ -537,3 +537,23 @@ def test_a_stopped_sweep_counts_its_kept_results_and_a_resume_stores_them_before
     runs = rows(db, "SELECT job_num, status, run_uid FROM runs ORDER BY id")
     assert [(r["job_num"], r["status"]) for r in runs] == [(0, "ok"), (1, "interrupted"), (1, "interrupted")], runs
     assert runs[0]["run_uid"] == uid  # its own row, completed in place: the grid point has one ok run
+
+
+@pytest.mark.slow
+def test_a_resume_of_a_sweep_whose_every_result_was_kept_stores_them_and_draws_its_figures(tmp_path: Path):
+    """Every job finished and the database refused both results: a resume stores them (and runs
+    nothing), draws the speedups the sweep's end drew without them, and shows the summary."""
+    db = tmp_path / "results.db"
+    store.connect(f"sqlite:///{db}").dispose()
+    sqlite_script(db, REFUSE_OUTCOMES)
+    res = run_perfsweep(["-m", "amp=false,true", "device=cpu", *TINY], tmp_path)
+    assert res.returncode == 1 and "2 results could not be written" in res.stderr, res.stderr[-3000:]
+    sqlite_script(db, "DROP TRIGGER refuse_outcomes;")
+    res = run_perfsweep(["resume", "1", "--db", str(db)], tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "stored 2 results this sweep kept as result.json" in res.stderr and "[1/2]" not in res.stderr
+    assert "2 of 2 jobs already ok, 0 to run" in res.stderr, res.stderr[-3000:]
+    assert "Sweep 1 (2 runs, 2 ok)" in res.stdout, res.stdout[-3000:]
+    runs = rows(db, "SELECT status, speedup_verdict FROM runs ORDER BY job_num")
+    assert [r["status"] for r in runs] == ["ok", "ok"] and runs[0]["speedup_verdict"] == "baseline", runs
+    assert runs[1]["speedup_verdict"] is not None, runs

@@ -121,11 +121,11 @@ class PerfsweepSweeper(BasicSweeper):
                     done = preflight.resume_points(url, str(sweep_dir), grid, searched)
                 except ConfigError as exc:
                     _refuse(str(exc))
-                if kept := _store_kept(url, sweep_dir):  # finished: not run again
+                if imported := _store_kept(url, sweep_dir):  # finished: not run again
                     done = preflight.resume_points(url, str(sweep_dir), grid, searched)
-                    many = kept != 1
+                    many = imported != 1
                     print(
-                        f"perfsweep: stored {kept} result{'s' if many else ''} this sweep kept as result.json when "
+                        f"perfsweep: stored {imported} result{'s' if many else ''} this sweep kept as result.json when "
                         f"the database refused {'them' if many else 'it'}; {'their' if many else 'its'} grid "
                         f"point{'s are' if many else ' is'} not run again",
                         file=sys.stderr,
@@ -148,6 +148,8 @@ class PerfsweepSweeper(BasicSweeper):
                         if not late[1]:
                             print(summary.unclosed_line(url, late[0]), file=sys.stderr)
                             sys.exit(1)
+                    elif imported:  # its summary and report were drawn without them
+                        summary.show_sweep(url, str(sweep_dir), first.report, swept=_swept_keys(jobs))
                     elif first.report and not (sweep_dir / "report" / "report.md").exists():
                         print(
                             f"perfsweep: the sweep has no report yet; build it with: {summary.report_command(url, sweep_dir)}"
