@@ -256,9 +256,9 @@ def hydra_main(cfg: DictConfig) -> str:
         if not interrupts.repeated():  # a second Ctrl-C: the user wants out, not a table
             summary.show_sweep(url, sweep_dir, make_report=False)
         raise
-    with summary.hint_stored(url, sweep_id):  # the run is stored: only the summary (or report) is missing
+    with summary.hint_stored(url, sweep_id, sweep_dir):  # the run is stored: only the summary (or report) is missing
         closed = summary.close_sweep(url, sweep_dir, "done")
-        kept = importer.pending_files(url, sweep_dir) if run_id is None else []  # the database refused it
+        kept = importer.kept_of_sweep(url, sweep_dir) if run_id is None else []  # the database refused it
         summary.show_sweep(url, sweep_dir, make_report=run_cfg.report, unsaved=importer.kept_runs(kept))
     not_ok = run_id is not None and status not in EXIT_0_STATUSES and not run_cfg.allow_failures
     if not_ok:  # what went wrong, then what to type: the import, the close

@@ -200,28 +200,58 @@ def kept_of_sweep(url: str, sweep_dir: str) -> list[Path]:
     return found
 
 
-def store_kept(url: str, sweep_dir: str) -> int:
+def store_kept(url: str, sweep_dir: str) -> list[str]:
     """Store the results the database refused to the sweep in ``sweep_dir`` and its jobs kept as
-    result.json; returns how many. A resume does this first: those grid points read as unfinished
-    in the database, so it ran their jobs again (and a later import stored each point twice). The
-    database's error propagates when it refuses one; that file and those after it stay on disk."""
+    result.json; returns the statuses of those stored. A resume does this first: those grid points
+    read as unfinished in the database, so it ran their jobs again (and a later import stored each
+    point twice). The database's error propagates when it refuses one; that file and those after
+    it stay on disk."""
     files = kept_of_sweep(url, sweep_dir)
     if not files:
-        return 0
+        return []
     engine = store.connect(url)
-    stored: set[int] = set()  # their sweep ids
-    n = 0
+    statuses: list[str] = []
+    sweep_ids: set[int] = set()
     try:
         for f in files:
             outcome, sweep_id = import_file(engine, f)
-            log.debug("%s: %s", f, outcome)  # the resume says how many
+            log.debug("%s: %s", f, outcome)  # stored_line says how many
             if outcome != "already stored":
-                n += 1
-                stored.add(sweep_id)
-        _redraw(engine, stored)  # a sweep closed already (every job had finished) is not closed again
+                statuses.append(str(read_result(f)[1].get("status")))
+                sweep_ids.add(sweep_id)
+        _redraw(engine, sweep_ids)  # a sweep closed already (every job had finished) is not closed again
     finally:
         engine.dispose()
-    return n
+    return statuses
+
+
+def stored_line(statuses: list[str]) -> str:
+    """What :func:`store_kept` did, for a person: ``stored 2 results this sweep kept as
+    result.json when the database refused them (1 ok, 1 failed)``. The statuses tell which grid
+    points a resume still runs (any but ok), so it does not say they are done."""
+    many = len(statuses) != 1
+    counts = ", ".join(f"{statuses.count(s)} {s}" for s in dict.fromkeys(statuses))
+    return (
+        f"stored {len(statuses)} result{'s' if many else ''} this sweep kept as {RESULT_FILE} when the database "
+        f"refused {'them' if many else 'it'} ({counts})"
+    )
+
+
+def kept_hint(url: str, sweep_dir: str) -> str | None:
+    """The last line's advice after a stop that came once every job had ended (the sweep being
+    closed, its summary printed), where some results are only on disk: it said "the runs are
+    stored", and ``resume --close`` then found nothing to do. None where none is kept."""
+    try:
+        kept = kept_of_sweep(url, sweep_dir)
+    except Exception:  # noqa: BLE001 - the database cannot say: the summary above shows what is kept
+        return None
+    if not kept:
+        return None
+    them = f"{len(kept)} results" if len(kept) != 1 else "a result"
+    return (
+        f"{them} the database refused {'are' if len(kept) != 1 else 'is'} kept as {RESULT_FILE}; "
+        f"store {'them' if len(kept) != 1 else 'it'} with: {import_command(url, sweep_dir, kept)}"
+    )
 
 
 def kept_runs(files: Sequence[Path]) -> list[dict[str, Any]]:

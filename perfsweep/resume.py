@@ -113,12 +113,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     single = bool(sweep.command) and not is_multirun(sweep.command)  # a sweep imported into has no command
     if args.close or single:  # runs no job: its folder may be gone
-        if sweep.status == "done":
-            if args.close:
-                print(f"perfsweep resume: sweep {sweep.id} is closed already; nothing to store", file=sys.stderr)
-                return 0
-        else:
+        if (stored := _store_kept(url, sweep)) is None:
+            return 1
+        if sweep.status != "done":
             return _close(url, sweep)
+        if stored:  # closed without them: the figures are drawn again (store_kept), and the report
+            _show(url, sweep)
+            return 0
+        if args.close:
+            print(f"perfsweep resume: sweep {sweep.id} is closed already; nothing to store", file=sys.stderr)
+            return 0
     if sweep.sweep_dir and not os.path.isfile(os.path.join(sweep.sweep_dir, SWEEP_MARKER)):
         print(
             f"perfsweep resume: sweep {sweep.id}'s folder {sweep.sweep_dir} is gone (moved or deleted), and its "
@@ -190,11 +194,42 @@ def _close(url: str, sweep: store.Sweep) -> int:
         "no job was run",
         file=sys.stderr,
     )
+    _show(url, sweep)
+    return 0
+
+
+def _show(url: str, sweep: store.Sweep) -> None:
+    """The sweep's summary, and its report drawn again where it had one (drawn before without
+    what was stored since)."""
+    from perfsweep import summary
+
     redraw = bool(sweep.sweep_dir) and os.path.isfile(os.path.join(sweep.sweep_dir, "report", "report.md"))
     summary.show_sweep(url, sweep.sweep_dir, make_report=redraw)
     if not redraw:  # none was drawn (report=false, or the sweep stopped first): said, not left to guess
         print(f"Report:  none drawn; draw it with: {summary.report_command(url, sweep.id)}")
-    return 0
+
+
+def _store_kept(url: str, sweep: store.Sweep) -> list[str] | None:
+    """``--close`` (and a single run) first stores the results the database refused and the jobs
+    kept as result.json (perfsweep.importer.store_kept): without them their grid points read as
+    unfinished, and a closed sweep as having nothing to store. None, said, where it still refuses."""
+    from perfsweep import importer
+
+    if not sweep.sweep_dir:
+        return []
+    try:
+        stored = importer.store_kept(url, sweep.sweep_dir)
+    except Exception as exc:  # noqa: BLE001 - the driver's first line says what
+        print(
+            f"perfsweep resume: sweep {sweep.id}: the database refused a result it kept as {importer.RESULT_FILE} "
+            f"({first_line(exc)}{store.write_hint(url, exc)}); it stays on disk; run this again once the "
+            "database takes writes",
+            file=sys.stderr,
+        )
+        return None
+    if stored:
+        print(f"perfsweep resume: sweep {sweep.id}: {importer.stored_line(stored)}", file=sys.stderr)
+    return stored
 
 
 if __name__ == "__main__":

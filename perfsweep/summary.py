@@ -472,16 +472,19 @@ def unclosed_line(url: str, sweep_id: int | str, after_import: bool = False) -> 
 
 
 @contextlib.contextmanager
-def hint_stored(url: str, sweep_id: int) -> Iterator[None]:
+def hint_stored(url: str, sweep_id: int, sweep_dir: str) -> Iterator[None]:
     """Ctrl-C or SIGTERM here came once the runs were stored: only the summary (or the report) is
-    missing, so the last line names the report command, unless an earlier hint said more."""
+    missing, so the last line names the report command, unless an earlier hint said more, or
+    results the database refused are kept on disk (then it names the import)."""
     try:
         yield
     except KeyboardInterrupt as exc:
-        exc.perfsweep_hint = (
-            getattr(exc, "perfsweep_hint", None)
-            or f"the runs are stored; see them with: {report_command(url, sweep_id)}"
-        )
+        if getattr(exc, "perfsweep_hint", None) is None:
+            from perfsweep import importer
+
+            with interrupts.held():  # a second stop in this read lost the line
+                kept = importer.kept_hint(url, sweep_dir)
+            exc.perfsweep_hint = kept or f"the runs are stored; see them with: {report_command(url, sweep_id)}"
         raise
 
 

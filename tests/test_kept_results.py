@@ -528,10 +528,7 @@ def test_a_stopped_sweep_counts_its_kept_results_and_a_resume_stores_them_before
     said = tmp_path / "resume.txt"
     last = stopped_in_second_job(["resume", "1", "--db", str(db)], said)
     text = said.read_text()
-    assert (
-        "perfsweep: stored 1 result this sweep kept as result.json when the database refused it; its grid point "
-        "is not run again\n" in text
-    ), text[-3000:]
+    assert "perfsweep: stored 1 result this sweep kept as result.json when the database refused it (1 ok)\n" in text
     assert "1 of 2 jobs already ok, 1 to run" in text and "\n[1/2] " not in text, text[-3000:]
     assert last == f"perfsweep: interrupted; 1 of 2 jobs finished and are stored; run the rest with: {resume}"
     runs = rows(db, "SELECT job_num, status, run_uid FROM runs ORDER BY id")
@@ -540,20 +537,55 @@ def test_a_stopped_sweep_counts_its_kept_results_and_a_resume_stores_them_before
 
 
 @pytest.mark.slow
-def test_a_resume_of_a_sweep_whose_every_result_was_kept_stores_them_and_draws_its_figures(tmp_path: Path):
+@pytest.mark.parametrize("close", [False, True], ids=["resume", "resume-close"])
+def test_a_resume_of_a_sweep_whose_every_result_was_kept_stores_them_and_draws_its_figures(close: bool, tmp_path: Path):
     """Every job finished and the database refused both results: a resume stores them (and runs
-    nothing), draws the speedups the sweep's end drew without them, and shows the summary."""
+    nothing), draws the speedups the sweep's end drew without them, and shows the summary.
+    ``--close`` said "sweep 1 is closed already; nothing to store" (found by a fault-injection pass)."""
     db = tmp_path / "results.db"
     store.connect(f"sqlite:///{db}").dispose()
     sqlite_script(db, REFUSE_OUTCOMES)
     res = run_perfsweep(["-m", "amp=false,true", "device=cpu", *TINY], tmp_path)
     assert res.returncode == 1 and "2 results could not be written" in res.stderr, res.stderr[-3000:]
     sqlite_script(db, "DROP TRIGGER refuse_outcomes;")
-    res = run_perfsweep(["resume", "1", "--db", str(db)], tmp_path)
+    res = run_perfsweep(["resume", "1", "--db", str(db), *(["--close"] if close else [])], tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "stored 2 results this sweep kept as result.json" in res.stderr and "[1/2]" not in res.stderr
-    assert "2 of 2 jobs already ok, 0 to run" in res.stderr, res.stderr[-3000:]
+    assert "stored 2 results this sweep kept as result.json when the database refused them (2 ok)" in res.stderr
+    assert "[1/2]" not in res.stderr and ("0 to run" in res.stderr) != close, res.stderr[-3000:]
     assert "Sweep 1 (2 runs, 2 ok)" in res.stdout, res.stdout[-3000:]
     runs = rows(db, "SELECT status, speedup_verdict FROM runs ORDER BY job_num")
     assert [r["status"] for r in runs] == ["ok", "ok"] and runs[0]["speedup_verdict"] == "baseline", runs
     assert runs[1]["speedup_verdict"] is not None, runs
+
+
+def test_a_stop_after_the_last_job_names_the_import_of_the_results_kept_on_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A stop while the sweep is closed, after its last job: the line said "the runs are stored;
+    see them with: perfsweep report" of results the database had refused, kept as result.json
+    (found by a fault-injection pass). Only this sweep's files count: the spare folder under the
+    system's temporary folder is named by the sweep folder's last part, which another sweep's
+    folder may share."""
+    import tempfile
+
+    from perfsweep import summary
+
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # the spare folder's parent
+    url = store.sqlite_url(tmp_path / "results.db")
+    store.connect(url).dispose()
+    mine, other = tmp_path / "a" / "sw", tmp_path / "b" / "sw"
+    for sweep_dir, job in ((mine, mine / "0_job"), (other, importer.spare_folder(mine) / "1_job")):
+        job.mkdir(parents=True)
+        run = run_row(1, job_num=int(job.name[0]), run_uid=f"uid-{sweep_dir.parent.name}")
+        importer.write_result_file(job / importer.RESULT_FILE, {"sweep_dir": str(sweep_dir), "name": "s"}, run)
+    assert importer.kept_of_sweep(url, str(mine)) == [mine / "0_job" / importer.RESULT_FILE]
+    with pytest.raises(KeyboardInterrupt) as stopped, summary.hint_stored(url, 1, str(mine)):
+        raise KeyboardInterrupt
+    assert stopped.value.perfsweep_hint == (
+        f"a result the database refused is kept as result.json; store it with: perfsweep import {mine} --db "
+        f"{tmp_path / 'results.db'}"
+    )
+    with pytest.raises(KeyboardInterrupt) as stopped, summary.hint_stored(url, 1, str(tmp_path / "c")):
+        raise KeyboardInterrupt
+    assert stopped.value.perfsweep_hint.startswith("the runs are stored; see them with: perfsweep report")

@@ -121,15 +121,9 @@ class PerfsweepSweeper(BasicSweeper):
                     done = preflight.resume_points(url, str(sweep_dir), grid, searched)
                 except ConfigError as exc:
                     _refuse(str(exc))
-                if imported := _store_kept(url, sweep_dir):  # finished: not run again
+                if imported := _store_kept(url, sweep_dir):  # a finished point is not run again
                     done = preflight.resume_points(url, str(sweep_dir), grid, searched)
-                    many = imported != 1
-                    print(
-                        f"perfsweep: stored {imported} result{'s' if many else ''} this sweep kept as result.json when "
-                        f"the database refused {'them' if many else 'it'}; {'their' if many else 'its'} grid "
-                        f"point{'s are' if many else ' is'} not run again",
-                        file=sys.stderr,
-                    )
+                    print(f"perfsweep: {importer.stored_line(imported)}", file=sys.stderr)
                 todo = [p for p, (i, _) in enumerate(order) if (p, hashes[i]) not in done]
                 print(
                     f"perfsweep: resuming the sweep in {sweep_dir}: {len(order) - len(todo)} of {len(order)} "
@@ -284,14 +278,16 @@ class PerfsweepSweeper(BasicSweeper):
             # after Ctrl-C or SIGTERM: the jobs still running are stopped and stored, and the sweep is
             # closed with its figures, even if a second one comes (it is held, then skips the summary)
             try:
-                with summary.hint_stored(url, sweep_id):  # all is stored: only the summary (or report) is missing
+                with summary.hint_stored(
+                    url, sweep_id, str(sweep_dir)
+                ):  # all is stored: only the summary (or report) is missing
                     with interrupts.held(interrupts.STOPPING_NOTE if end != "done" else None):
                         launcher.end_concurrent()
                         closed = summary.close_sweep(url, str(sweep_dir), end)
                     if interrupt is not None and end == "done" and not closed:  # not "see them": close it first
                         interrupt.perfsweep_hint = summary.unclosed_hint(url, sweep_id)
                     if not interrupts.repeated():  # a second Ctrl-C: the user wants out, not a table
-                        kept = importer.kept_runs(importer.pending_files(url, str(sweep_dir)))
+                        kept = importer.kept_runs(importer.kept_of_sweep(url, str(sweep_dir)))
                         summary.show_sweep(url, str(sweep_dir), first.report, kept, swept=_swept_keys(jobs))
             except Exception as exc:  # noqa: BLE001 - never hide the jobs' own outcome
                 with contextlib.suppress(OSError):  # where the output itself is gone, the exit code says it
@@ -308,7 +304,7 @@ class PerfsweepSweeper(BasicSweeper):
                 f"perfsweep: {launcher.not_ok_line(statuses)}; exit code 1 (allow_failures=true exits 0)",
                 file=sys.stderr,
             )
-        unsaved = importer.pending_files(url, str(sweep_dir))
+        unsaved = importer.kept_of_sweep(url, str(sweep_dir))
         if unsaved:
             print(
                 f"perfsweep: {len(unsaved)} result{'s' if len(unsaved) != 1 else ''} could not be written to "
@@ -524,7 +520,7 @@ def _plan(todo: int, searches: int) -> str:
     return f"{' and '.join(parts)}, one process each"
 
 
-def _store_kept(url: str, sweep_dir: Path) -> int:
+def _store_kept(url: str, sweep_dir: Path) -> list[str]:
     """A resume's first step (perfsweep.importer.store_kept). Refused, before any job, where the
     database still refuses them: the grid points would run again into a database that keeps
     refusing, and a later import would store each of them twice."""
