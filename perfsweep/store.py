@@ -1104,6 +1104,10 @@ def schema_template() -> Path:
     return template
 
 
+_mark_refusals_said: set[tuple[str, str]] = set()
+"""(database, error) of :func:`connect`'s marking of dead runs that was refused and said."""
+
+
 def connect(url: str, check: bool = False) -> Engine:
     """Open the database at ``url`` for writing: bring its schema to the current revision and
     mark the runs of jobs whose process is gone ``interrupted`` (see :func:`mark_interrupted`).
@@ -1126,7 +1130,13 @@ def connect(url: str, check: bool = False) -> Engine:
     try:
         mark_interrupted(engine)
     except Exception as exc:  # noqa: BLE001 - housekeeping must not stop a sweep or an import
-        log.warning("could not mark the runs of dead jobs interrupted: %s", first_line(exc))
+        said = (hide_password(url), first_line(exc))
+        # once a process: a resume's sweeper opens the database several times, and printed it each
+        # time before its one-line answer (found by a fault-injection pass)
+        (log.debug if said in _mark_refusals_said else log.warning)(
+            "could not mark the runs of dead jobs interrupted: %s", said[1]
+        )
+        _mark_refusals_said.add(said)
     return engine
 
 

@@ -7,6 +7,7 @@ Real databases (a SQLite file, the test PostgreSQL server), real sweeps killed w
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -34,6 +35,7 @@ from tests.util import (
     read_only,
     run_perfsweep,
     run_row,
+    sqlite_script,
     start_as_in_a_terminal,
     stopped_while_the_database_is_waited_for,
     wait_for,
@@ -90,6 +92,25 @@ def test_running_rows_of_gone_processes_become_interrupted(engine):
     assert dead_run.error.endswith("; run its command again to measure it")  # a single run cannot be resumed
     assert sweeps == {sweep_alive: "running", sweep_dead: "interrupted"}
     assert store.mark_interrupted(engine) == 0  # idempotent
+
+
+def test_a_refused_marking_of_dead_runs_is_said_once_a_process(tmp_path: Path, caplog: pytest.LogCaptureFixture):
+    """A database that refuses the marking: each connection said so, and a resume's sweeper, which
+    opens it several times, printed the line four times before its one-line refusal."""
+    url = store.sqlite_url(tmp_path / "results.db")
+    engine = store.connect(url)
+    sweep = store.start_sweep(engine, "/s/dead", "dead", hostname=socket.gethostname(), command="perfsweep amp=true")
+    store.begin_run(engine, base_row(sweep, 0, hostname=socket.gethostname(), pid=dead_pid()))
+    engine.dispose()
+    sqlite_script(
+        tmp_path / "results.db",
+        "CREATE TRIGGER refuse BEFORE UPDATE OF status ON runs BEGIN SELECT RAISE(ABORT, 'refused (test)'); END;",
+    )
+    with caplog.at_level(logging.DEBUG, logger="perfsweep.store"):
+        for _ in range(3):
+            store.connect(url).dispose()
+    said = [r.levelno for r in caplog.records if r.getMessage().startswith("could not mark the runs of dead jobs")]
+    assert said == [logging.WARNING, logging.DEBUG, logging.DEBUG], caplog.records
 
 
 def test_heartbeat_uses_the_database_clock(engine, monkeypatch: pytest.MonkeyPatch):
