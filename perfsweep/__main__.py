@@ -256,7 +256,8 @@ def hydra_main(cfg: DictConfig) -> str:
         if not interrupts.repeated():  # a second Ctrl-C: the user wants out, not a table
             summary.show_sweep(url, sweep_dir, make_report=False)
         raise
-    with summary.hint_stored(url, sweep_id, sweep_dir):  # the run is stored: only the summary (or report) is missing
+    # the run is stored: only the summary (or report) is missing, or an import of what is kept
+    with summary.hint_stored(url, sweep_id, lambda: importer.kept_hint(url, sweep_dir)):
         closed = summary.close_sweep(url, sweep_dir, "done")
         kept = importer.kept_of_sweep(url, sweep_dir) if run_id is None else []  # the database refused it
         summary.show_sweep(url, sweep_dir, make_report=run_cfg.report, unsaved=importer.kept_runs(kept))

@@ -200,6 +200,19 @@ def kept_of_sweep(url: str, sweep_dir: str) -> list[Path]:
     return found
 
 
+def unreadable_kept(sweep_dir: str) -> list[str]:
+    """Why each result file under ``sweep_dir`` that is no result is not (truncated by a full
+    disk, edited): a resume skipped them without a word, and ran their grid points again. (The
+    spare folder is not looked in: whose such a file there is, nothing says.)"""
+    said = []
+    for f in sorted(Path(sweep_dir).rglob(RESULT_FILE)):
+        try:
+            read_result(f)
+        except ValueError as exc:
+            said.append(str(exc))
+    return said
+
+
 def store_kept(url: str, sweep_dir: str) -> list[str]:
     """Store the results the database refused to the sweep in ``sweep_dir`` and its jobs kept as
     result.json; returns the statuses of those stored. A resume does this first: those grid points

@@ -904,7 +904,8 @@ def resume_points(url: str, sweep_dir: str, grid: list[tuple[int, str]], searche
     Refused when the database holds no sweep for the folder (a resume typed by hand without the
     sweep's db.url started a new sweep in ./results.db inside the old sweep's folder and wrote
     over its report), or when the stored runs are of another grid (an override added or changed:
-    its points were appended to the old sweep, which then mixed two grids).
+    its points were appended to the old sweep, which then mixed two grids), counting the results
+    the sweep kept as result.json, which the resume stores next (perfsweep.importer.store_kept).
     """
     from sqlalchemy import select
 
@@ -939,11 +940,17 @@ def resume_points(url: str, sweep_dir: str, grid: list[tuple[int, str]], searche
             n_jobs, command, sweep_id = sweep.n_jobs, sweep.command, sweep.id
     finally:
         engine.dispose()
+    from perfsweep import importer  # a resume stores these first: of another grid, it is refused before
+
+    kept = [
+        (r.get("job_num"), r.get("config_hash"), r.get("status"), r.get("batch_search_id"))
+        for r in importer.kept_runs(importer.kept_of_sweep(url, sweep_dir))
+    ]
     points = set(grid)
     other = [  # a search's tries carry their own batches' hashes, never the grid point's
         j
-        for j, h, _, search_id in rows
-        if j is not None and j < len(grid) and search_id is None and (int(j), h) not in points
+        for j, h, _, search_id in [*rows, *kept]
+        if isinstance(j, int) and j < len(grid) and search_id is None and (int(j), h) not in points
     ]
     if (n_jobs is not None and n_jobs != len(grid)) or other:
         differs = _what_differs(command, store.typed_command())

@@ -8,7 +8,7 @@ import logging
 import re
 import shlex
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -472,19 +472,17 @@ def unclosed_line(url: str, sweep_id: int | str, after_import: bool = False) -> 
 
 
 @contextlib.contextmanager
-def hint_stored(url: str, sweep_id: int, sweep_dir: str) -> Iterator[None]:
+def hint_stored(url: str, sweep_id: int, kept: Callable[[], str | None]) -> Iterator[None]:
     """Ctrl-C or SIGTERM here came once the runs were stored: only the summary (or the report) is
     missing, so the last line names the report command, unless an earlier hint said more, or
-    results the database refused are kept on disk (then it names the import)."""
+    ``kept`` (perfsweep.importer.kept_hint) names the import of results the database refused."""
     try:
         yield
     except KeyboardInterrupt as exc:
         if getattr(exc, "perfsweep_hint", None) is None:
-            from perfsweep import importer
-
             with interrupts.held():  # a second stop in this read lost the line
-                kept = importer.kept_hint(url, sweep_dir)
-            exc.perfsweep_hint = kept or f"the runs are stored; see them with: {report_command(url, sweep_id)}"
+                on_disk = kept()
+            exc.perfsweep_hint = on_disk or f"the runs are stored; see them with: {report_command(url, sweep_id)}"
         raise
 
 

@@ -525,10 +525,13 @@ def test_a_stopped_sweep_counts_its_kept_results_and_a_resume_stores_them_before
     assert "[1/2]" not in res.stderr and kept.exists()
 
     sqlite_script(db, "DROP TRIGGER refuse_outcomes;")
+    (cut,) = tmp_path.glob("multirun/*/*/1_*")  # a result cut short (a full disk): said, not skipped silently
+    (cut / "result.json").write_text('{"format": "perfsweep-result/1", "sweep": {')
     said = tmp_path / "resume.txt"
     last = stopped_in_second_job(["resume", "1", "--db", str(db)], said)
     text = said.read_text()
     assert "perfsweep: stored 1 result this sweep kept as result.json when the database refused it (1 ok)\n" in text
+    assert f"perfsweep: {cut / 'result.json'}: not a perfsweep result (" in text and "); not stored\n" in text
     assert "1 of 2 jobs already ok, 1 to run" in text and "\n[1/2] " not in text, text[-3000:]
     assert last == f"perfsweep: interrupted; 1 of 2 jobs finished and are stored; run the rest with: {resume}"
     runs = rows(db, "SELECT job_num, status, run_uid FROM runs ORDER BY id")
@@ -541,13 +544,25 @@ def test_a_stopped_sweep_counts_its_kept_results_and_a_resume_stores_them_before
 def test_a_resume_of_a_sweep_whose_every_result_was_kept_stores_them_and_draws_its_figures(close: bool, tmp_path: Path):
     """Every job finished and the database refused both results: a resume stores them (and runs
     nothing), draws the speedups the sweep's end drew without them, and shows the summary.
-    ``--close`` said "sweep 1 is closed already; nothing to store" (found by a fault-injection pass)."""
+    ``--close`` said "sweep 1 is closed already; nothing to store" (found by a fault-injection pass).
+
+    The plain resume's database refused even the jobs' ``running`` rows: a resume typed by hand
+    for another grid then found no row to refuse it by, stored the results, and was refused only
+    after (a refused command changed the database). The kept results count in the grid check."""
     db = tmp_path / "results.db"
     store.connect(f"sqlite:///{db}").dispose()
-    sqlite_script(db, REFUSE_OUTCOMES)
+    refuse = "refuse_outcomes" if close else "refuse_rows"
+    no_rows = "CREATE TRIGGER refuse_rows BEFORE INSERT ON runs BEGIN SELECT RAISE(ABORT, 'disk full (test)'); END;"
+    sqlite_script(db, REFUSE_OUTCOMES if close else no_rows)
     res = run_perfsweep(["-m", "amp=false,true", "device=cpu", *TINY], tmp_path)
     assert res.returncode == 1 and "2 results could not be written" in res.stderr, res.stderr[-3000:]
-    sqlite_script(db, "DROP TRIGGER refuse_outcomes;")
+    sqlite_script(db, f"DROP TRIGGER {refuse};")
+    if not close:
+        (sweep_dir,) = tmp_path.glob("multirun/*/*")
+        other_grid = ["-m", "amp=false,true", "device=cpu", *(o for o in TINY if not o.startswith("seq_len"))]
+        res = run_perfsweep([*other_grid, "seq_len=16", f"hydra.sweep.dir={sweep_dir}", "resume=true"], tmp_path)
+        assert res.returncode == 2 and "the grid is not that of sweep 1" in res.stderr, res.stderr[-3000:]
+        assert rows(db, "SELECT count(*) AS n FROM runs") == [{"n": 0}]
     res = run_perfsweep(["resume", "1", "--db", str(db), *(["--close"] if close else [])], tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "stored 2 results this sweep kept as result.json when the database refused them (2 ok)" in res.stderr
@@ -580,12 +595,18 @@ def test_a_stop_after_the_last_job_names_the_import_of_the_results_kept_on_disk(
         run = run_row(1, job_num=int(job.name[0]), run_uid=f"uid-{sweep_dir.parent.name}")
         importer.write_result_file(job / importer.RESULT_FILE, {"sweep_dir": str(sweep_dir), "name": "s"}, run)
     assert importer.kept_of_sweep(url, str(mine)) == [mine / "0_job" / importer.RESULT_FILE]
-    with pytest.raises(KeyboardInterrupt) as stopped, summary.hint_stored(url, 1, str(mine)):
+    with (
+        pytest.raises(KeyboardInterrupt) as stopped,
+        summary.hint_stored(url, 1, lambda: importer.kept_hint(url, str(mine))),
+    ):
         raise KeyboardInterrupt
     assert stopped.value.perfsweep_hint == (
         f"a result the database refused is kept as result.json; store it with: perfsweep import {mine} --db "
         f"{tmp_path / 'results.db'}"
     )
-    with pytest.raises(KeyboardInterrupt) as stopped, summary.hint_stored(url, 1, str(tmp_path / "c")):
+    with (
+        pytest.raises(KeyboardInterrupt) as stopped,
+        summary.hint_stored(url, 1, lambda: importer.kept_hint(url, str(tmp_path / "c"))),
+    ):
         raise KeyboardInterrupt
     assert stopped.value.perfsweep_hint.startswith("the runs are stored; see them with: perfsweep report")

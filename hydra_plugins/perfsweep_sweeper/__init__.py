@@ -278,9 +278,8 @@ class PerfsweepSweeper(BasicSweeper):
             # after Ctrl-C or SIGTERM: the jobs still running are stopped and stored, and the sweep is
             # closed with its figures, even if a second one comes (it is held, then skips the summary)
             try:
-                with summary.hint_stored(
-                    url, sweep_id, str(sweep_dir)
-                ):  # all is stored: only the summary (or report) is missing
+                # all is stored: only the summary (or report) is missing, or an import of what is kept
+                with summary.hint_stored(url, sweep_id, lambda: importer.kept_hint(url, str(sweep_dir))):
                     with interrupts.held(interrupts.STOPPING_NOTE if end != "done" else None):
                         launcher.end_concurrent()
                         closed = summary.close_sweep(url, str(sweep_dir), end)
@@ -527,6 +526,8 @@ def _store_kept(url: str, sweep_dir: Path) -> list[str]:
     from perfsweep import importer, store
     from perfsweep.cli import first_line
 
+    for why in importer.unreadable_kept(str(sweep_dir)):
+        print(f"perfsweep: {why}; not stored", file=sys.stderr)
     try:
         return importer.store_kept(url, str(sweep_dir))
     except Exception as exc:  # noqa: BLE001 - the driver's first line says what
