@@ -518,7 +518,7 @@ def test_the_line_after_a_stop_counts_results_kept_as_result_json(tmp_path: Path
     showed them ``unsaved``), and named the resume, which ran them again. They are counted, and
     where none is left to run the line names the import (tests/test_kept_results.py stops a real
     sweep in its second job)."""
-    from hydra_plugins.perfsweep_sweeper import _stopped_hint
+    from hydra_plugins.perfsweep_sweeper import _stopped_hint, _sweep_gone
     from perfsweep import importer
 
     url = store.sqlite_url(tmp_path / "results.db")
@@ -545,6 +545,19 @@ def test_the_line_after_a_stop_counts_results_kept_as_result_json(tmp_path: Path
         False,
     )
     assert _stopped_hint(url, 1, sweep_dir, 3, [2], 2, kept)[0].startswith("2 of 3 jobs finished and are stored")
+    # the database file replaced while the sweep ran: no resume finds the sweep there, the import does
+    store.connect(url).dispose()
+    assert _sweep_gone(url, 1, sweep_dir)
+    engine = store.connect(url)
+    store.get_or_create_sweep(engine, str(sweep_dir), "s")
+    engine.dispose()
+    assert not _sweep_gone(url, 1, sweep_dir) and _sweep_gone(url, 1, tmp_path / "another")
+    assert _stopped_hint(url, 1, sweep_dir, 2, [0, 1], None, kept[:1]) == (
+        "the database no longer holds the sweep (its file was deleted or replaced after the sweep began); 1 "
+        f"finished result is kept as result.json; store it with: {store_them} {tmp_path / 'results.db'}, then run "
+        f"the rest with: perfsweep resume N --db {tmp_path / 'results.db'}, N the sweep it names",
+        False,
+    )
 
 
 def test_sweep_killed_with_sigkill_then_resumed(tmp_path: Path):

@@ -270,7 +270,10 @@ class PerfsweepSweeper(BasicSweeper):
                 finished = None if searches else _finished_count(url, sweep_id, len(order), todo, since_id)
                 # finished, but refused by the database: read as unfinished there ("no job had finished")
                 kept = importer.kept_of_sweep(url, str(sweep_dir)) if finished is not None else []
-            exc.perfsweep_hint, all_done = _stopped_hint(url, sweep_id, sweep_dir, len(order), todo, finished, kept)
+                gone = finished is not None and _sweep_gone(url, sweep_id, sweep_dir)
+            exc.perfsweep_hint, all_done = _stopped_hint(
+                url, sweep_id, sweep_dir, len(order), todo, None if gone else finished, kept
+            )
             if all_done:  # it came as the last job's process exited: nothing is left to resume
                 end = "done"
             raise
@@ -398,14 +401,28 @@ def _stopped_hint(
     kept: list[Path],
 ) -> tuple[str, bool]:
     """The last line's advice after a stop, and whether every job had finished. ``finished``: the
-    grid points finished and stored (:func:`_finished_count`; None when not known); ``kept``: the
+    grid points finished and stored (:func:`_finished_count`; None when not known, or when the
+    database no longer holds the sweep, :func:`_sweep_gone`, whose resume it refused); ``kept``: the
     result files the database refused (perfsweep.importer.kept_of_sweep), whose points read as
     unfinished in it, so the line said "no job had finished" under a summary showing them
     ``unsaved``. A resume stores them first; the import stores them without running anything."""
-    from perfsweep import importer, summary
+    from perfsweep import importer, store, summary
     from perfsweep.names import FINAL_STATUSES
 
     resume = f"perfsweep resume {sweep_id} --db {summary.db_arg(url)}"
+    if finished is None and kept:  # the database lost the sweep (its file replaced): resume cannot find it
+        them = "them" if len(kept) != 1 else "it"
+        rest = (
+            ""
+            if len(kept) == n_jobs
+            else f", then run the rest with: perfsweep resume N --db {summary.db_arg(url)}, N the sweep it names"
+        )
+        return (
+            f"the database no longer holds the sweep ({store.gone_cause(url)}); {len(kept)} finished "
+            f"result{'s are' if len(kept) != 1 else ' is'} kept as result.json; store {them} with: "
+            f"{importer.import_command(url, sweep_dir, kept)}{rest}",
+            False,
+        )
     if finished is None:  # a search's tries, or a database that cannot say: what is stored is kept
         return f"finished jobs are in the database; run the rest with: {resume}", False
     kept_points = {
@@ -426,6 +443,20 @@ def _stopped_hint(
     if done == 0:  # "finished jobs are in the database" read as if some were
         return f"no job had finished; run them with: {resume}", False
     return f"{done} of {n_jobs} jobs finished and are stored; run the rest with: {resume}", False
+
+
+def _sweep_gone(url: str, sweep_id: int, sweep_dir: Path) -> bool:
+    """Whether the database no longer holds the sweep (a SQLite file deleted or replaced while it
+    ran): its counts are another sweep's or none, and a resume by its id is refused."""
+    from sqlalchemy import select
+
+    from perfsweep import store
+
+    try:
+        found = _read_rows(url, select(store.Sweep.sweep_dir).where(store.Sweep.id == sweep_id))
+    except Exception:  # noqa: BLE001 - it cannot say: the line says what it knows
+        return False
+    return not found or found[0][0] != str(sweep_dir)
 
 
 def _finished_count(url: str, sweep_id: int, n_jobs: int, todo: list[int], since_id: int) -> int | None:
