@@ -317,17 +317,6 @@ def _subcommand(name: str, argv: list[str]) -> int:
         return 128 + signal.SIGINT
 
 
-def _hint(exc: BaseException) -> str | None:
-    """What to do after Ctrl-C, as set where it is known (the sweeper, the summary, a plain run).
-    A second Ctrl-C while the first unwinds carries the first one as its context; the first one's
-    hint wins, since what it stopped is what is left to do (a resume also builds the report)."""
-    hint, seen = None, exc
-    while seen is not None:
-        hint = getattr(seen, "perfsweep_hint", None) or hint
-        seen = seen.__context__
-    return hint
-
-
 def _multirun_first(argv: list[str]) -> list[str]:
     """``-m`` (``--multirun``) moved before the overrides: Hydra's parser takes it only there, and
     ``perfsweep device=cpu -m amp=true,false`` printed its whole usage text and "unrecognized
@@ -457,7 +446,7 @@ def main() -> None:
         # The sweeper has printed the summary of the jobs that finished; they are stored.
         how = interrupts.how_stopped(exc)  # what stopped it first
         # what to do next, set where it is known: the sweeper (resume), the summary (the report), a plain run
-        hint = _hint(exc) or "before any job started"
+        hint = interrupts.hint_of(exc) or "before any job started"
         with contextlib.suppress(OSError):  # a closed pipe or terminal: nobody reads it, the exit code says it
             print(f"perfsweep: {how}{' ' if hint.startswith('before') else '; '}{hint}", file=sys.stderr)
         sys.exit(interrupts.exit_code(exc))

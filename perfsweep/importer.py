@@ -156,17 +156,37 @@ def import_command(url: str, sweep_dir: str | Path, files: list[Path]) -> str:
 
 def pending_files(url: str, sweep_dir: str) -> list[Path]:
     """Result files under ``sweep_dir`` (or its :func:`spare_folder`) whose run is not stored with
-    a final status in ``url``.
+    a final status in ``url``; every file when the database cannot be read."""
+    files = _result_files(sweep_dir)
+    pending = _pending(url, files)
+    return files if pending is None else pending
 
-    Every file counts as pending when the database cannot even be read.
-    """
-    files = sorted(f for folder in (Path(sweep_dir), spare_folder(sweep_dir)) for f in folder.rglob(RESULT_FILE))
+
+def kept_of_sweep(url: str, sweep_dir: str) -> list[Path]:
+    """:func:`pending_files` of the sweep in ``sweep_dir`` alone: the spare folder is named after
+    the sweep folder's last part only, so another sweep's results may lie there too."""
+    return _of_sweep(pending_files(url, sweep_dir), sweep_dir)
+
+
+def kept_of_sweep_if_known(url: str, sweep_dir: str) -> list[Path] | None:
+    """:func:`kept_of_sweep`, or None where the database cannot be read: a stopped sweep's count
+    of its finished jobs took an earlier launch's stored file for one of this launch's then."""
+    files = _result_files(sweep_dir)
+    pending = _pending(url, files)
+    return None if pending is None else _of_sweep(pending, sweep_dir)
+
+
+def _result_files(sweep_dir: str) -> list[Path]:
+    return sorted(f for folder in (Path(sweep_dir), spare_folder(sweep_dir)) for f in folder.rglob(RESULT_FILE))
+
+
+def _pending(url: str, files: list[Path]) -> list[Path] | None:
+    """The readable results among ``files`` whose run ``url`` does not hold with a final status;
+    None when it cannot be read. Through a read-only connection: a locked SQLite file is read at
+    once (a writing one waited 30 s to mark dead runs, and 30 more for the write lock), and one
+    deleted is not made again."""
     if not files:
         return []
-    try:
-        engine = store.connect(url)
-    except Exception:  # noqa: BLE001 - unreachable: nothing is stored
-        return files
     uids: dict[str, Path] = {}
     for f in files:
         try:
@@ -174,26 +194,26 @@ def pending_files(url: str, sweep_dir: str) -> list[Path]:
         except (ValueError, KeyError):
             continue
     try:
-        with store.session(engine) as s:
-            stored = set(
-                s.scalars(
-                    select(store.Run.run_uid).where(
-                        store.Run.run_uid.in_(list(uids)), store.Run.status.in_(FINAL_STATUSES)
+        engine = store.connect_read_only(url)
+        try:
+            with store.session(engine) as s:
+                stored = set(
+                    s.scalars(
+                        select(store.Run.run_uid).where(
+                            store.Run.run_uid.in_(list(uids)), store.Run.status.in_(FINAL_STATUSES)
+                        )
                     )
                 )
-            )
-    except Exception:  # noqa: BLE001
-        return files
-    finally:
-        engine.dispose()
+        finally:
+            engine.dispose()
+    except Exception:  # noqa: BLE001 - unreachable, gone or locked out: it cannot say what is stored
+        return None
     return [f for uid, f in uids.items() if uid not in stored]
 
 
-def kept_of_sweep(url: str, sweep_dir: str) -> list[Path]:
-    """:func:`pending_files` of the sweep in ``sweep_dir`` alone: the spare folder is named after
-    the sweep folder's last part only, so another sweep's results may lie there too."""
+def _of_sweep(files: list[Path], sweep_dir: str) -> list[Path]:
     found = []
-    for f in pending_files(url, sweep_dir):
+    for f in files:
         with contextlib.suppress(ValueError):  # not a result: `perfsweep import` names it
             if read_result(f)[0]["sweep_dir"] == sweep_dir:
                 found.append(f)

@@ -339,6 +339,18 @@ def _deliver(signum: int, handler: Any) -> None:
         os.kill(os.getpid(), signum)
 
 
+def hint_of(exc: BaseException) -> str | None:
+    """What to do after Ctrl-C (``perfsweep_hint``), as set where it is known (the sweeper, the
+    summary, a plain run). A second Ctrl-C while the first unwinds carries the first one as its
+    context; the first one's hint wins, since what it stopped is what is left to do (a resume also
+    builds the report)."""
+    hint, seen = None, exc
+    while seen is not None:
+        hint = getattr(seen, "perfsweep_hint", None) or hint
+        seen = seen.__context__
+    return hint
+
+
 def first_cause(exc: BaseException) -> BaseException:
     """The signal that began the unwinding: a Ctrl-C held and delivered after a SIGTERM carries
     the SIGTERM as its context, and the exit code and message are the first one's."""

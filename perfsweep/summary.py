@@ -479,10 +479,12 @@ def hint_stored(url: str, sweep_id: int, kept: Callable[[], str | None]) -> Iter
     try:
         yield
     except KeyboardInterrupt as exc:
-        if getattr(exc, "perfsweep_hint", None) is None:
-            with interrupts.held():  # a second stop in this read lost the line
-                on_disk = kept()
-            exc.perfsweep_hint = on_disk or f"the runs are stored; see them with: {report_command(url, sweep_id)}"
+        if interrupts.hint_of(exc) is None:  # an earlier stop's hint wins (perfsweep.__main__)
+            exc.perfsweep_hint = f"the runs are stored; see them with: {report_command(url, sweep_id)}"
+            # set inside: a stop held here is raised as the hold ends, before a line set after it
+            with interrupts.held():
+                if (on_disk := kept()) is not None:
+                    exc.perfsweep_hint = on_disk
         raise
 
 

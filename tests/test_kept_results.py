@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from perfsweep import importer, job_entry, store
+from perfsweep import importer, interrupts, job_entry, store
 from perfsweep.names import RUN_STATUSES
 from tests.util import (
     REFUSE_CLOSE,
@@ -520,7 +520,8 @@ def test_a_stopped_sweep_counts_its_kept_results_and_a_resume_stores_them_before
     assert res.stderr.strip().splitlines()[-1] == (
         f"perfsweep: resume=true: the database sqlite:///{db} refused a result this sweep kept as result.json "
         "(disk I/O error (test trigger)); it stays on disk, and the resume stores it first once the database "
-        "takes writes; no job was started"
+        "takes writes (a file it refuses for good: move it out of the sweep's folder, and its grid point runs "
+        "again); no job was started"
     ), res.stderr[-3000:]
     assert "[1/2]" not in res.stderr and kept.exists()
 
@@ -610,3 +611,17 @@ def test_a_stop_after_the_last_job_names_the_import_of_the_results_kept_on_disk(
     ):
         raise KeyboardInterrupt
     assert stopped.value.perfsweep_hint.startswith("the runs are stored; see them with: perfsweep report")
+
+    def second_stop_in_the_read() -> str | None:  # held, and raised as the hold ends
+        os.kill(os.getpid(), signal.SIGINT)
+        return importer.kept_hint(url, str(mine))
+
+    with pytest.raises(KeyboardInterrupt) as stopped, summary.hint_stored(url, 1, second_stop_in_the_read):
+        raise KeyboardInterrupt
+    assert stopped.value.__context__ is not None  # the second stop: the line is still the first one's
+    assert interrupts.hint_of(stopped.value).startswith("a result the database refused is kept as result.json")
+
+    # a database that cannot be read: the summary lists every file, the count after a stop none
+    gone = store.sqlite_url(tmp_path / "gone.db")
+    assert importer.kept_of_sweep(gone, str(mine)) == [mine / "0_job" / importer.RESULT_FILE]
+    assert importer.kept_of_sweep_if_known(gone, str(mine)) is None and not (tmp_path / "gone.db").exists()

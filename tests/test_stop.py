@@ -32,7 +32,7 @@ from tests.util import sqlite_rows as rows
 def test_a_second_ctrl_c_keeps_what_the_first_one_said_to_do():
     """The second Ctrl-C (while the first unwinds: stopping jobs, printing the summary) carries the
     first as its context; the last line still names the resume command, not 'before any job'."""
-    from perfsweep.__main__ import _hint
+    from perfsweep.interrupts import hint_of as _hint
 
     with pytest.raises(KeyboardInterrupt) as second:
         try:

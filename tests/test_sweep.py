@@ -328,6 +328,63 @@ def test_ctrl_c_while_a_sweep_waits_for_a_locked_postgresql_table_stops_it_at_on
     assert not (tmp_path / "multirun").exists()
 
 
+def test_a_second_ctrl_c_while_the_stopped_sweep_counts_its_finished_jobs_keeps_the_last_line(
+    tmp_path: Path, pg_url: str
+):
+    """``runs`` locked by another session once the first job is stored: the second job's opening
+    of the database waits, a Ctrl-C stops it, and the sweep's count of its finished jobs waits in turn (held). A
+    second Ctrl-C there was delivered as the hold ended, before the count's line was set: the
+    sweep said "interrupted before any job started" of a sweep whose first job was stored."""
+    import signal
+
+    import psycopg2
+    from sqlalchemy.engine import make_url
+
+    from tests.pg import new_database
+
+    url = new_database(pg_url)
+    store.connect(url).dispose()
+    u = make_url(url)
+    other = psycopg2.connect(host=u.host, port=u.port, user=u.username, dbname=u.database)
+    other.autocommit = True
+    watch = other.cursor()
+
+    def waiting(statement: str) -> bool:  # a statement of the sweep's that waits for the lock
+        watch.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
+            (f"{statement}%",),
+        )
+        return watch.fetchone()[0] > 0
+
+    said = tmp_path / "stderr.txt"
+    tiny = [o for o in TINY if not o.startswith("steps.measure")]
+    proc = start_as_in_a_terminal(
+        [sys.executable, "-m", "perfsweep", "-m", "steps.measure=3,100000000", *tiny, f"db.url={url}"], tmp_path, said
+    )
+    locker = psycopg2.connect(host=u.host, port=u.port, user=u.username, dbname=u.database)
+    try:
+        wait_for(lambda: "  -> ok" in said.read_text())
+        locker.cursor().execute("LOCK TABLE runs IN ACCESS EXCLUSIVE MODE")
+        wait_for(lambda: waiting("SELECT runs.id, runs.sweep_id"), 60)  # the second job's opening of it
+        os.killpg(proc.pid, signal.SIGINT)
+        wait_for(lambda: waiting("SELECT runs.job_num, runs.id, runs.status"), 60)  # the count, held
+        os.killpg(proc.pid, signal.SIGINT)
+        wait_for(lambda: "perfsweep: stopping the running jobs and storing them first" in said.read_text(), 60)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    finally:
+        locker.rollback()
+        locker.close()
+        other.close()
+    _, err = finish(proc, 60)
+    assert proc.returncode == 130, err[-3000:]
+    assert err.strip().splitlines()[-1] == (
+        f"perfsweep: interrupted; 1 of 2 jobs finished and are stored; run the rest with: perfsweep resume 1 --db {url}"
+    ), err[-3000:]
+    assert "\nSweep 1 " not in said.read_text()  # the second stop skips the summary
+
+
 def test_unreachable_database_stops_the_sweep_before_any_job(tmp_path: Path):
     res = run_perfsweep(["-m", "amp=true,false", "db.url=postgresql+psycopg2://u@127.0.0.1:1/x", *TINY], tmp_path)
     assert res.returncode == 2

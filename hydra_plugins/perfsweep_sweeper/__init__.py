@@ -266,16 +266,18 @@ class PerfsweepSweeper(BasicSweeper):
             end = "done"
         except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (perfsweep.__main__ prints this after the summary)
             interrupt = exc
-            with interrupts.held(interrupts.STOPPING_NOTE):  # a second stop in the count's read lost the line
+            # held, the hint set inside: a second stop is delivered as the hold ends, and raised
+            # before the hint was set it lost the line ("interrupted before any job started")
+            with interrupts.held(interrupts.STOPPING_NOTE):
                 finished = None if searches else _finished_count(url, sweep_id, len(order), todo, since_id)
                 # finished, but refused by the database: read as unfinished there ("no job had finished")
-                kept = importer.kept_of_sweep(url, str(sweep_dir)) if finished is not None else []
+                kept = (importer.kept_of_sweep_if_known(url, str(sweep_dir)) if finished is not None else None) or []
                 gone = finished is not None and _sweep_gone(url, sweep_id, sweep_dir)
-            exc.perfsweep_hint, all_done = _stopped_hint(
-                url, sweep_id, sweep_dir, len(order), todo, None if gone else finished, kept
-            )
-            if all_done:  # it came as the last job's process exited: nothing is left to resume
-                end = "done"
+                exc.perfsweep_hint, all_done = _stopped_hint(
+                    url, sweep_id, sweep_dir, len(order), todo, None if gone else finished, kept
+                )
+                if all_done:  # it came as the last job's process exited: nothing is left to resume
+                    end = "done"
             raise
         finally:
             # after Ctrl-C or SIGTERM: the jobs still running are stopped and stored, and the sweep is
@@ -565,7 +567,8 @@ def _store_kept(url: str, sweep_dir: Path) -> list[str]:
         _refuse(
             f"resume=true: the database {store.hide_password(url)} refused a result this sweep kept as result.json "
             f"({first_line(exc)}{store.write_hint(url, exc)}); it stays on disk, and the resume stores it first "
-            "once the database takes writes"
+            "once the database takes writes (a file it refuses for good: move it out of the sweep's folder, and "
+            "its grid point runs again)"
         )
 
 
