@@ -1290,5 +1290,7 @@ def remove_refused_run_folder(folder: Path | None = None) -> None:
             break
         try:
             parent.rmdir()
+        except FileNotFoundError:  # not made yet: the stop came between makedirs' mkdir calls
+            continue
         except OSError:  # not empty: made meanwhile by another run
             break

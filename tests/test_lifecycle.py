@@ -400,6 +400,19 @@ def test_a_plain_run_stopped_as_hydra_makes_its_folder_leaves_none(tmp_path: Pat
     assert not (tmp_path / "outputs").exists(), [str(p) for p in (tmp_path / "outputs").rglob("*")]
 
 
+def test_a_stop_between_the_mkdirs_of_a_run_folder_leaves_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The test above, at the moment it failed once in a full run: ``outputs/`` made and not yet
+    its date folder. The clean-up stopped at the first parent it could not remove, the date folder
+    that was not there, and left ``outputs/``."""
+    from perfsweep import preflight
+
+    folder = tmp_path / "outputs" / "2026-11-28" / "18-00-00"
+    monkeypatch.setattr(preflight, "_RUN_FOLDER_BEFORE", (folder, tmp_path, None))
+    (tmp_path / "outputs").mkdir()
+    preflight.remove_refused_run_folder()
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     ("mode", "sig", "after_s"),
     [("multirun", signal.SIGTERM, 0.0), ("multirun", signal.SIGTERM, 0.5), ("run", signal.SIGHUP, 0.0)],
