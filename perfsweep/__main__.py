@@ -42,7 +42,7 @@ try:
     from perfsweep import interrupts, preflight, store
     from perfsweep.cli import UserError
     from perfsweep.config import MAX_BATCH, ConfigError, register_configs, to_run_config
-    from perfsweep.names import EXIT_0_STATUSES, NOT_OVERRIDES, STACKS_ENV
+    from perfsweep.names import EXIT_0_STATUSES, FINAL_STATUSES, NOT_OVERRIDES, STACKS_ENV
 except BaseException as exc:  # noqa: BLE001 - anything else is raised again
     _interrupted_while_starting(exc)
 
@@ -242,8 +242,12 @@ def hydra_main(cfg: DictConfig) -> str:
                 statuses: list[str] | None = summary.run_statuses(url, sweep_id)
             except Exception:  # noqa: BLE001 - the database went away: the run is not known to be stored
                 statuses = None
-            finished = statuses == ["ok"]
-            if finished:
+            # finished, but refused by the database: its row reads running (or there is none)
+            kept = importer.kept_runs(importer.kept_of_sweep(url, sweep_dir)) if statuses != ["ok"] else []
+            finished = statuses == ["ok"] or any(r.get("status") in FINAL_STATUSES for r in kept)
+            if finished and kept and (on_disk := importer.kept_hint(url, sweep_dir)):
+                exc.perfsweep_hint = on_disk
+            elif finished:
                 exc.perfsweep_hint = (
                     f"the run finished and is stored; see it with: {summary.report_command(url, sweep_id)}"
                 )
@@ -252,9 +256,9 @@ def hydra_main(cfg: DictConfig) -> str:
             else:
                 exc.perfsweep_hint = "the run is stored as interrupted; run the command again to measure it"
             if not summary.close_sweep(url, sweep_dir, "done" if finished else "interrupted") and finished:
-                exc.perfsweep_hint = summary.unclosed_hint(url, sweep_id)  # not "see it": close it first
+                exc.perfsweep_hint = summary.unclosed_hint(url, sweep_id, after_import=bool(kept))  # close it first
         if not interrupts.repeated():  # a second Ctrl-C: the user wants out, not a table
-            summary.show_sweep(url, sweep_dir, make_report=False)
+            summary.show_sweep(url, sweep_dir, make_report=False, unsaved=kept)
         raise
     # the run is stored: only the summary (or report) is missing, or an import of what is kept
     with summary.hint_stored(url, sweep_id, lambda: importer.kept_hint(url, sweep_dir)):

@@ -237,3 +237,40 @@ def test_a_second_ctrl_c_while_a_job_stops_skips_the_summary(tmp_path: Path):
         err.strip().splitlines()[-1].endswith(f"; no job had finished; run them with: perfsweep resume 1 --db {db}")
     ), err[-2000:]
     assert "Traceback" not in err, err[-3000:]
+
+
+@pytest.mark.slow
+def test_ctrl_c_as_a_plain_runs_refused_result_is_kept_names_its_import(tmp_path: Path):
+    """A plain run: the job has sent its result and perfsweep waits for its process to exit when
+    Ctrl-C comes, and the database refuses the result, which is kept as result.json. The last line
+    said "the run is stored as interrupted; run the command again to measure it", under a summary
+    showing it interrupted: the finished measurement was to be run again. It names the import."""
+    db = tmp_path / "results.db"
+    store.connect(f"sqlite:///{db}").dispose()
+    sqlite_script(
+        db,
+        "CREATE TRIGGER refuse_outcomes BEFORE UPDATE OF status ON runs WHEN NEW.status != 'running' "
+        "BEGIN SELECT RAISE(ABORT, 'disk I/O error (test trigger)'); END;",
+    )
+    driver = (
+        "import signal, sys\n"
+        "from perfsweep import launcher\n"
+        "real = launcher._stop\n"
+        "def stop(proc, grace_s):\n"
+        "    signal.raise_signal(signal.SIGINT)\n"
+        "    return real(proc, grace_s)\n"
+        "launcher._stop = stop\n"
+        "sys.argv = ['perfsweep', *sys.argv[1:]]\n"
+        "from perfsweep.__main__ import cli\n"
+        "cli()\n"
+    )
+    proc = start_as_in_a_terminal([sys.executable, "-c", driver, "device=cpu", *TINY], tmp_path)
+    out, err = finish(proc, 120)
+    assert proc.returncode == 130, err[-2000:]
+    (kept,) = tmp_path.glob("outputs/*/*/result.json")
+    assert err.strip().splitlines()[-1] == (
+        "perfsweep: interrupted; a result the database refused is kept as result.json; store it with: "
+        f"perfsweep import {kept.parent} --db {db}"
+    ), err[-2000:]
+    assert "(1 run, 0 ok)" in out and " unsaved " in out, out
+    assert rows(db, "SELECT status FROM sweeps") == [{"status": "done"}]
