@@ -289,7 +289,7 @@ class PerfsweepSweeper(BasicSweeper):
                         launcher.end_concurrent()
                         closed = summary.close_sweep(url, str(sweep_dir), end)
                     if interrupt is not None and end == "done" and not closed:  # not "see them": close it first
-                        interrupt.perfsweep_hint = summary.unclosed_hint(url, sweep_id)
+                        interrupt.perfsweep_hint = summary.unclosed_hint(url, sweep_id, after_import=bool(kept))
                     if not interrupts.repeated():  # a second Ctrl-C: the user wants out, not a table
                         kept = importer.kept_runs(importer.kept_of_sweep(url, str(sweep_dir)))
                         summary.show_sweep(url, str(sweep_dir), first.report, kept, swept=_swept_keys(jobs))
