@@ -169,7 +169,7 @@ def _close(url: str, sweep: store.Sweep) -> int:
         engine.dispose()
     if left:
         todo = (
-            f"run them with: perfsweep resume {sweep.id} --db {summary.db_arg(url)}"
+            f"run {'them' if left != 1 else 'it'} with: perfsweep resume {sweep.id} --db {summary.db_arg(url)}"
             if multirun
             else "run its command again to measure it"
         )

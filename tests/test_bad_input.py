@@ -274,7 +274,9 @@ def test_resume_names_the_sweeps_there_are(tmp_path: Path, capsys):
     )
     # --close runs no job, so the folder does not matter, but a sweep without a run is not closed
     assert resume_main(["grid", "--db", str(db), "--close"]) == 2
-    assert "1 grid point did not finish (interrupted or never started)" in capsys.readouterr().err
+    assert "1 grid point did not finish (interrupted or never started); run it with: perfsweep resume 1" in (
+        capsys.readouterr().err
+    )
 
 
 def test_a_sweep_folder_that_cannot_be_made_is_one_line(tmp_path: Path):
