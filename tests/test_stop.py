@@ -100,6 +100,24 @@ def test_ctrl_c_while_a_finished_job_exits_keeps_its_result(tmp_path: Path, monk
     assert run["status"] == "ok" and run["error"] is None and run["tokens_per_s"] > 0, run
 
 
+CTRL_C_AS_THE_JOB_EXITS = (
+    "import signal, sys\n"
+    "from perfsweep import launcher\n"
+    "real, calls = launcher._stop, []\n"
+    "def stop(proc, grace_s):\n"
+    "    calls.append(proc)\n"
+    "    if len(calls) == 1:\n"
+    "        signal.raise_signal(signal.SIGINT)\n"
+    "    return real(proc, grace_s)\n"
+    "launcher._stop = stop\n"
+    "sys.argv = ['perfsweep', *sys.argv[1:]]\n"
+    "from perfsweep.__main__ import cli\n"
+    "cli()\n"
+)
+"""``python -c`` this with perfsweep's arguments: the command, with a real SIGINT raised the first
+time perfsweep waits for a job's process to exit after its result came (launcher._stop)."""
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("close", ["stored", "refused"])
 def test_ctrl_c_as_the_last_job_exits_closes_the_sweep_done_with_nothing_to_resume(close: str, tmp_path: Path):
@@ -111,21 +129,9 @@ def test_ctrl_c_as_the_last_job_exits_closes_the_sweep_done_with_nothing_to_resu
     if close == "refused":
         store.connect(f"sqlite:///{db}").dispose()
         sqlite_script(db, REFUSE_CLOSE)
-    driver = (
-        "import signal, sys\n"
-        "from perfsweep import launcher\n"
-        "real, calls = launcher._stop, []\n"
-        "def stop(proc, grace_s):\n"
-        "    calls.append(proc)\n"
-        "    if len(calls) == 1:\n"
-        "        signal.raise_signal(signal.SIGINT)\n"
-        "    return real(proc, grace_s)\n"
-        "launcher._stop = stop\n"
-        "sys.argv = ['perfsweep', *sys.argv[1:]]\n"
-        "from perfsweep.__main__ import cli\n"
-        "cli()\n"
+    proc = start_as_in_a_terminal(
+        [sys.executable, "-c", CTRL_C_AS_THE_JOB_EXITS, "-m", "device=cpu", "amp=true", *TINY], tmp_path
     )
-    proc = start_as_in_a_terminal([sys.executable, "-c", driver, "-m", "device=cpu", "amp=true", *TINY], tmp_path)
     out, err = finish(proc, 120)
     assert proc.returncode == 130, err[-2000:]
     assert [r["status"] for r in rows(db, "SELECT status FROM runs ORDER BY job_num")] == ["ok"]
@@ -252,19 +258,7 @@ def test_ctrl_c_as_a_plain_runs_refused_result_is_kept_names_its_import(tmp_path
         "CREATE TRIGGER refuse_outcomes BEFORE UPDATE OF status ON runs WHEN NEW.status != 'running' "
         "BEGIN SELECT RAISE(ABORT, 'disk I/O error (test trigger)'); END;",
     )
-    driver = (
-        "import signal, sys\n"
-        "from perfsweep import launcher\n"
-        "real = launcher._stop\n"
-        "def stop(proc, grace_s):\n"
-        "    signal.raise_signal(signal.SIGINT)\n"
-        "    return real(proc, grace_s)\n"
-        "launcher._stop = stop\n"
-        "sys.argv = ['perfsweep', *sys.argv[1:]]\n"
-        "from perfsweep.__main__ import cli\n"
-        "cli()\n"
-    )
-    proc = start_as_in_a_terminal([sys.executable, "-c", driver, "device=cpu", *TINY], tmp_path)
+    proc = start_as_in_a_terminal([sys.executable, "-c", CTRL_C_AS_THE_JOB_EXITS, "device=cpu", *TINY], tmp_path)
     out, err = finish(proc, 120)
     assert proc.returncode == 130, err[-2000:]
     (kept,) = tmp_path.glob("outputs/*/*/result.json")
