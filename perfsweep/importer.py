@@ -154,25 +154,19 @@ def import_command(url: str, sweep_dir: str | Path, files: list[Path]) -> str:
     return f"perfsweep import {' '.join(map(shlex.quote, places))} --db {db_arg(url)}"
 
 
-def pending_files(url: str, sweep_dir: str) -> list[Path]:
-    """Result files under ``sweep_dir`` (or its :func:`spare_folder`) whose run is not stored with
-    a final status in ``url``; every file when the database cannot be read."""
-    files = _result_files(sweep_dir)
-    pending = _pending(url, files)
-    return files if pending is None else pending
-
-
 def kept_of_sweep(url: str, sweep_dir: str) -> list[Path]:
-    """:func:`pending_files` of the sweep in ``sweep_dir`` alone: the spare folder is named after
-    the sweep folder's last part only, so another sweep's results may lie there too."""
-    return _of_sweep(pending_files(url, sweep_dir), sweep_dir)
+    """The result files of the sweep in ``sweep_dir`` (its job folders, or its :func:`spare_folder`)
+    whose run ``url`` does not hold with a final status; all of them where it cannot be read. Only
+    this sweep's: the spare folder is named after the sweep folder's last part, so another sweep's
+    results may lie there too."""
+    found = kept_of_sweep_if_known(url, sweep_dir)
+    return _of_sweep(_result_files(sweep_dir), sweep_dir) if found is None else found
 
 
 def kept_of_sweep_if_known(url: str, sweep_dir: str) -> list[Path] | None:
     """:func:`kept_of_sweep`, or None where the database cannot be read: a stopped sweep's count
     of its finished jobs took an earlier launch's stored file for one of this launch's then."""
-    files = _result_files(sweep_dir)
-    pending = _pending(url, files)
+    pending = _pending(url, _result_files(sweep_dir))
     return None if pending is None else _of_sweep(pending, sweep_dir)
 
 

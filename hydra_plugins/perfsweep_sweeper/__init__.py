@@ -271,7 +271,7 @@ class PerfsweepSweeper(BasicSweeper):
             with interrupts.held(interrupts.STOPPING_NOTE):
                 finished = None if searches else _finished_count(url, sweep_id, len(order), todo, since_id)
                 # finished, but refused by the database: read as unfinished there ("no job had finished")
-                kept = (importer.kept_of_sweep_if_known(url, str(sweep_dir)) if finished is not None else None) or []
+                kept = [] if finished is None else importer.kept_of_sweep_if_known(url, str(sweep_dir)) or []
                 gone = finished is not None and _sweep_gone(url, sweep_id, sweep_dir)
                 exc.perfsweep_hint, all_done = _stopped_hint(
                     url, sweep_id, sweep_dir, len(order), todo, None if gone else finished, kept
