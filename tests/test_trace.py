@@ -76,8 +76,12 @@ def test_stage_gpu_times_reproduce_the_h100_readme(name):
     # every kernel of the steps has a stage: nothing falls between the ranges
     assert a.unattributed_gpu_ms < 0.01
     assert sum(got.values()) + a.unattributed_gpu_ms == pytest.approx(a.gpu_kernel_ms)
-    # one stream: busy time (union) equals the summed kernel time
-    assert a.gpu_busy_ms == pytest.approx(a.gpu_kernel_ms, rel=1e-3)
+    # a union is never above the sum of its parts: built from the traces' absolute timestamps
+    # (about 1e12 us) it came out 4e-6 ms above it here, 9e-6 ms in amp1_ckpt0; test_gpu's same
+    # check failed on an H200 (2026-11-28). One stream: the two are equal to a double's rounding
+    # (the compiled GPT-2's kernels overlap by 0.002 ms a step)
+    assert a.gpu_busy_ms <= a.gpu_kernel_ms * (1 + 1e-12)
+    assert a.gpu_busy_ms == pytest.approx(a.gpu_kernel_ms, rel=1e-3 if "compile" in name else 1e-12)
 
 
 @pytest.mark.parametrize("name", sorted(README_BUSY_SHARE))
