@@ -424,9 +424,11 @@ def test_a_sweep_stopped_before_its_row_is_written_hands_its_folder_back(
     CPU's peak (2.5 s), left the folder's marker without a sweep row: the same command was then
     refused as "another sweep", and resume=true as "no sweep". The folder goes, as on a refusal.
     ``after_s`` 0: the signal the moment the marker is there, as the claim is made (it left the
-    marker 8 times in 8, 5 of them empty, before the claim held signals)."""
+    marker 8 times in 8, 5 of them empty, before the claim held signals). ``device=cpu``: a sweep
+    of CUDA jobs measures no CPU peak, and on an H200 its first job had started 0.5 s after the
+    claim (2026-11-28)."""
     folder = tmp_path / "mine"
-    args = [*TINY, f"db.url=sqlite:///{tmp_path}/r.db"]
+    args = [*TINY, "device=cpu", f"db.url=sqlite:///{tmp_path}/r.db"]
     args += ["-m", "amp=true,false", f"hydra.sweep.dir={folder}"] if mode == "multirun" else [f"hydra.run.dir={folder}"]
     proc = start_as_in_a_terminal([sys.executable, "-m", "perfsweep", *args], tmp_path)
     deadline = time.monotonic() + 60
