@@ -186,6 +186,7 @@ def hydra_main(cfg: DictConfig) -> str:
             with interrupts.held():  # a stop as the folder is claimed comes once it is, and is handed back
                 claim = preflight.claim_folder(Path(sweep_dir), "hydra.run.dir", launch_dir=launch_dir)
             preflight.data_keys_read([(list(hc.overrides.task), run_cfg)])  # one point: read, or refused
+            preflight.check_db_url(launcher.db_url(run_cfg, launch_dir))  # before torch is asked for a GPU
             found = preflight.check_all([run_cfg])  # and nproc's ranks fit this machine
             sweep_id, cpu = preflight.reserve_sweep(
                 launcher.db_url(run_cfg, launch_dir),

@@ -652,6 +652,39 @@ def _data_key(cfg: PerfsweepConfig) -> str:
     return f"data={d.name}"
 
 
+def check_db_url(url: str) -> None:
+    """What the database's URL says alone, with no file or server touched: an in-memory SQLite
+    database, a string that is no URL, a dialect SQLAlchemy does not have. Asked before the device
+    and the placements, which import torch on a CUDA build: on an H200 machine these refusals took
+    7 s where a refusal before torch took 3.5 s (docs/benchmarks.md, "A refusal on a GPU
+    machine"). What needs the database itself (a read-only file, a damaged one, a server that is
+    down) is :func:`reserve_sweep`'s."""
+    from sqlalchemy.engine import make_url
+
+    from perfsweep import store
+
+    if store.in_memory(url):
+        raise ConfigError(
+            f"invalid config: db.url={store.hide_password(url)!r}: an in-memory SQLite database dies with each job's "
+            "process; give a file, e.g. db.url=sqlite:///results.db"
+        )
+    try:
+        make_url(url).get_dialect()  # the dialect's module, not its driver: no connection
+    except Exception as exc:  # noqa: BLE001 - SQLAlchemy's parse and plugin errors; the first line says what
+        raise ConfigError(
+            f"cannot open db.url={store.hide_password(url)!r}: {first_line(exc)}{_db_hint(url, exc)}"
+        ) from None
+
+
+def _db_hint(url: str, exc: Exception) -> str:
+    """What to do about ``exc`` from opening ``url``, as '; ...' (or nothing)."""
+    from perfsweep import store
+
+    if "://" not in url:  # a path, as --db takes: the config wants a URL
+        return f"; a SQLite file is given as a URL: db.url={store.sqlite_url(os.path.abspath(url))}"
+    return store.write_hint(url, exc)
+
+
 def reserve_sweep(
     url: str,
     sweep_dir: str,
@@ -682,17 +715,7 @@ def _reserve_sweep(
 ) -> tuple[int, dict[str, Any]]:
     from perfsweep import store
 
-    if store.in_memory(url):
-        raise ConfigError(
-            f"invalid config: db.url={store.hide_password(url)!r}: an in-memory SQLite database dies with each job's "
-            "process; give a file, e.g. db.url=sqlite:///results.db"
-        )
-
-    def hint(exc: Exception) -> str:
-        if "://" not in url:  # a path, as --db takes: the config wants a URL
-            return f"; a SQLite file is given as a URL: db.url={store.sqlite_url(os.path.abspath(url))}"
-        return store.write_hint(url, exc)
-
+    check_db_url(url)
     folder = path.absolute().parent if (path := store.sqlite_file(url)) is not None else None
     new_folder = folder is not None and not folder.exists()
     with waiting_for_database(url):
@@ -708,7 +731,7 @@ def _reserve_sweep(
             ) from None
         except Exception as exc:  # noqa: BLE001 - any driver error; its first line says what
             raise ConfigError(
-                f"cannot open db.url={store.hide_password(url)!r}: {first_line(exc)}{hint(exc)}"
+                f"cannot open db.url={store.hide_password(url)!r}: {first_line(exc)}{_db_hint(url, exc)}"
             ) from None
     try:
         try:
@@ -716,7 +739,7 @@ def _reserve_sweep(
                 earlier = store.sweep_of(engine, sweep_dir) if claim.owned else None
         except Exception as exc:  # noqa: BLE001 - any driver error; its first line says what
             raise ConfigError(
-                f"cannot read db.url={store.hide_password(url)!r}: {first_line(exc)}{hint(exc)}"
+                f"cannot read db.url={store.hide_password(url)!r}: {first_line(exc)}{_db_hint(url, exc)}"
             ) from None
         if earlier is not None:
             # a new sweep into a folder the database has a sweep for (its folder emptied, removed,
@@ -752,7 +775,7 @@ def _reserve_sweep(
                     # the row's insert and its update are two writes: the folder is the row's if the first took
                     claim.kept = store.sweep_of(engine, sweep_dir) is not None
                 raise ConfigError(
-                    f"cannot write to db.url={store.hide_password(url)!r}: {first_line(exc)}{hint(exc)}"
+                    f"cannot write to db.url={store.hide_password(url)!r}: {first_line(exc)}{_db_hint(url, exc)}"
                 ) from None
             claim.stamp(sweep_id)
     finally:
@@ -862,6 +885,7 @@ def check_all(
     cfgs: list[PerfsweepConfig], jobs_run_here: bool = True, hydra_launcher: str = "BasicLauncher"
 ) -> list[Any]:
     """The checks that need no database, cheapest first; returns the jobs' :func:`placements`.
+    (What the database's URL says alone is asked before them: :func:`check_db_url`.)
 
     The text files first: a listing. Then the device and the placements, which ask torch whether
     it sees a GPU where a job may run on one: on a CUDA build that imports torch in this process

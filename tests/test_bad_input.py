@@ -362,27 +362,39 @@ def test_a_plain_run_does_not_reuse_another_runs_folder(tmp_path: Path):
     assert counts(tmp_path / "results.db") == before and not (tmp_path / "mine").exists()
 
 
-@pytest.mark.parametrize("mode", ["multirun", "run"])
-def test_a_mistake_in_the_data_is_answered_before_torch_is_asked_for_a_gpu(mode: str, tmp_path: Path):
+@pytest.mark.parametrize(
+    ("mode", "mistake"), [("multirun", "data"), ("run", "data"), ("multirun", "db_url"), ("run", "db_dialect")]
+)
+def test_a_mistake_in_the_data_or_the_db_url_is_answered_before_torch_is_asked_for_a_gpu(
+    mode: str, mistake: str, tmp_path: Path
+):
     """Asking torch whether it sees a GPU (the device's check, the placements') imports it on a
     CUDA build and starts CUDA's driver (perfsweep.preflight.check_all: 1.1 s more for this refusal
-    on the 2-core VM with a stand-in CUDA build; more with a real one). The data's checks need no
-    torch, so they come first: a missing data.path is what is refused, though device=cuda is
-    refused too where torch sees no GPU, and the command imports no torch for it. On a CPU build
-    torch is never imported for the question; the order is what fails here on the old code."""
+    on the 2-core VM with a stand-in CUDA build; on an H200 machine, 2026-11-28, a refusal after it
+    took 7 s against 3.5 s before it). The data's checks and what the database URL says alone (an
+    in-memory database, a dialect SQLAlchemy lacks) need no torch, so they come first: that is what
+    is refused, though device=cuda is refused too where torch sees no GPU, and the command imports
+    no torch for it. On a CPU build torch is never imported for the question; the order is what
+    fails here on the old code."""
     grid = ["-m", "seed=0,1"] if mode == "multirun" else []
     base = [o for o in TINY if not o.startswith("data=")]
     missing = tmp_path / "no" / "such.txt"
+    wrong, needle = {
+        "data": (["data=textfile", f"data.path={missing}"], f"data.path='{missing}'"),
+        "db_url": (["data=synthetic", "db.url=sqlite://"], "an in-memory SQLite database"),
+        "db_dialect": (["data=synthetic", "db.url=nosuch+driver://me@host/db"], "Can't load plugin"),
+    }[mistake]
     res = run_perfsweep(
-        [*grid, *base, "device=cuda", "data=textfile", f"data.path={missing}"],
+        [*grid, *base, "device=cuda", *wrong],
         tmp_path,
         env={"PYTHONPROFILEIMPORTTIME": "1"},  # each import as "import time: self | cumulative | name" on stderr
     )
     timed = [line.split("|")[-1].strip() for line in res.stderr.splitlines() if line.startswith("import time:")]
     said = [line for line in res.stderr.splitlines() if line.strip() and not line.startswith("import time:")]
     assert res.returncode == 2 and len(said) == 1, res.stderr[-2000:]
-    assert f"data.path='{missing}'" in said[0] and "no job was started" in said[0], said[0]
+    assert needle in said[0] and "no job was started" in said[0], said[0]
     assert "hydra" in timed and "torch" not in timed  # the import lines are there, torch's is not
+    assert not list(tmp_path.glob("*.db")) and not (tmp_path / "outputs").exists()  # nothing made, nothing left
 
 
 def test_a_mistaken_setting_is_answered_before_the_corpus_is_tokenized(tmp_path: Path):

@@ -95,7 +95,9 @@ class PerfsweepSweeper(BasicSweeper):
                     f"invalid config: {key}={','.join(values)}: must be one value for the whole sweep, not a grid axis"
                 )
         try:  # what needs no torch first (preflight.check_all); a batch=max point at batch 1, where it may start
-            preflight.check_db_for_hosts(launcher.db_url(first, self.config.hydra.runtime.cwd), hydra_launcher)
+            typed_url = launcher.db_url(first, self.config.hydra.runtime.cwd)
+            preflight.check_db_url(typed_url)  # before torch is asked for a GPU
+            preflight.check_db_for_hosts(typed_url, hydra_launcher)
             if hasattr(self.launcher, "params"):  # submitit's launchers: the allocation's GPUs
                 _check_gpus_per_job(self.launcher.params, run_cfgs)
             data_notes = preflight.data_keys_read(list(zip([list(j) for j in jobs], run_cfgs, strict=True)))
