@@ -56,7 +56,7 @@ def test_failed_database_write_is_kept_and_imported_once(tmp_path: Path, capsys:
     con.executescript(REFUSE_OUTCOMES)
     con.close()
 
-    res = run_perfsweep(["-m", "amp=true,false", *TINY], tmp_path)
+    res = run_perfsweep(["-m", "amp=true,false", "device=cpu", *TINY], tmp_path)
     assert res.returncode == 1, res.stderr[-3000:]
     last = res.stderr.strip().splitlines()[-1]
     assert "2 results could not be written" in last and "perfsweep import" in last, last
@@ -131,7 +131,7 @@ def test_a_sweep_whose_end_the_database_refused_exits_1_and_resume_closes_it(mod
     sqlite_script(db, REFUSE_CLOSE)
     # a model that raises on its second forward passes every check and fails inside the job
     grid = ["-m", "+model.fail_at=0,2"] if mode == "multirun" else ["+model.fail_at=2"]
-    res = run_perfsweep([*grid, "device=cpu", *failing_model(tmp_path)], tmp_path)
+    res = run_perfsweep([*grid, *failing_model(tmp_path)], tmp_path)
     assert res.returncode == 1, res.stderr[-3000:]
     close = f"perfsweep resume 1 --close --db {db}"
     unclosed = (
@@ -289,7 +289,7 @@ def test_a_single_run_whose_result_the_database_refused_is_shown_unsaved(tmp_pat
     con = sqlite3.connect(db)
     con.executescript(REFUSE_OUTCOMES)
     con.close()
-    res = run_perfsweep([*TINY], tmp_path)  # no -m: perfsweep.__main__'s own path
+    res = run_perfsweep([*TINY, "device=cpu"], tmp_path)  # no -m: perfsweep.__main__'s own path
     assert res.returncode == 1, res.stderr[-3000:]
     assert "Sweep 1 (1 run, 0 ok)" in res.stdout and " unsaved " in res.stdout, res.stdout
     (kept,) = tmp_path.glob("outputs/**/result.json")
@@ -463,7 +463,7 @@ def test_a_database_file_deleted_between_jobs_is_named_not_a_foreign_key(tmp_pat
     sweep ... in ..." (found by a new-user review). Each line now says the file went; both results
     are kept and imported."""
     tiny = [o for o in TINY if not o.startswith(("steps.measure", "profile."))]
-    proc = start_perfsweep(["-m", "steps.measure=50,3", "profile.enabled=false", *tiny], tmp_path)
+    proc = start_perfsweep(["-m", "steps.measure=50,3", "profile.enabled=false", "device=cpu", *tiny], tmp_path)
     db = tmp_path / "results.db"
     wait_for(lambda: db.exists() and rows(db, "SELECT count(*) AS n FROM runs WHERE status = 'running'")[0]["n"] == 1)
     for f in tmp_path.glob("results.db*"):

@@ -371,7 +371,7 @@ def test_a_marker_left_before_any_row_is_taken_over_and_no_other(tmp_path: Path)
     assert f"pid={os.getpid()} " in (raced / SWEEP_MARKER).read_text() and not list(raced.glob("*.taking"))
 
     # a real one: the sweep killed while it measured the CPU's peak; the same command then runs
-    args = ["-m", *TINY, f"db.url=sqlite:///{tmp_path}/r.db", f"hydra.sweep.dir={tmp_path}/sw"]
+    args = ["-m", *TINY, "device=cpu", f"db.url=sqlite:///{tmp_path}/r.db", f"hydra.sweep.dir={tmp_path}/sw"]
     proc = start_as_in_a_terminal([sys.executable, "-m", "perfsweep", *args], tmp_path)
     wait_for(lambda: (tmp_path / "sw" / SWEEP_MARKER).exists() or proc.poll() is not None, timeout=60)
     os.killpg(proc.pid, signal.SIGKILL)

@@ -179,7 +179,7 @@ def test_summary_and_progress_are_printed(default_sweep: Path):
 def test_rerun_adds_a_sweep_and_loses_nothing(default_sweep: Path):
     db = default_sweep / "results.db"
     before = rows(db, "SELECT * FROM runs ORDER BY id")
-    res = run_perfsweep(["-m", "amp=true,false", *TINY], default_sweep)
+    res = run_perfsweep(["-m", "amp=true,false", "device=cpu", *TINY], default_sweep)
     assert res.returncode == 0, res.stderr[-2000:]
     after = rows(db, "SELECT * FROM runs ORDER BY id")
     assert after[: len(before)] == before
@@ -211,7 +211,7 @@ def test_failures_are_results_and_the_sweep_goes_on(tmp_path: Path):
     # A model that raises on its second forward passes every check before the jobs and fails
     # inside the job; a huge step count overruns the timeout. device=cpu: the 12 s timeout is
     # sized to a CPU job's start.
-    tiny = [o for o in failing_model(tmp_path) if not o.startswith("steps.measure")] + ["device=cpu"]
+    tiny = [o for o in failing_model(tmp_path) if not o.startswith("steps.measure")]
     res = run_perfsweep(["-m", "steps.measure=3,100000000", "+model.fail_at=0,2", "timeout_s=12", *tiny], tmp_path)
     # exit 1 after the summary: some jobs did not finish ok
     assert res.returncode == 1, res.stderr[-2000:]
@@ -699,7 +699,9 @@ def test_two_sweeps_started_at_once_in_one_folder_stay_apart(tmp_path: Path):
 def test_repeats_run_in_rounds_share_the_config_and_get_intervals(tmp_path: Path):
     """repeat=2 order=shuffle over 2 configs: 4 fresh processes in 2 rounds, never one config twice
     in a row; repeats share their config hash; the speedup over the baseline is over repeats."""
-    res = run_perfsweep(["-m", "amp=true,false", "repeat=2", "order=shuffle", "profile.enabled=false", *TINY], tmp_path)
+    res = run_perfsweep(
+        ["-m", "amp=true,false", "repeat=2", "order=shuffle", "profile.enabled=false", "device=cpu", *TINY], tmp_path
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     runs = rows(tmp_path / "results.db", "SELECT * FROM runs ORDER BY job_num")
     assert [r["job_num"] for r in runs] == list(range(4))
