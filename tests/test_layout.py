@@ -174,8 +174,8 @@ def test_derived_figures_have_one_home():
 
 
 def test_the_suite_deals_its_longest_files_first(monkeypatch: pytest.MonkeyPatch):
-    """tests/conftest.py's LONGEST_FIRST names test files that exist, and on the seconds the H100
-    machine's run of 2026-11-27 measured (tests/fixtures/h100-2026-11-27), the order ends within 5%
+    """tests/conftest.py's LONGEST_FIRST names test files that exist, and on the seconds the H200
+    machine's run of 2026-11-28 measured (tests/fixtures/h200-2026-11-28), the order ends within 5%
     of the best order those seconds allow. A renamed file, or one that grew long and stayed unnamed,
     fails here rather than as a suite cut off on a lent GPU."""
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
@@ -185,7 +185,7 @@ def test_the_suite_deals_its_longest_files_first(monkeypatch: pytest.MonkeyPatch
 
     files = {p.stem for p in (REPO / "tests").glob("test_*.py")}
     assert set(LONGEST_FIRST) <= files, set(LONGEST_FIRST) - files
-    seconds = suite_order.file_seconds([REPO / "tests" / "fixtures" / "h100-2026-11-27" / "junit.xml"])
+    seconds = suite_order.file_seconds([REPO / "tests" / "fixtures" / "h200-2026-11-28" / "junit.xml"])
     assert sum(seconds.values()) > 3000  # the whole run was read, mapped to today's files
     named = [f for f in LONGEST_FIRST if f in seconds]
     order = named + sorted(f for f in seconds if f not in LONGEST_FIRST)
