@@ -2,7 +2,7 @@
 # The GPU checks that issues 9, 12, 14 and 15 leave for a session with a GPU, in the order they
 # matter, each stage sized to one device call (under 10 minutes). Every log and result database
 # lands in $OUT (the device tool brings back at most 8 files of 16 MiB: each stage writes one log
-# and one .tar.gz). Stages:
+# and one .tar.gz; the tests stage junit.xml, failures.txt and cpu.log too). Stages:
 #
 #   wheels    HERE, before the session: the Python packages the GPU image lacks, as wheels in .whl/
 #             (.gitignore'd; carry it: run(carry=[".whl"], ...)). The image has torch, pandas,
@@ -97,8 +97,24 @@ case "$stage" in
     # its limit: what is left of the device call's 600 s after the install, less 30 for pytest's
     # summary after SIGINT; junit.xml: each test's time, to order tests/conftest.py's LONGEST_FIRST
     # by what the files take there
+    # /proc/stat's CPU line every 10 s while it runs: were the 16 cores busy? On 2026-11-28 (H200)
+    # the same tests took 2.9 times the 2-core VM's seconds (the median) with 8 workers; whether
+    # more workers would help depends on it (cpu.log: time, then user nice system idle iowait ...)
+    (while sleep 10; do echo "$(date -u +%T) $(head -1 /proc/stat | cut -c5-) $(cut -d' ' -f1-3 /proc/loadavg)"; done) \
+      >"$OUT/cpu.log" 2>/dev/null &
+    sampler=$!
     check timeout -s INT -k 25 $((SECONDS < 510 ? 570 - SECONDS : 60)) python3 -m pytest -v -p no:cacheprovider --durations=25 \
       --junitxml="$OUT/junit.xml"
+    kill "$sampler" 2>/dev/null
+    step "the CPU while the suite ran: busy share of all cores, and iowait, per 10 s (cpu.log)"
+    python3 - "$OUT/cpu.log" <<'PY'
+import sys
+rows = [line.split() for line in open(sys.argv[1])]
+for a, b in zip(rows, rows[1:]):
+    d = [int(y) - int(x) for x, y in zip(a[1:9], b[1:9])]
+    total = sum(d) or 1
+    print(f"{b[0]}  busy {1 - (d[3] + d[4]) / total:4.0%}  iowait {d[4] / total:4.0%}  load {b[-3]}")
+PY
     step "each file's seconds, and the end of tests/conftest.py's LONGEST_FIRST order on them"
     python3 benchmarks/suite_order.py "$OUT/junit.xml"
     # Where the suite ends early, what made this machine's tests 2.5 to 7 times slower than the
