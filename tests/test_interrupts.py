@@ -539,8 +539,10 @@ def test_an_nproc_agent_is_told_to_leave_every_ignored_signal_alone():
         for n in names:
             signal.signal(getattr(signal, n), signal.SIG_IGN)
         assert _keep_ignored(LaunchConfig) == {"signals_to_handle": "SIGTERM"}
-        signal.signal(signal.SIGINT, before["SIGINT"])  # only nohup's SIGHUP (and SIGTERM, kept) ignored
-        signal.signal(signal.SIGQUIT, before["SIGQUIT"])
+        # only nohup's SIGHUP (and SIGTERM, kept) ignored; not what the suite inherited, which a
+        # suite started with & has ignored too (SIGQUIT: its CI run on 2026-11-28 failed here)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)
         assert _keep_ignored(LaunchConfig) == {"signals_to_handle": "SIGTERM,SIGINT,SIGQUIT"}
     finally:
         for n, handler in before.items():
