@@ -72,12 +72,16 @@ def first_line(what: BaseException | str | None, width: int | None = None) -> st
     return line if width is None or len(line) <= width else line[: width - 3] + "..."
 
 
-DATABASE_URL = r"\b(?:(?:postgres(?:ql)?|mysql|mariadb|sqlite|oracle|mssql|cockroachdb)(?:\+\w+)?|[a-z]+\+\w+)\\?://"
+DATABASE_URL = r"\b(?:(?:postgres(?:ql)?|mysql|mariadb|sqlite|oracle|mssql|cockroachdb)(?:\+\w+)?|[a-z]+\+\w+)\\?://?"
 """The start of a database URL (SQLAlchemy's dialect, maybe with its driver), whose password may
 hold a '/' (:func:`hide_password`). Another scheme's ``user:password@`` is hidden only where no
 '/' comes before the '@': a model's ``http://hub.local:8080/org/model@v2`` reads like one, and
 hidden, it was stored as ``hub.local:***@v2`` and rerun so by perfsweep resume. The ``\\`` before
-``://``: as Hydra escapes it in an override (``runs.overrides``)."""
+``://``: as Hydra escapes it in an override (``runs.overrides``). One '/' is enough: SQLAlchemy
+cannot read ``postgresql:/u:pw@h/db``, and its refusal showed the password twice."""
+
+ANY_SCHEME = r"\b[a-z][\w+.-]*\\?://?"
+"""Any URL's start: what :func:`hide_db_url` takes for a database's, since its text is one."""
 
 
 def hide_password(db: str) -> str:
@@ -96,17 +100,25 @@ def hide_password_in_word(word: str) -> str:
     return _hidden(word, alone=True)
 
 
-def _hidden(db: str, alone: bool) -> str:
+def hide_db_url(url: str) -> str:
+    """:func:`hide_password` for a ``db.url`` as given, which is a database's URL whatever its
+    scheme: a dialect SQLAlchemy lacks (``nosuch://u:Top/Secret 9@h/db``) was shown whole."""
+    return _hidden(url, alone=True, start=ANY_SCHEME)
+
+
+def _hidden(db: str, alone: bool, start: str = DATABASE_URL) -> str:
     # in a longer text a password ends at a space: a URL with no user (h:5432/db?user=me) took
     # everything up to a later word's '@' for its password
     password = r"[^@]*" if alone else r"(?:\\\s|[^@\s])*"  # Hydra's escaped space (\ ) is no end
-    hidden = re.sub(f"({DATABASE_URL}[^/\\s:@]*:){password}@", r"\1***@", db)
+    hidden = re.sub(f"({start}[^/\\s:@]*:){password}@", r"\1***@", db)
     # any other scheme's user:password@ too (a mistyped postgresq1://), where no '/' comes before the
     # '@': http://hub.local:8080/org/model@v2 is a host, a port and a path
     hidden = re.sub(r"(\b[a-z][\w+.-]*\\?://[^/\s:@]*:)[^@/\s]*@", r"\1***@", hidden)
     # the option runs to the next option, the word's end (a space, in a longer text), or a quote that
     # closes the word: db.url='...?password=x' lost its closing quote, and Hydra could not parse it
-    option = r"[^&]*?(?=['\"]?$|&)" if alone else r"[^&\s]*?(?=['\"]?(?:\s|$)|&)"
+    # (in a longer text, a quote and then ':' or ',' closes it too: "db.url='...?password=x': refused"
+    # lost its "':" to the ***)
+    option = r"[^&]*?(?=['\"]?$|&)" if alone else r"[^&\s]*?(?=['\"](?:[\s:;,)]|$)|\s|$|&)"
     return re.sub(f"(?i)([?&]password=){option}", r"\1***", hidden)
 
 

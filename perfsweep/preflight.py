@@ -30,7 +30,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from perfsweep.cli import first_line, hide_password_in_word, waiting_for_database
+from perfsweep.cli import first_line, hide_db_url, hide_password_in_word, waiting_for_database
 from perfsweep.config import (
     ALLOWED_VALUES,
     DATA_KEY_READERS,
@@ -665,22 +665,20 @@ def check_db_url(url: str) -> None:
 
     if store.in_memory(url):
         raise ConfigError(
-            f"invalid config: db.url={store.hide_password(url)!r}: an in-memory SQLite database dies with each job's "
+            f"invalid config: db.url={hide_db_url(url)!r}: an in-memory SQLite database dies with each job's "
             "process; give a file, e.g. db.url=sqlite:///results.db"
         )
     try:
         make_url(url).get_dialect()  # the dialect's module, not its driver: no connection
     except Exception as exc:  # noqa: BLE001 - SQLAlchemy's parse and plugin errors; the first line says what
-        raise ConfigError(
-            f"cannot open db.url={store.hide_password(url)!r}: {first_line(exc)}{_db_hint(url, exc)}"
-        ) from None
+        raise ConfigError(f"cannot open db.url={hide_db_url(url)!r}: {first_line(exc)}{_db_hint(url, exc)}") from None
 
 
 def _db_hint(url: str, exc: Exception) -> str:
     """What to do about ``exc`` from opening ``url``, as '; ...' (or nothing)."""
     from perfsweep import store
 
-    if "://" not in url:  # a path, as --db takes: the config wants a URL
+    if not re.match(r"[A-Za-z][\w+.-]*:", url):  # a path, as --db takes: the config wants a URL
         return f"; a SQLite file is given as a URL: db.url={store.sqlite_url(os.path.abspath(url))}"
     return store.write_hint(url, exc)
 
@@ -722,16 +720,16 @@ def _reserve_sweep(
         try:
             engine = store.connect(url, check=True)
         except store.DamagedDatabase as exc:
-            raise ConfigError(f"cannot use db.url={store.hide_password(url)!r}: {exc}") from None
+            raise ConfigError(f"cannot use db.url={hide_db_url(url)!r}: {exc}") from None
         except ModuleNotFoundError as exc:
             example = "postgresql+psycopg2://..." if url.startswith("postgresql") else "sqlite:///results.db"
             raise ConfigError(
-                f"cannot open db.url={store.hide_password(url)!r}: its driver is not installed ({exc}); install it, or name "
+                f"cannot open db.url={hide_db_url(url)!r}: its driver is not installed ({exc}); install it, or name "
                 f"an installed one in the URL (SQLite and PostgreSQL are tested: e.g. {example})"
             ) from None
         except Exception as exc:  # noqa: BLE001 - any driver error; its first line says what
             raise ConfigError(
-                f"cannot open db.url={store.hide_password(url)!r}: {first_line(exc)}{_db_hint(url, exc)}"
+                f"cannot open db.url={hide_db_url(url)!r}: {first_line(exc)}{_db_hint(url, exc)}"
             ) from None
     try:
         try:
@@ -739,7 +737,7 @@ def _reserve_sweep(
                 earlier = store.sweep_of(engine, sweep_dir) if claim.owned else None
         except Exception as exc:  # noqa: BLE001 - any driver error; its first line says what
             raise ConfigError(
-                f"cannot read db.url={store.hide_password(url)!r}: {first_line(exc)}{_db_hint(url, exc)}"
+                f"cannot read db.url={hide_db_url(url)!r}: {first_line(exc)}{_db_hint(url, exc)}"
             ) from None
         if earlier is not None:
             # a new sweep into a folder the database has a sweep for (its folder emptied, removed,
@@ -751,11 +749,11 @@ def _reserve_sweep(
             if resumable:
                 claim.keep()
                 claim.stamp(earlier_id)
-            db = shlex.quote(store.hide_password(url))
+            db = shlex.quote(hide_db_url(url))
             then = f"continue it with: perfsweep resume {earlier_id} --db {db}, or " if resumable else ""
             this = "sweep" if claim.key == "hydra.sweep.dir" else "run"
             raise ConfigError(
-                f"{claim.key}={sweep_dir}: db.url={store.hide_password(url)!r} holds {'sweep' if multirun else 'run'} "
+                f"{claim.key}={sweep_dir}: db.url={hide_db_url(url)!r} holds {'sweep' if multirun else 'run'} "
                 f"{earlier_id} of this folder already, though none of its jobs is in the folder now; {then}give this "
                 f"{this} another {claim.key}"
             )
@@ -775,7 +773,7 @@ def _reserve_sweep(
                     # the row's insert and its update are two writes: the folder is the row's if the first took
                     claim.kept = store.sweep_of(engine, sweep_dir) is not None
                 raise ConfigError(
-                    f"cannot write to db.url={store.hide_password(url)!r}: {first_line(exc)}{_db_hint(url, exc)}"
+                    f"cannot write to db.url={hide_db_url(url)!r}: {first_line(exc)}{_db_hint(url, exc)}"
                 ) from None
             claim.stamp(sweep_id)
     finally:
@@ -936,7 +934,7 @@ def resume_points(url: str, sweep_dir: str, grid: list[tuple[int, str]], searche
     from perfsweep import store
 
     no_sweep = ConfigError(
-        f"resume=true: db.url={store.hide_password(url)!r} holds no sweep for {sweep_dir}; give the db.url the sweep "
+        f"resume=true: db.url={hide_db_url(url)!r} holds no sweep for {sweep_dir}; give the db.url the sweep "
         "was run with, or resume it by its id with: perfsweep resume SWEEP --db DB"
     )
     if (path := store.sqlite_file(url)) is not None and not path.exists():
@@ -945,7 +943,7 @@ def resume_points(url: str, sweep_dir: str, grid: list[tuple[int, str]], searche
         with waiting_for_database(url):
             engine = store.connect(url)
     except Exception as exc:  # noqa: BLE001 - any driver error; its first line says what
-        raise ConfigError(f"cannot open db.url={store.hide_password(url)!r}: {first_line(exc)}") from None
+        raise ConfigError(f"cannot open db.url={hide_db_url(url)!r}: {first_line(exc)}") from None
     try:
         with store.session(engine) as s:
             sweep = s.scalars(select(store.Sweep).where(store.Sweep.sweep_dir == sweep_dir)).first()
@@ -980,7 +978,7 @@ def resume_points(url: str, sweep_dir: str, grid: list[tuple[int, str]], searche
         differs = _what_differs(command, store.typed_command())
         raise ConfigError(
             f"resume=true: the grid is not that of sweep {sweep_id} in {sweep_dir} ({n_jobs} grid points, run as: "
-            f"{store.hide_password(command or '')}){differs}; resume it with the same overrides, e.g. perfsweep resume {sweep_id} --db {store.hide_password(url)}, or run "
+            f"{store.hide_password(command or '')}){differs}; resume it with the same overrides, e.g. perfsweep resume {sweep_id} --db {hide_db_url(url)}, or run "
             "the new grid as a new sweep (without hydra.sweep.dir)"
         )
     hash_of = dict(grid)

@@ -403,6 +403,26 @@ def test_a_mistake_in_the_data_or_the_db_url_is_answered_before_torch_is_asked_f
     assert not list(tmp_path.glob("*.db")) and not (tmp_path / "outputs").exists()  # nothing made, nothing left
 
 
+def test_what_a_db_url_says_alone_is_refused_with_its_password_hidden():
+    """preflight.check_db_url, in-process: a scheme typed with one '/' was offered as a SQLite
+    file's name (its password shown twice); a dialect SQLAlchemy lacks showed a password that
+    holds a '/' or a space."""
+    from perfsweep.preflight import ConfigError, check_db_url
+
+    for url, said in (
+        ("postgresql:/u:s3cret@h/db", "db.url='postgresql:/u:***@h/db': Could not parse"),
+        ("nosuch://u:Top/Secret 9@h/db", "db.url='nosuch://u:***@h/db': Can't load plugin"),
+        ("results.db", "a SQLite file is given as a URL: db.url=sqlite:///"),  # a path: the hint stays
+        ("sqlite+pysqlite://", "an in-memory SQLite database"),
+    ):
+        with pytest.raises(ConfigError) as refused:
+            check_db_url(url)
+        assert said in str(refused.value) and "s3cret" not in str(refused.value), str(refused.value)
+        assert "Secret" not in str(refused.value) and ("sqlite:///" in said) == ("SQLite file" in str(refused.value))
+    for url in ("sqlite:///x.db", "sqlite:////abs/x.db", "sqlite+pysqlite:///x.db?timeout=5", "postgresql://u:p@h/db"):
+        check_db_url(url)  # valid: nothing touched, nothing said
+
+
 def test_a_mistaken_setting_is_answered_before_the_corpus_is_tokenized(tmp_path: Path):
     """Tokenizing a corpus not yet in the token cache is the longest of the checks (minutes for
     gigabytes), so a setting refused without tokens (more threads than a job's cores) is answered
@@ -443,13 +463,25 @@ def test_more_threads_than_a_lone_job_has_cores_is_said_and_run(tmp_path: Path):
     assert quiet.returncode == 0 and "core(s) a job may use" not in quiet.stderr, quiet.stderr[-2000:]
 
 
-# report=true,false: the line echoed the values sorted (report=false,true), not as typed
-@pytest.mark.parametrize("grid", [["repeat=1,2"], ["order=grid,shuffle"], ["report=true,false"]])
-def test_how_the_sweep_runs_is_not_a_grid_axis(grid: list[str], tmp_path: Path):
+# report=true,false: the line echoed the values sorted (report=false,true), not as typed. db.url: the
+# sweep's row is in one database, and the job given another failed its write mid-sweep (exit 1)
+@pytest.mark.parametrize(
+    ("grid", "shown"),
+    [
+        (["repeat=1,2"], "repeat=1,2"),
+        (["order=grid,shuffle"], "order=grid,shuffle"),
+        (["report=true,false"], "report=true,false"),
+        (
+            ["db.url=sqlite:///A.db,sqlite:///a.db,postgresql://u:s3cret@h/db"],
+            "A.db,sqlite:///a.db,postgresql://u:***@",
+        ),
+    ],
+)
+def test_how_the_sweep_runs_is_not_a_grid_axis(grid: list[str], shown: str, tmp_path: Path):
     res = run_perfsweep(["-m", *grid, *(o for o in TINY if o != "report=false")], tmp_path)
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1, res.stderr[-2000:]
-    assert grid[0] in lines[0] and "one value for the whole sweep" in lines[0]
+    assert shown in lines[0] and "one value for the whole sweep" in lines[0] and "s3cret" not in lines[0], lines[0]
     assert not list(tmp_path.glob("multirun/*/*/.perfsweep-sweep"))  # no folder claimed
     assert not (tmp_path / "results.db").exists()
 

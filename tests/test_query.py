@@ -642,8 +642,22 @@ def test_passwords_are_hidden_in_any_text_that_holds_a_url():
             "could not mark the sweep done in postgresql://u:***@h/db: gone"
         ),
         "/data/my results.db": "/data/my results.db",
+        # a quote closing the option, then ':': a plain run's refusal lost its "':" to the ***
+        "cannot open db.url='postgresql://u@h/db?password=s3cret': refused": (
+            "cannot open db.url='postgresql://u@h/db?password=***': refused"
+        ),
+        "run postgresql://u@h/db?password=ab:cd now": "run postgresql://u@h/db?password=*** now",
+        # one '/' after the scheme: SQLAlchemy cannot read it, and the refusal's hint showed it again
+        "db.url='postgresql:/u:s3cret@h/db' (sqlite:////tmp/postgresql:/u:s3cret@h/db)": (
+            "db.url='postgresql:/u:***@h/db' (sqlite:////tmp/postgresql:/u:***@h/db)"
+        ),
     }
     assert {k: store.hide_password(k) for k in cases} == cases
+    # a db.url is a database's URL whatever its scheme (one SQLAlchemy lacks was shown whole)
+    from perfsweep.cli import hide_db_url
+
+    assert hide_db_url("nosuch://u:Top/Secret 9@h/db") == "nosuch://u:***@h/db"
+    assert store.hide_password("nosuch://u:Top/Secret 9@h/db") == "nosuch://u:Top/Secret 9@h/db"  # could be a hub URL
     word = "db.url=postgresql+psycopg2://u:pa ss/x@h/db"  # one word of a command line: its password may hold a space
     assert store.hide_password_in_word(word) == "db.url=postgresql+psycopg2://u:***@h/db"
     # a quoted override keeps its closing quote (Hydra's files hold it, and parse it again)

@@ -82,18 +82,20 @@ class PerfsweepSweeper(BasicSweeper):
             env_set = OmegaConf.to_container(self.config.hydra.job.env_set, resolve=False)  # per job: ${hydra:job.num}
             job_start.start_early(run_cfgs, {str(k): str(v) for k, v in env_set.items()})  # imports while we do
         from perfsweep import importer, interrupts, launcher, schedule, search, store, summary  # torch, once composed
-        from perfsweep.cli import UserError, first_line
+        from perfsweep.cli import UserError, first_line, hide_db_url
         from perfsweep.names import EXIT_0_STATUSES, MULTI_HOST_LAUNCHERS
 
         first = run_cfgs[0]
         hydra_launcher = type(self.launcher).__name__
         here = hydra_launcher not in MULTI_HOST_LAUNCHERS  # do the jobs run on this machine?
-        for key in ("repeat", "order", "report", "launcher.parallel", "launcher.gpus_per_job"):
-            values = list(dict.fromkeys(str(_get(c, key)).lower() for c in run_cfgs))  # as typed, not sorted
+        # db.url too: the sweep's row is in one database, and a job writing to another failed its write
+        for key in ("repeat", "order", "report", "launcher.parallel", "launcher.gpus_per_job", "db.url"):
+            typed = (str(_get(c, key)) for c in run_cfgs)
+            # as typed, not sorted; true and True alike, but not two paths that differ in case
+            values = list(dict.fromkeys(typed if key == "db.url" else (v.lower() for v in typed)))
             if len(values) > 1:
-                _refuse(
-                    f"invalid config: {key}={','.join(values)}: must be one value for the whole sweep, not a grid axis"
-                )
+                shown = ",".join(map(hide_db_url, values) if key == "db.url" else values)
+                _refuse(f"invalid config: {key}={shown}: must be one value for the whole sweep, not a grid axis")
         try:  # what needs no torch first (preflight.check_all); a batch=max point at batch 1, where it may start
             typed_url = launcher.db_url(first, self.config.hydra.runtime.cwd)
             preflight.check_db_url(typed_url)  # before torch is asked for a GPU
