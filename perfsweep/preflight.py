@@ -656,8 +656,8 @@ def check_db_url(url: str) -> None:
     """What the database's URL says alone, with no file or server touched: an in-memory SQLite
     database, a string that is no URL, a dialect SQLAlchemy does not have. Asked before the device
     and the placements, which import torch on a CUDA build: on an H200 machine these refusals took
-    7 s where a refusal before torch took 3.5 s (docs/benchmarks.md, "A refusal on a GPU
-    machine"). What needs the database itself (a read-only file, a damaged one, a server that is
+    7.2 to 7.9 s where a refusal before torch took 3.6 s (docs/benchmarks.md, "GPU: NVIDIA H200,
+    measured 2026-11-28"). What needs the database itself (a read-only file, a damaged one, a server that is
     down) is :func:`reserve_sweep`'s."""
     from sqlalchemy.engine import make_url
 
