@@ -654,7 +654,8 @@ def _data_key(cfg: PerfsweepConfig) -> str:
 
 def check_db_url(url: str) -> None:
     """What the database's URL says alone, with no file or server touched: an in-memory SQLite
-    database, a string that is no URL, a dialect SQLAlchemy does not have. Asked before the device
+    database, a string that is no URL, a dialect SQLAlchemy does not have, a driver that is not
+    installed (imported here, as opening the database would import it). Asked before the device
     and the placements, which import torch on a CUDA build: on an H200 machine these refusals took
     7.2 to 7.9 s where a refusal before torch took 3.6 s (docs/benchmarks.md, "GPU: NVIDIA H200,
     measured 2026-11-28"). What needs the database itself (a read-only file, a damaged one, a server that is
@@ -669,9 +670,21 @@ def check_db_url(url: str) -> None:
             "process; give a file, e.g. db.url=sqlite:///results.db"
         )
     try:
-        make_url(url).get_dialect()  # the dialect's module, not its driver: no connection
+        dialect = make_url(store.installed_driver(url)).get_dialect()  # no connection
     except Exception as exc:  # noqa: BLE001 - SQLAlchemy's parse and plugin errors; the first line says what
         raise ConfigError(f"cannot open db.url={hide_db_url(url)!r}: {first_line(exc)}{_db_hint(url, exc)}") from None
+    try:
+        dialect.import_dbapi()
+    except ModuleNotFoundError as exc:
+        raise ConfigError(_driver_missing(url, exc)) from None
+
+
+def _driver_missing(url: str, exc: ModuleNotFoundError) -> str:
+    example = "postgresql+psycopg2://..." if url.startswith("postgresql") else "sqlite:///results.db"
+    return (
+        f"cannot open db.url={hide_db_url(url)!r}: its driver is not installed ({exc}); install it, or name "
+        f"an installed one in the URL (SQLite and PostgreSQL are tested: e.g. {example})"
+    )
 
 
 def _db_hint(url: str, exc: Exception) -> str:
@@ -721,12 +734,8 @@ def _reserve_sweep(
             engine = store.connect(url, check=True)
         except store.DamagedDatabase as exc:
             raise ConfigError(f"cannot use db.url={hide_db_url(url)!r}: {exc}") from None
-        except ModuleNotFoundError as exc:
-            example = "postgresql+psycopg2://..." if url.startswith("postgresql") else "sqlite:///results.db"
-            raise ConfigError(
-                f"cannot open db.url={hide_db_url(url)!r}: its driver is not installed ({exc}); install it, or name "
-                f"an installed one in the URL (SQLite and PostgreSQL are tested: e.g. {example})"
-            ) from None
+        except ModuleNotFoundError as exc:  # one the driver imports as it connects
+            raise ConfigError(_driver_missing(url, exc)) from None
         except Exception as exc:  # noqa: BLE001 - any driver error; its first line says what
             raise ConfigError(
                 f"cannot open db.url={hide_db_url(url)!r}: {first_line(exc)}{_db_hint(url, exc)}"

@@ -421,6 +421,16 @@ def test_what_a_db_url_says_alone_is_refused_with_its_password_hidden():
         assert "Secret" not in str(refused.value) and ("sqlite:///" in said) == ("SQLite file" in str(refused.value))
     for url in ("sqlite:///x.db", "sqlite:////abs/x.db", "sqlite+pysqlite:///x.db?timeout=5", "postgresql://u:p@h/db"):
         check_db_url(url)  # valid: nothing touched, nothing said
+    # a driver that is not installed: said here, before torch, not as the database is opened
+    import importlib.util
+
+    absent = [d for d in ("pg8000", "pymysql", "asyncpg", "oracledb") if importlib.util.find_spec(d) is None]
+    if not absent:
+        pytest.skip("every driver this test would name is installed here")
+    scheme = {"pg8000": "postgresql+pg8000", "pymysql": "mysql+pymysql", "asyncpg": "postgresql+asyncpg"}
+    with pytest.raises(ConfigError, match=f"its driver is not installed .*'{absent[0]}'") as refused:
+        check_db_url(f"{scheme.get(absent[0], 'oracle+oracledb')}://u:s3cret@h/db")
+    assert "s3cret" not in str(refused.value)
 
 
 def test_a_mistaken_setting_is_answered_before_the_corpus_is_tokenized(tmp_path: Path):
