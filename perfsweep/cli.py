@@ -102,15 +102,20 @@ def hide_password_in_word(word: str) -> str:
 
 def hide_db_url(url: str) -> str:
     """:func:`hide_password` for a ``db.url`` as given, which is a database's URL whatever its
-    scheme: a dialect SQLAlchemy lacks (``nosuch://u:Top/Secret 9@h/db``) was shown whole."""
-    return _hidden(url, alone=True, start=ANY_SCHEME)
+    scheme: a dialect SQLAlchemy lacks (``nosuch://u:Top/Secret 9@h/db``) was shown whole. Its
+    password runs to the last '@' before the query: one written with a bare '@' (``u:p@ss:w0rd@h``,
+    which SQLAlchemy cannot read and perfsweep refuses) showed all after the first."""
+    # (the user name may hold an '@' too: user@server:pw@host, as SQLAlchemy reads it)
+    return _hidden(url, alone=True, start=ANY_SCHEME + r"[^/\s:]*:", password=r"[^?]*")
 
 
-def _hidden(db: str, alone: bool, start: str = DATABASE_URL) -> str:
-    # in a longer text a password ends at a space: a URL with no user (h:5432/db?user=me) took
+def _hidden(db: str, alone: bool, start: str = DATABASE_URL + r"[^/\s:@]*:", password: str | None = None) -> str:
+    # ``start``: the URL up to its password (the scheme, the user name, ':').
+    # In a longer text a password ends at a space: a URL with no user (h:5432/db?user=me) took
     # everything up to a later word's '@' for its password
-    password = r"[^@]*" if alone else r"(?:\\\s|[^@\s])*"  # Hydra's escaped space (\ ) is no end
-    hidden = re.sub(f"({start}[^/\\s:@]*:){password}@", r"\1***@", db)
+    if password is None:
+        password = r"[^@]*" if alone else r"(?:\\\s|[^@\s])*"  # Hydra's escaped space (\ ) is no end
+    hidden = re.sub(f"({start}){password}@", r"\1***@", db)
     # any other scheme's user:password@ too (a mistyped postgresq1://), where no '/' comes before the
     # '@': http://hub.local:8080/org/model@v2 is a host, a port and a path
     hidden = re.sub(r"(\b[a-z][\w+.-]*\\?://[^/\s:@]*:)[^@/\s]*@", r"\1***@", hidden)

@@ -655,7 +655,8 @@ def _data_key(cfg: PerfsweepConfig) -> str:
 def check_db_url(url: str) -> None:
     """What the database's URL says alone, with no file or server touched: an in-memory SQLite
     database, a string that is no URL, a dialect SQLAlchemy does not have, a driver that is not
-    installed (imported here, as opening the database would import it). Asked before the device
+    installed (imported here, as opening the database would import it), a password with a bare
+    '@' (SQLAlchemy reads the rest as the host, and its error showed it). Asked before the device
     and the placements, which import torch on a CUDA build: on an H200 machine these refusals took
     7.2 to 7.9 s where a refusal before torch took 3.6 s (docs/benchmarks.md, "GPU: NVIDIA H200,
     measured 2026-11-28"). What needs the database itself (a read-only file, a damaged one, a server that is
@@ -669,6 +670,11 @@ def check_db_url(url: str) -> None:
             f"invalid config: db.url={hide_db_url(url)!r}: an in-memory SQLite database dies with each job's "
             "process; give a file, e.g. db.url=sqlite:///results.db"
         )
+    if _bare_at_in_password(url):
+        raise ConfigError(
+            f"cannot open db.url={hide_db_url(url)!r}: it holds '@' more than once before its query; an '@' in a user "
+            "name or password is written %40 (a ':' %3A, a '/' %2F)"
+        )
     try:
         dialect = make_url(store.installed_driver(url)).get_dialect()  # no connection
     except Exception as exc:  # noqa: BLE001 - SQLAlchemy's parse and plugin errors; the first line says what
@@ -677,6 +683,17 @@ def check_db_url(url: str) -> None:
         dialect.import_dbapi()
     except ModuleNotFoundError as exc:
         raise ConfigError(_driver_missing(url, exc)) from None
+
+
+def _bare_at_in_password(url: str) -> bool:
+    """Whether ``url``'s password holds an '@' not written %40: SQLAlchemy takes the first '@' for
+    the password's end and the rest for the host, and its error echoed part of the password. The
+    user name may hold one (``user@server:pw@host``, as Azure's PostgreSQL named users), as
+    SQLAlchemy reads it; a SQLite path has no user, and its '@'s are the path's."""
+    if url.startswith("sqlite") or "://" not in url:
+        return False
+    userinfo = url.split("?")[0].split("://", 1)[1].rpartition("@")[0]
+    return "@" in userinfo.partition(":")[2]
 
 
 def _driver_missing(url: str, exc: ModuleNotFoundError) -> str:

@@ -414,12 +414,22 @@ def test_what_a_db_url_says_alone_is_refused_with_its_password_hidden():
         ("nosuch://u:Top/Secret 9@h/db", "db.url='nosuch://u:***@h/db': Can't load plugin"),
         ("results.db", "a SQLite file is given as a URL: db.url=sqlite:///"),  # a path: the hint stays
         ("sqlite+pysqlite://", "an in-memory SQLite database"),
+        # a bare '@' in the password: SQLAlchemy read 'p' as it and failed on "port 'w0rd@h'"
+        ("postgresql://u:p@ss:s3cret@h/db", "db.url='postgresql://u:***@h/db': it holds '@' more than once"),
     ):
         with pytest.raises(ConfigError) as refused:
             check_db_url(url)
         assert said in str(refused.value) and "s3cret" not in str(refused.value), str(refused.value)
         assert "Secret" not in str(refused.value) and ("sqlite:///" in said) == ("SQLite file" in str(refused.value))
-    for url in ("sqlite:///x.db", "sqlite:////abs/x.db", "sqlite+pysqlite:///x.db?timeout=5", "postgresql://u:p@h/db"):
+    for url in (
+        "sqlite:///x.db",
+        "sqlite:////abs/x.db",
+        "sqlite+pysqlite:///x.db?timeout=5",
+        "sqlite:////data/me@host/run@v2.db",  # no user: a path's '@'s are its own
+        "postgresql://u:p@h/db",
+        "postgresql://u:p%40ss@h/db?application_name=me@box",  # an '@' written %40, one in the query
+        "postgresql://user@server:pw@h/db",  # a user name's '@' (Azure's): SQLAlchemy reads it so
+    ):
         check_db_url(url)  # valid: nothing touched, nothing said
     # a driver that is not installed: said here, before torch, not as the database is opened
     import importlib.util

@@ -657,6 +657,11 @@ def test_passwords_are_hidden_in_any_text_that_holds_a_url():
     from perfsweep.cli import hide_db_url
 
     assert hide_db_url("nosuch://u:Top/Secret 9@h/db") == "nosuch://u:***@h/db"
+    # and to the last '@' before the query: a bare '@' in the password showed what followed it
+    assert hide_db_url("postgresql://u:p@ss:w0rd@h/db?application_name=me@box") == (
+        "postgresql://u:***@h/db?application_name=me@box"
+    )
+    assert hide_db_url("postgresql://user@server:s3cret@h/db") == "postgresql://user@server:***@h/db"
     assert store.hide_password("nosuch://u:Top/Secret 9@h/db") == "nosuch://u:Top/Secret 9@h/db"  # could be a hub URL
     word = "db.url=postgresql+psycopg2://u:pa ss/x@h/db"  # one word of a command line: its password may hold a space
     assert store.hide_password_in_word(word) == "db.url=postgresql+psycopg2://u:***@h/db"
