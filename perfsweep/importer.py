@@ -214,7 +214,7 @@ def _of_sweep(files: list[Path], sweep_dir: str) -> list[Path]:
     return found
 
 
-def unreadable_kept(sweep_dir: str) -> list[str]:
+def _unreadable_kept(sweep_dir: str) -> list[str]:
     """Why each result file under ``sweep_dir`` that is no result is not (truncated by a full
     disk, edited): a resume skipped them without a word, and ran their grid points again. (The
     spare folder is not looked in: whose such a file there is, nothing says.)"""
@@ -227,28 +227,39 @@ def unreadable_kept(sweep_dir: str) -> list[str]:
     return said
 
 
-def store_kept(url: str, sweep_dir: str) -> list[str]:
+class KeptRefused(Exception):
+    """The database refused a result a sweep kept as result.json; the message is the driver's
+    first line and what to do about it. That file and those after it stay on disk."""
+
+
+def store_kept(url: str, sweep_dir: str, say_as: str) -> list[str]:
     """Store the results the database refused to the sweep in ``sweep_dir`` and its jobs kept as
-    result.json; returns the statuses of those stored. A resume does this first: those grid points
-    read as unfinished in the database, so it ran their jobs again (and a later import stored each
-    point twice). The database's error propagates when it refuses one; that file and those after
-    it stay on disk."""
-    files = kept_of_sweep(url, sweep_dir)
-    if not files:
-        return []
-    engine = store.connect(url)
-    statuses: list[str] = []
-    sweep_ids: set[int] = set()
+    result.json; returns the statuses of those stored. A resume does this first (``perfsweep
+    resume`` and ``resume=true``, each saying it as ``say_as``): those grid points read as
+    unfinished in the database, so it ran their jobs again (and a later import stored each point
+    twice). A result file that is no result is said, and skipped; :class:`KeptRefused` where the
+    database refuses one."""
+    for why in _unreadable_kept(sweep_dir):
+        print(f"{say_as}: {why}; not stored", file=sys.stderr)
     try:
-        for f in files:
-            outcome, sweep_id = import_file(engine, f)
-            log.debug("%s: %s", f, outcome)  # stored_line says how many
-            if outcome != "already stored":
-                statuses.append(str(read_result(f)[1].get("status")))
-                sweep_ids.add(sweep_id)
-        _redraw(engine, sweep_ids)  # a sweep closed already (every job had finished) is not closed again
-    finally:
-        engine.dispose()
+        files = kept_of_sweep(url, sweep_dir)
+        if not files:
+            return []
+        engine = store.connect(url)
+        statuses: list[str] = []
+        sweep_ids: set[int] = set()
+        try:
+            for f in files:
+                outcome, sweep_id = import_file(engine, f)
+                log.debug("%s: %s", f, outcome)  # stored_line says how many
+                if outcome != "already stored":
+                    statuses.append(str(read_result(f)[1].get("status")))
+                    sweep_ids.add(sweep_id)
+            _redraw(engine, sweep_ids)  # a sweep closed already (every job had finished) is not closed again
+        finally:
+            engine.dispose()
+    except Exception as exc:  # noqa: BLE001 - the driver's first line says what
+        raise KeptRefused(f"{first_line(exc)}{store.write_hint(url, exc)}") from exc
     return statuses
 
 

@@ -729,7 +729,8 @@ def reserve_sweep(
     refusal, a Ctrl-C, a SIGTERM) hands the folder back as it was.
 
     A wrong URL, a server that is down, a read-only file or folder: each fails here with the
-    driver's first line, before any job could measure something it then cannot store.
+    driver's first line, before any job could measure something it then cannot store. (What the
+    URL says alone, :func:`check_db_url`, its callers ask before torch.)
     """
     try:
         return _reserve_sweep(url, sweep_dir, name, claim, measure, fields)
@@ -743,7 +744,6 @@ def _reserve_sweep(
 ) -> tuple[int, dict[str, Any]]:
     from perfsweep import store
 
-    check_db_url(url)
     folder = path.absolute().parent if (path := store.sqlite_file(url)) is not None else None
     new_folder = folder is not None and not folder.exists()
     with waiting_for_database(url):

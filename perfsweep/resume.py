@@ -217,15 +217,13 @@ def _store_kept(url: str, sweep: store.Sweep) -> list[str] | None:
 
     if not sweep.sweep_dir:
         return []
-    for why in importer.unreadable_kept(sweep.sweep_dir):
-        print(f"perfsweep resume: {why}; not stored", file=sys.stderr)
     try:
-        stored = importer.store_kept(url, sweep.sweep_dir)
-    except Exception as exc:  # noqa: BLE001 - the driver's first line says what
+        stored = importer.store_kept(url, sweep.sweep_dir, "perfsweep resume")
+    except importer.KeptRefused as exc:
         print(
             f"perfsweep resume: sweep {sweep.id}: the database refused a result it kept as {importer.RESULT_FILE} "
-            f"({first_line(exc)}{store.write_hint(url, exc)}); it stays on disk; run this again once the "
-            "database takes writes (a file it refuses for good: move it out of the sweep's folder)",
+            f"({exc}); it stays on disk; run this again once the database takes writes (a file it refuses for "
+            "good: move it out of the sweep's folder)",
             file=sys.stderr,
         )
         return None

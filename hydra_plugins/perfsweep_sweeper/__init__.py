@@ -561,18 +561,14 @@ def _store_kept(url: str, sweep_dir: Path) -> list[str]:
     database still refuses them: the grid points would run again into a database that keeps
     refusing, and a later import would store each of them twice."""
     from perfsweep import importer, store
-    from perfsweep.cli import first_line
 
-    for why in importer.unreadable_kept(str(sweep_dir)):
-        print(f"perfsweep: {why}; not stored", file=sys.stderr)
     try:
-        return importer.store_kept(url, str(sweep_dir))
-    except Exception as exc:  # noqa: BLE001 - the driver's first line says what
+        return importer.store_kept(url, str(sweep_dir), "perfsweep")
+    except importer.KeptRefused as exc:
         _refuse(
             f"resume=true: the database {store.hide_password(url)} refused a result this sweep kept as result.json "
-            f"({first_line(exc)}{store.write_hint(url, exc)}); it stays on disk, and the resume stores it first "
-            "once the database takes writes (a file it refuses for good: move it out of the sweep's folder, and "
-            "its grid point runs again)"
+            f"({exc}); it stays on disk, and the resume stores it first once the database takes writes (a file it "
+            "refuses for good: move it out of the sweep's folder, and its grid point runs again)"
         )
 
 
